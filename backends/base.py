@@ -1,0 +1,153 @@
+"""What a backend is: a prompt goes in, an async stream of token chunks comes out.
+
+A backend never sees documents, cursors or editors; ``completion/`` builds the prompt
+text and decides when to stop. A caller stops a generation early by calling
+``Generation.cancel()`` (or by leaving ``async for`` and calling ``aclose()``); the
+backend then stops within one decode (or verify) step and frees what it held.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class SpeculationMethod(enum.StrEnum):
+    """How a local backend may guess tokens ahead of the target model."""
+
+    AUTO = "auto"
+    NONE = "none"
+    NGRAM = "ngram"
+    LOOKAHEAD = "lookahead"
+    DRAFT = "draft"
+
+
+class FinishReason(enum.StrEnum):
+    """Why a generation ended."""
+
+    LENGTH = "length"  # max_tokens reached
+    END = "end"  # the model produced an end-of-generation token
+    CANCELLED = "cancelled"  # the caller cancelled (superseded, stop rule, client cancel)
+    ERROR = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """Sampling parameters. ``temperature == 0`` means greedy (the default)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """One prompt to continue.
+
+    ``prompt`` is the full prompt text, special tokens included (they are parsed).
+    ``draft_sources`` are extra texts in which n-gram drafting may look for
+    continuations (the suffix, other open documents, earlier completions).
+    """
+
+    prompt: str
+    max_tokens: int
+    sampling: Sampling = Sampling()
+    speculation: SpeculationMethod = SpeculationMethod.AUTO
+    draft_sources: Sequence[str] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TokenChunk:
+    """Newly generated text. ``text`` may be empty while a UTF-8 sequence is split."""
+
+    text: str
+    token_ids: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class SpeculationStats:
+    """What speculation did during one generation."""
+
+    method: str = "none"
+    steps: int = 0  # target verify/decode calls during generation
+    drafted: int = 0  # draft tokens proposed to the target
+    accepted: int = 0  # draft tokens the target confirmed
+
+    @property
+    def accepted_mean(self) -> float:
+        """Mean tokens produced per target step (1.0 = no gain from speculation)."""
+        return 0.0 if self.steps == 0 else (self.accepted + self.steps) / self.steps
+
+
+@dataclass(slots=True)
+class GenerationStats:
+    """Counters for one generation; filled in while it runs, final after it ends."""
+
+    prompt_tokens: int = 0
+    reused_prompt_tokens: int = 0  # prompt tokens whose KV entries were reused
+    evaluated_prompt_tokens: int = 0  # prompt tokens actually evaluated
+    completion_tokens: int = 0
+    prefill_ms: float = 0.0
+    ttft_ms: float = 0.0  # start -> first generated token available
+    total_ms: float = 0.0
+    decode_steps: int = 0  # target model calls after the prompt
+    steps_after_cancel: int = 0  # target model calls that began after cancel() was requested
+    finish_reason: FinishReason | None = None
+    speculation: SpeculationStats = field(default_factory=SpeculationStats)
+
+    @property
+    def ms_per_token(self) -> float:
+        """Decode time per generated token, prompt processing excluded."""
+        n = self.completion_tokens
+        return 0.0 if n == 0 else (self.total_ms - self.ttft_ms) / max(n - 1, 1)
+
+
+class Generation(Protocol):
+    """A running generation: iterate it for chunks, cancel it to stop it."""
+
+    @property
+    def stats(self) -> GenerationStats:
+        """Counters, final once the generation ended."""
+        ...
+
+    def __aiter__(self) -> AsyncIterator[TokenChunk]: ...
+
+    async def cancel(self) -> None:
+        """Stop generating within one step and wait until resources are released."""
+        ...
+
+    async def wait(self) -> GenerationStats:
+        """Wait for the generation to end (without cancelling it)."""
+        ...
+
+
+class Backend(Protocol):
+    """Turns prompts into tokens."""
+
+    @property
+    def name(self) -> str:
+        """Short backend kind, e.g. ``"llama.cpp"``."""
+        ...
+
+    @property
+    def model_name(self) -> str:
+        """Human-readable name of the loaded model."""
+        ...
+
+    def count_tokens(self, text: str) -> int:
+        """Number of tokens ``text`` takes in this backend's model (special tokens parsed)."""
+        ...
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        """Start a generation. Waits for any earlier generation on the same context."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release the model and every context."""
+        ...

@@ -1,0 +1,62 @@
+"""Every error Kode raises on purpose, in one tree.
+
+    KodeError
+    ├── ModelError                 a model file is missing, corrupt or unloadable
+    │   └── ModelPartMissing       a PyPI part package of a default model is absent
+    ├── BackendError               a backend could not produce tokens
+    │   ├── ContextOverflow        the prompt does not fit the context window
+    │   └── RemoteError            a remote server failed (HTTP status, malformed stream)
+    │       ├── RemoteAuthError    401 / 403
+    │       ├── RemoteBusyError    429
+    │       └── RemoteTimeout      no answer within the time budget
+    ├── DocumentError              unknown document or a position outside it
+    └── SettingsError              a setting has the wrong type or value
+
+The LSP layer maps this tree to responses in one place (``lsp/errors.py``).
+"""
+
+from __future__ import annotations
+
+
+class KodeError(Exception):
+    """Base of every error Kode raises on purpose."""
+
+
+class ModelError(KodeError):
+    """A model file is missing, corrupt or cannot be loaded."""
+
+
+class ModelPartMissing(ModelError):
+    """A PyPI part package of a default model is not installed or is damaged."""
+
+
+class BackendError(KodeError):
+    """A backend could not produce tokens."""
+
+
+class ContextOverflow(BackendError):
+    """The prompt does not fit the model's context window."""
+
+
+class RemoteError(BackendError):
+    """A remote completion server failed."""
+
+
+class RemoteAuthError(RemoteError):
+    """The remote server refused our credentials (401/403)."""
+
+
+class RemoteBusyError(RemoteError):
+    """The remote server is rate limiting us (429)."""
+
+
+class RemoteTimeout(RemoteError):
+    """The remote server did not answer within the time budget."""
+
+
+class DocumentError(KodeError):
+    """A request named an unknown document or a position outside it."""
+
+
+class SettingsError(KodeError):
+    """A setting has the wrong type or value."""

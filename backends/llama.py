@@ -1,0 +1,362 @@
+"""The local backend: llama.cpp through llama-cpp-python, one context, one worker thread.
+
+Every blocking llama.cpp call runs on the backend's single worker thread, so one
+context is never used by two generations at once and the event loop never blocks.
+The worker checks the generation's cancel flag before each decode step (and
+llama.cpp's abort callback checks it inside a long prompt evaluation), so a
+cancelled generation stops within one step. The KV cache of sequence 0 is kept
+between generations and reused for the longest common token prefix: typing one
+character re-evaluates only the tokens after the edit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from backends.base import (
+    FinishReason,
+    GenerationRequest,
+    GenerationStats,
+    Sampling,
+    TokenChunk,
+)
+from backends.errors import BackendError, ContextOverflow
+from backends.llama_runtime import LlamaContext, LlamaModel, PrefillAborted, Row
+
+
+@dataclass(slots=True)
+class BackendCounters:
+    """Totals since the backend started (read by tests, benchmarks and ``kode/stats``)."""
+
+    generations: int = 0
+    cancelled: int = 0
+    decode_calls: int = 0  # every llama_decode on the target, prompt batches included
+    generation_steps: int = 0  # target steps after prompts
+    steps_after_cancel: int = 0
+    prompt_tokens: int = 0
+    prompt_tokens_reused: int = 0
+    prompt_tokens_evaluated: int = 0
+    completion_tokens: int = 0
+    last: GenerationStats = field(default_factory=GenerationStats)
+
+    def as_dict(self) -> dict[str, Any]:
+        last = self.last
+        return {
+            "generations": self.generations,
+            "cancelled": self.cancelled,
+            "decodeCalls": self.decode_calls,
+            "generationSteps": self.generation_steps,
+            "stepsAfterCancel": self.steps_after_cancel,
+            "promptTokens": self.prompt_tokens,
+            "promptTokensReused": self.prompt_tokens_reused,
+            "promptTokensEvaluated": self.prompt_tokens_evaluated,
+            "completionTokens": self.completion_tokens,
+            "last": {
+                "promptTokens": last.prompt_tokens,
+                "reusedPromptTokens": last.reused_prompt_tokens,
+                "evaluatedPromptTokens": last.evaluated_prompt_tokens,
+                "completionTokens": last.completion_tokens,
+                "decodeSteps": last.decode_steps,
+                "stepsAfterCancel": last.steps_after_cancel,
+                "finishReason": None if last.finish_reason is None else str(last.finish_reason),
+                "ttftMs": round(last.ttft_ms, 1),
+                "totalMs": round(last.total_ms, 1),
+                "speculation": {
+                    "method": last.speculation.method,
+                    "steps": last.speculation.steps,
+                    "drafted": last.speculation.drafted,
+                    "acceptedMean": round(last.speculation.accepted_mean, 3),
+                },
+            },
+        }
+
+
+class Sampler:
+    """Picks the next token from logits: argmax when greedy, else temperature + top-p."""
+
+    def __init__(self, sampling: Sampling) -> None:
+        self.sampling = sampling
+        self._rng = np.random.default_rng(sampling.seed)
+
+    def __call__(self, logits: npt.NDArray[np.float32]) -> int:
+        s = self.sampling
+        if s.greedy:
+            return int(np.argmax(logits))
+        z = logits.astype(np.float64) / s.temperature
+        z -= z.max()
+        p = np.exp(z)
+        p /= p.sum()
+        if s.top_p < 1.0:
+            order = np.argsort(-p)
+            cum = np.cumsum(p[order])
+            keep = order[: int(np.searchsorted(cum, s.top_p) + 1)]
+            q = np.zeros_like(p)
+            q[keep] = p[keep]
+            p = q / q.sum()
+        return int(self._rng.choice(len(p), p=p))
+
+
+class _Job:
+    """State shared between one generation's worker run and its async consumer."""
+
+    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> None:
+        self.request = request
+        self.loop = loop
+        self.queue: asyncio.Queue[TokenChunk | BaseException | None] = asyncio.Queue()
+        self.cancel_event = threading.Event()
+        self.stats = GenerationStats()
+        self.steps_at_cancel: int | None = None
+
+    def cancelled(self) -> bool:
+        return self.cancel_event.is_set()
+
+    def emit(self, item: TokenChunk | BaseException | None) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+class LlamaGeneration:
+    """Handle of one running generation on a ``LlamaBackend``."""
+
+    def __init__(self, job: _Job, done: asyncio.Future[None]) -> None:
+        self._job = job
+        self._done = done
+
+    @property
+    def stats(self) -> GenerationStats:
+        return self._job.stats
+
+    async def __aiter__(self) -> AsyncIterator[TokenChunk]:
+        try:
+            while True:
+                item = await self._job.queue.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            # Leaving the loop early (break, exception, task cancel) stops the worker.
+            self._job.cancel_event.set()
+
+    async def cancel(self) -> None:
+        self._job.cancel_event.set()
+        await asyncio.shield(self._done)
+
+    async def wait(self) -> GenerationStats:
+        await asyncio.shield(self._done)
+        return self._job.stats
+
+
+StepFn = Callable[["_Run", int], list[int]]
+
+
+class LlamaBackend:
+    """Local generation with llama.cpp; construct with ``await LlamaBackend.load(path)``."""
+
+    def __init__(
+        self,
+        model: LlamaModel,
+        context: LlamaContext,
+        executor: ThreadPoolExecutor,
+    ) -> None:
+        self._model = model
+        self._ctx = context
+        self._executor = executor
+        self._lock = asyncio.Lock()
+        self.counters = BackendCounters()
+        self._closed = False
+
+    @classmethod
+    async def load(
+        cls,
+        path: Path,
+        *,
+        n_ctx: int = 4096,
+        n_threads: int | None = None,
+        n_seq_max: int = 8,
+    ) -> LlamaBackend:
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kode-llama")
+        loop = asyncio.get_running_loop()
+
+        def build() -> tuple[LlamaModel, LlamaContext]:
+            model = LlamaModel(path)
+            try:
+                ctx = LlamaContext(model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_threads=n_threads)
+            except BaseException:
+                model.close()
+                raise
+            return model, ctx
+
+        try:
+            model, ctx = await loop.run_in_executor(executor, build)
+        except BaseException:
+            executor.shutdown(wait=False)
+            raise
+        return cls(model, ctx, executor)
+
+    # -- Backend protocol -------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return "llama.cpp"
+
+    @property
+    def model_name(self) -> str:
+        return self._model.path.name
+
+    @property
+    def model(self) -> LlamaModel:
+        return self._model
+
+    def count_tokens(self, text: str) -> int:
+        return len(self._model.tokenize(text))
+
+    async def generate(self, request: GenerationRequest) -> LlamaGeneration:
+        if self._closed:
+            raise BackendError("backend is closed")
+        if request.max_tokens < 1:
+            raise BackendError("max_tokens must be at least 1")
+        await self._lock.acquire()
+        loop = asyncio.get_running_loop()
+        job = _Job(request, loop)
+        try:
+            done = loop.run_in_executor(self._executor, self._run, job)
+        except BaseException:
+            self._lock.release()
+            raise
+
+        def finished(_fut: asyncio.Future[None]) -> None:
+            self._lock.release()
+
+        done.add_done_callback(finished)
+        return LlamaGeneration(job, done)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        async with self._lock:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._executor, self._free)
+        self._executor.shutdown(wait=True)
+
+    def _free(self) -> None:
+        self._ctx.close()
+        self._model.close()
+
+    # -- worker thread ------------------------------------------------------------------
+
+    def _run(self, job: _Job) -> None:
+        run = _Run(self, job)
+        try:
+            run.execute()
+        except BaseException as exc:  # reported to the consumer, never lost
+            job.stats.finish_reason = FinishReason.ERROR
+            job.emit(exc if isinstance(exc, BackendError) else BackendError(repr(exc)))
+        finally:
+            run.account()
+            job.emit(None)
+
+
+class _Run:
+    """One generation, executed on the worker thread."""
+
+    def __init__(self, backend: LlamaBackend, job: _Job) -> None:
+        self.backend = backend
+        self.job = job
+        self.ctx = backend._ctx
+        self.model = backend._model
+        self.sampler = Sampler(job.request.sampling)
+        self.stats = job.stats
+        self.start = time.perf_counter()
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.calls_at_start = self.ctx.decode_calls
+
+    def execute(self) -> None:
+        req, stats, ctx = self.job.request, self.stats, self.ctx
+        prompt = self.model.tokenize(req.prompt)
+        stats.prompt_tokens = len(prompt)
+        if len(prompt) + req.max_tokens + 1 > ctx.n_ctx:
+            raise ContextOverflow(
+                f"prompt ({len(prompt)} tokens) + max_tokens ({req.max_tokens}) exceeds the "
+                f"context window ({ctx.n_ctx})"
+            )
+        try:
+            stats.reused_prompt_tokens = ctx.prefill(prompt, self.job.cancelled)
+        except PrefillAborted as aborted:
+            stats.reused_prompt_tokens = aborted.reused
+            stats.evaluated_prompt_tokens = max(0, len(ctx.tokens) - aborted.reused)
+            self._finish(FinishReason.CANCELLED)
+            return
+        stats.evaluated_prompt_tokens = len(prompt) - stats.reused_prompt_tokens
+        stats.prefill_ms = self._elapsed_ms()
+        step = _plain_step
+        pending = [self.sampler(ctx.logits(-1))]
+        produced = 0
+        while True:
+            for token in pending:
+                if self.model.is_stop(token):
+                    self._finish(FinishReason.END)
+                    return
+                self._emit(token)
+                produced += 1
+                if produced >= req.max_tokens:
+                    self._finish(FinishReason.LENGTH)
+                    return
+            if self.job.cancelled():
+                self._finish(FinishReason.CANCELLED)
+                return
+            stats.decode_steps += 1
+            pending = step(self, pending[-1])
+            if self.job.cancelled():  # the step that was in flight when cancel arrived
+                stats.steps_after_cancel += 1
+
+    def _emit(self, token: int) -> None:
+        stats = self.stats
+        if stats.completion_tokens == 0:
+            stats.ttft_ms = self._elapsed_ms()
+        stats.completion_tokens += 1
+        text = self.decoder.decode(self.model.piece(token))
+        self.job.emit(TokenChunk(text, (token,)))
+
+    def _finish(self, reason: FinishReason) -> None:
+        tail = self.decoder.decode(b"", final=True)
+        if tail:
+            self.job.emit(TokenChunk(tail, ()))
+        self.stats.finish_reason = reason
+
+    def _elapsed_ms(self) -> float:
+        return (time.perf_counter() - self.start) * 1000.0
+
+    def account(self) -> None:
+        stats, counters = self.stats, self.backend.counters
+        stats.total_ms = self._elapsed_ms()
+        counters.generations += 1
+        counters.cancelled += stats.finish_reason is FinishReason.CANCELLED
+        counters.decode_calls += self.ctx.decode_calls - self.calls_at_start
+        counters.generation_steps += stats.decode_steps
+        counters.steps_after_cancel += stats.steps_after_cancel
+        counters.prompt_tokens += stats.prompt_tokens
+        counters.prompt_tokens_reused += stats.reused_prompt_tokens
+        counters.prompt_tokens_evaluated += stats.evaluated_prompt_tokens
+        counters.completion_tokens += stats.completion_tokens
+        counters.last = stats
+
+
+def _plain_step(run: _Run, root: int) -> list[int]:
+    """Plain decoding: evaluate the root, pick one token."""
+    ctx = run.ctx
+    ctx.decode([Row(root, len(ctx.tokens), (0,), True)])
+    ctx.tokens.append(root)
+    return [run.sampler(ctx.logits(-1))]

@@ -1,0 +1,286 @@
+"""A thin, typed layer over llama-cpp-python's low-level API.
+
+``LlamaModel`` owns a loaded GGUF model and its vocabulary (tokenizing with a reused
+buffer, token pieces cached). ``LlamaContext`` owns one llama.cpp context: its KV
+cache (``tokens`` mirrors what sequence 0 holds, position by position), a reusable
+multi-sequence batch and logits access. Neither knows about asyncio; the backend
+drives a context from exactly one worker thread at a time.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+import numpy.typing as npt
+
+from backends.errors import BackendError, ContextOverflow, ModelError
+
+_NO_ABORT = llama_cpp.ggml_abort_callback(0)
+_LOG_CALLBACK: object = None  # keep the ctypes callback alive
+_BACKEND_READY = threading.Lock()
+_backend_initialised = False
+
+
+def _quiet_llama() -> None:
+    """Silence llama.cpp's stderr chatter (it would drown the LSP log)."""
+    global _LOG_CALLBACK, _backend_initialised
+    with _BACKEND_READY:
+        if _backend_initialised:
+            return
+        if not os.environ.get("KODE_LLAMA_VERBOSE"):
+
+            @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator,unused-ignore]
+            def _ignore(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+                return None
+
+            _LOG_CALLBACK = _ignore
+            llama_cpp.llama_log_set(_ignore, ctypes.c_void_p(0))
+        llama_cpp.llama_backend_init()
+        _backend_initialised = True
+
+
+def _never() -> bool:
+    return False
+
+
+def default_threads() -> int:
+    """Threads for llama.cpp: every core this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class LlamaModel:
+    """A loaded GGUF model: weights, vocabulary and tokenizer."""
+
+    def __init__(self, path: Path) -> None:
+        _quiet_llama()
+        self.path = path
+        params = llama_cpp.llama_model_default_params()
+        params.use_mmap = True
+        model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+        if not model:
+            raise ModelError(f"llama.cpp could not load the model {path}")
+        self.model = model
+        self.vocab = llama_cpp.llama_model_get_vocab(model)
+        self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx_train: int = llama_cpp.llama_model_n_ctx_train(model)
+        desc = ctypes.create_string_buffer(256)
+        llama_cpp.llama_model_desc(model, desc, 256)
+        self.description = desc.value.decode(errors="replace")
+        self._tok_buf = (llama_cpp.llama_token * 8192)()
+        self._tok_lock = threading.Lock()
+        self._pieces: dict[int, bytes] = {}
+        self._stop = np.zeros(self.n_vocab, dtype=bool)
+        for token in range(self.n_vocab):
+            attr = llama_cpp.llama_vocab_get_attr(self.vocab, token)
+            if llama_cpp.llama_vocab_is_eog(self.vocab, token) or (
+                attr & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
+            ):
+                self._stop[token] = True
+
+    def close(self) -> None:
+        if self.model:
+            llama_cpp.llama_model_free(self.model)
+            self.model = None
+
+    def is_stop(self, token: int) -> bool:
+        """End-of-generation and control tokens (FIM markers, ``<|file_sep|>``, ...)."""
+        return bool(self._stop[token])
+
+    def tokenize(self, text: str, *, special: bool = True) -> list[int]:
+        """Token ids of ``text``; ``special`` parses ``<|fim_prefix|>`` and friends."""
+        data = text.encode()
+        with self._tok_lock:
+            buf = self._tok_buf
+            n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, len(buf), False, special)
+            if n < 0:
+                buf = (llama_cpp.llama_token * (-n))()
+                n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, -n, False, special)
+                if n < 0:
+                    raise BackendError(f"tokenizer failed on a {len(data)}-byte text")
+            return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes a token stands for (control tokens render as nothing)."""
+        cached = self._pieces.get(token)
+        if cached is None:
+            buf = ctypes.create_string_buffer(64)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, 64, 0, False)
+            cached = buf.raw[: max(n, 0)]
+            self._pieces[token] = cached
+        return cached
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode(errors="replace")
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One batch row: a token at a KV position, visible to some sequences."""
+
+    token: int
+    pos: int
+    seq_ids: tuple[int, ...] = (0,)
+    logits: bool = False
+
+
+class LlamaContext:
+    """One llama.cpp context (KV cache + compute buffers) over a ``LlamaModel``."""
+
+    def __init__(
+        self,
+        model: LlamaModel,
+        *,
+        n_ctx: int = 4096,
+        n_batch: int = 512,
+        n_seq_max: int = 1,
+        n_threads: int | None = None,
+    ) -> None:
+        self.model = model
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = min(n_batch, 128)  # an aborted prefill keeps finished micro-batches
+        params.n_seq_max = n_seq_max
+        params.kv_unified = True
+        threads = n_threads or default_threads()
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        params.no_perf = True
+        ctx = llama_cpp.llama_init_from_model(model.model, params)
+        if not ctx:
+            raise BackendError("llama.cpp could not create a context (out of memory?)")
+        self.ctx = ctx
+        self.mem = llama_cpp.llama_get_memory(ctx)
+        self.n_ctx: int = llama_cpp.llama_n_ctx(ctx)
+        self.n_batch = n_batch
+        self.n_seq_max = n_seq_max
+        self._batch = llama_cpp.llama_batch_init(n_batch, 0, n_seq_max)
+        self.tokens: list[int] = []  # what sequence 0 holds, position by position
+        self._abort_fn: Callable[[], bool] = _never
+        # Called by ggml between graph nodes, only while a prefill runs (it takes the GIL).
+        self._abort_cb = llama_cpp.ggml_abort_callback(lambda _data: self._abort_fn())
+        self.decode_calls = 0  # every llama_decode, prefill included
+
+    def close(self) -> None:
+        if self.ctx:
+            llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_free(self.ctx)
+            self.ctx = None
+
+    # -- KV cache -------------------------------------------------------------------
+
+    def truncate(self, n: int, seq: int = 0) -> None:
+        """Drop every KV entry of ``seq`` at position >= n."""
+        llama_cpp.llama_memory_seq_rm(self.mem, seq, n, -1)
+        if seq == 0:
+            del self.tokens[n:]
+
+    def clear_seqs(self, seqs: range) -> None:
+        for seq in seqs:
+            llama_cpp.llama_memory_seq_rm(self.mem, seq, -1, -1)
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        llama_cpp.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+
+    def seq_keep(self, seq: int) -> None:
+        llama_cpp.llama_memory_seq_keep(self.mem, seq)
+
+    def seq_pos_max(self, seq: int = 0) -> int:
+        return int(llama_cpp.llama_memory_seq_pos_max(self.mem, seq))
+
+    # -- evaluation -----------------------------------------------------------------
+
+    def decode(self, rows: Sequence[Row]) -> None:
+        """Evaluate one batch (at most ``n_batch`` rows)."""
+        n = len(rows)
+        if n > self.n_batch:
+            raise BackendError(f"batch of {n} rows exceeds n_batch={self.n_batch}")
+        b = self._batch
+        for i, row in enumerate(rows):
+            b.token[i] = row.token
+            b.pos[i] = row.pos
+            b.n_seq_id[i] = len(row.seq_ids)
+            for j, seq in enumerate(row.seq_ids):
+                b.seq_id[i][j] = seq
+            b.logits[i] = row.logits
+        b.n_tokens = n
+        self.decode_calls += 1
+        status = llama_cpp.llama_decode(self.ctx, b)
+        if status == 1:
+            raise ContextOverflow("no KV cache slot for the batch (context full)")
+        if status != 0:
+            raise BackendError(f"llama_decode failed with status {status}")
+
+    def prefill(self, tokens: Sequence[int], abort: Callable[[], bool]) -> int:
+        """Make sequence 0 hold ``tokens``, reusing the longest common prefix.
+
+        Always evaluates at least the last token (its logits are needed), leaving them
+        at row ``-1``. Returns how many tokens were reused. If ``abort()`` turns true,
+        stops early (mid-batch, through llama.cpp's abort callback) keeping whatever
+        was evaluated, and raises ``PrefillAborted``.
+        """
+        if len(tokens) >= self.n_ctx:
+            raise ContextOverflow(f"prompt of {len(tokens)} tokens exceeds n_ctx={self.n_ctx}")
+        common = 0
+        for a, b in zip(self.tokens, tokens, strict=False):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(tokens) - 1)
+        self.truncate(common)
+        self.clear_seqs(range(1, self.n_seq_max))
+        reused = common
+        pos = common
+        llama_cpp.llama_set_abort_callback(self.ctx, self._abort_cb, None)
+        try:
+            while pos < len(tokens):
+                if abort():
+                    raise PrefillAborted(reused)
+                chunk = tokens[pos : pos + self.n_batch]
+                last = pos + len(chunk) == len(tokens)
+                rows = [
+                    Row(t, pos + i, (0,), last and i == len(chunk) - 1) for i, t in enumerate(chunk)
+                ]
+                self._abort_fn = abort
+                try:
+                    self.decode(rows)
+                except BackendError:
+                    # Aborted mid-batch: llama.cpp keeps the micro-batches it finished.
+                    kept = self.seq_pos_max(0) + 1
+                    self.tokens.extend(chunk[: max(0, kept - pos)])
+                    self.truncate(len(self.tokens))
+                    if abort():
+                        raise PrefillAborted(reused) from None
+                    raise
+                finally:
+                    self._abort_fn = _never
+                self.tokens.extend(chunk)
+                pos += len(chunk)
+        finally:
+            llama_cpp.llama_set_abort_callback(self.ctx, _NO_ABORT, None)
+        return reused
+
+    def logits(self, i: int) -> npt.NDArray[np.float32]:
+        """Logits of output row ``i`` of the last batch (negative counts from the end)."""
+        ptr = llama_cpp.llama_get_logits_ith(self.ctx, i)
+        if not ptr:
+            raise BackendError(f"no logits for batch row {i}")
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
+
+
+class PrefillAborted(BackendError):
+    """The prompt was only partly evaluated because the generation was cancelled."""
+
+    def __init__(self, reused: int) -> None:
+        super().__init__("prefill aborted")
+        self.reused = reused

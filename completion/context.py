@@ -1,0 +1,178 @@
+"""What the model sees: the prefix and suffix around the cursor, within a token budget,
+plus other open documents as repository context when they fit.
+
+The prefix window's first line is *anchored*: once chosen it stays put while the
+user types, until the prefix outgrows the budget. A moving first line would change
+the prompt's first tokens and throw away the whole KV cache on every keystroke.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from urllib.parse import unquote, urlparse
+
+from completion.documents import Document, split_lines
+from completion.templates import Snippet
+
+CountTokens = Callable[[str], int]
+
+# When the window must move, leave this share of the budget free for what the user types next.
+_HEADROOM = 0.25
+_CHARS_PER_TOKEN_FLOOR = 2  # for cutting a single giant line, never fewer chars per token
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    prefix_tokens: int = 1024
+    suffix_tokens: int = 64
+    snippet_tokens: int = 512
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionContext:
+    prefix: str
+    suffix: str
+    line_prefix: str  # text between the start of the cursor's line and the cursor
+    line_suffix: str  # text between the cursor and the end of its line
+    prefix_start_line: int  # first document line in the prefix window (the anchor)
+    snippets: tuple[Snippet, ...]
+    path: str
+
+
+def uri_to_path(uri: str) -> str:
+    """A short, readable path for a URI: ``file:///home/u/proj/pkg/mod.py`` -> ``pkg/mod.py``."""
+    parsed = urlparse(uri)
+    path = unquote(parsed.path) if parsed.scheme else uri
+    parts = [p for p in path.split("/") if p]
+    return "/".join(parts[-2:]) if parts else uri
+
+
+def gather(
+    doc: Document,
+    offset: int,
+    count_tokens: CountTokens,
+    budget: Budget,
+    *,
+    others: Sequence[Document] = (),
+    anchor: int | None = None,
+) -> CompletionContext:
+    """Context for a completion at string index ``offset`` of ``doc``.
+
+    ``anchor``: the prefix start line used for the previous request on this document,
+    kept if the prefix from there still fits the budget.
+    """
+    before, after = doc.text[:offset], doc.text[offset:]
+    before_lines = split_lines(before)
+    after_lines = split_lines(after)
+    line_prefix, line_suffix = before_lines[-1], after_lines[0]
+    cursor_line = len(before_lines) - 1
+
+    prefix, start = _prefix_window(before, before_lines, cursor_line, count_tokens, budget, anchor)
+    suffix = _suffix_window(after_lines, count_tokens, budget.suffix_tokens)
+    snippets = _snippets(others, count_tokens, budget.snippet_tokens)
+    return CompletionContext(
+        prefix=prefix,
+        suffix=suffix,
+        line_prefix=line_prefix,
+        line_suffix=line_suffix,
+        prefix_start_line=start,
+        snippets=snippets,
+        path=uri_to_path(doc.uri),
+    )
+
+
+def _prefix_window(
+    before: str,
+    lines: list[str],
+    cursor_line: int,
+    count_tokens: CountTokens,
+    budget: Budget,
+    anchor: int | None,
+) -> tuple[str, int]:
+    limit = budget.prefix_tokens
+
+    def cost(i: int) -> int:
+        return count_tokens(lines[i] if i == cursor_line else lines[i] + "\n")
+
+    if anchor is not None and 0 <= anchor <= cursor_line:
+        used = 0
+        for i in range(cursor_line, anchor - 1, -1):  # early exit once over budget
+            used += cost(i)
+            if used > limit:
+                break
+        else:
+            return _join_from(before, lines, anchor), anchor
+    # Fill to (1 - headroom) of the budget so the window need not move for a while.
+    target = limit if anchor is None else int(limit * (1 - _HEADROOM))
+    used, start = cost(cursor_line), cursor_line
+    if used > limit:
+        # One giant line: keep its end, roughly within budget.
+        return lines[-1][-limit * _CHARS_PER_TOKEN_FLOOR :], cursor_line
+    while start > 0:
+        step = cost(start - 1)
+        if used + step > target:
+            break
+        start -= 1
+        used += step
+    return _join_from(before, lines, start), start
+
+
+def _join_from(before: str, lines: list[str], start: int) -> str:
+    """``before`` from the start of line ``start`` (original line terminators kept)."""
+    if start == 0:
+        return before
+    # Walk line terminators to find the string index where line ``start`` begins.
+    index, seen = 0, 0
+    while seen < start:
+        nl = _next_break(before, index)
+        index, seen = nl, seen + 1
+    return before[index:]
+
+
+def _next_break(text: str, index: int) -> int:
+    """Index just after the next line terminator at or after ``index``."""
+    n = len(text)
+    while index < n:
+        ch = text[index]
+        if ch == "\n":
+            return index + 1
+        if ch == "\r":
+            return index + 2 if index + 1 < n and text[index + 1] == "\n" else index + 1
+        index += 1
+    return n
+
+
+def _suffix_window(lines: list[str], count_tokens: CountTokens, limit: int) -> str:
+    if limit <= 0:
+        return ""
+    kept: list[str] = []
+    used = 0
+    for i, line in enumerate(lines):
+        piece = line if i == len(lines) - 1 else line + "\n"
+        cost = count_tokens(piece)
+        if used + cost > limit:
+            if i == 0:  # the rest of the cursor line always counts, cut if need be
+                kept.append(line[: limit * _CHARS_PER_TOKEN_FLOOR])
+            break
+        kept.append(piece)
+        used += cost
+    return "".join(kept)
+
+
+def _snippets(
+    others: Sequence[Document], count_tokens: CountTokens, limit: int
+) -> tuple[Snippet, ...]:
+    """Whole other documents that fit, most recently used first chosen, emitted in a stable
+    (URI) order so that switching files does not reorder the cached prompt."""
+    chosen: list[Document] = []
+    used = 0
+    for doc in others:
+        if not doc.text.strip():
+            continue
+        cost = count_tokens(doc.text) + 8  # + the file header
+        if used + cost <= limit:
+            chosen.append(doc)
+            used += cost
+    chosen.sort(key=lambda d: d.uri)
+    return tuple(Snippet(uri_to_path(d.uri), d.text) for d in chosen)

@@ -1,0 +1,168 @@
+"""When a completion ends, and what of it is shown.
+
+- Special tokens (end of text, FIM markers) end it: the backend stops on control
+  tokens, and ``stop_texts`` catch them should they appear as text.
+- Single-line mode (the cursor sits before other text on its line): the first line
+  break ends it.
+- Multi-line mode: it ends at the end of the block (a line indented less than the
+  cursor's block), after two blank lines, after ``max_lines``, or when a generated
+  line repeats the next line of the suffix (the model ran into the existing code).
+- Finally, text that duplicates what already follows the cursor is trimmed.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+_TAB = 4
+
+
+class MultilineMode(enum.StrEnum):
+    AUTO = "auto"  # single-line when the cursor is mid-line, else multi-line
+    ALWAYS = "always"
+    NEVER = "never"
+
+
+def indent_width(line: str) -> int:
+    """Columns of leading whitespace (tabs count as 4)."""
+    width = 0
+    for ch in line:
+        if ch == " ":
+            width += 1
+        elif ch == "\t":
+            width += _TAB
+        else:
+            break
+    return width
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """How much of the generated text to keep, and whether generation should stop."""
+
+    keep: int
+    stop: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StopRules:
+    single_line: bool
+    base_indent: int  # indentation of the block the cursor is in
+    line_prefix: str
+    line_suffix: str
+    next_suffix_line: str  # first non-blank suffix line after the cursor line, stripped
+    stop_texts: tuple[str, ...] = ()
+    max_lines: int = 64
+
+    @classmethod
+    def build(
+        cls,
+        line_prefix: str,
+        line_suffix: str,
+        suffix: str,
+        *,
+        mode: MultilineMode = MultilineMode.AUTO,
+        stop_texts: tuple[str, ...] = (),
+        max_lines: int = 64,
+    ) -> StopRules:
+        """Rules for a cursor after ``line_prefix`` and before ``line_suffix`` on its line.
+
+        Example: cursor in ``print(|)`` gives single-line rules (``)`` follows it);
+        cursor at the start of an empty, 4-space indented line gives multi-line rules
+        ending at the first line indented less than 4.
+        """
+        mid_line = line_suffix.strip() != ""
+        single = mode is MultilineMode.NEVER or (mode is MultilineMode.AUTO and mid_line)
+        rest = suffix.split("\n")[1:] if "\n" in suffix else []
+        next_line = next((line.strip() for line in rest if line.strip()), "")
+        return cls(
+            single_line=single,
+            base_indent=indent_width(line_prefix),
+            line_prefix=line_prefix,
+            line_suffix=line_suffix,
+            next_suffix_line=next_line,
+            stop_texts=stop_texts,
+            max_lines=max_lines,
+        )
+
+    def scan(self, text: str) -> Cut:
+        """Apply the rules to the text generated so far (called as it grows)."""
+        keep, stop = len(text), False
+        for marker in self.stop_texts:
+            at = text.find(marker)
+            if at != -1 and at < keep:
+                keep, stop = at, True
+        text = text[:keep]
+        if self.single_line:
+            at = text.find("\n")
+            return Cut(at, True) if at != -1 else Cut(keep, stop)
+        lines = text.split("\n")
+        offset = len(lines[0]) + 1
+        blank_run, blank_start = 0, 0
+        for number, line in enumerate(lines[1:], start=1):
+            complete = number < len(lines) - 1  # a line break follows it
+            stripped = line.strip()
+            if stripped:
+                blank_run = 0
+                if indent_width(line) < self.base_indent:
+                    return Cut(offset - 1, True)  # dedent: the block ended
+                if complete and self._runs_into_suffix(stripped):
+                    return Cut(offset - 1, True)
+            elif complete:
+                blank_run += 1
+                if blank_run == 1:
+                    blank_start = offset
+                elif blank_run >= 2:
+                    return Cut(blank_start - 1, True)
+            if number >= self.max_lines:
+                return Cut(offset - 1, True)
+            offset += len(line) + 1
+        return Cut(keep, stop)
+
+    def _runs_into_suffix(self, stripped: str) -> bool:
+        return len(self.next_suffix_line) >= 3 and stripped == self.next_suffix_line
+
+    def finish(self, text: str) -> str:
+        """The text to show once generation ended: cut, then trimmed against the suffix."""
+        text = text[: self.scan(text).keep]
+        if "\n" not in text:
+            return _trim_overlap(self.line_prefix, text.rstrip(), self.line_suffix.rstrip())
+        return text.rstrip()
+
+
+_OPEN, _CLOSE = "([{", ")]}"
+
+
+def _excess_closers(text: str) -> int:
+    """Closing brackets without an opener before them: ``_excess_closers("a))") == 2``."""
+    depth, excess = 0, 0
+    for ch in text:
+        if ch in _OPEN:
+            depth += 1
+        elif ch in _CLOSE:
+            if depth:
+                depth -= 1
+            else:
+                excess += 1
+    return excess
+
+
+def _trim_overlap(line_prefix: str, text: str, line_suffix: str) -> str:
+    """Drop the end of ``text`` that repeats the start of ``line_suffix``, where keeping it
+    would be wrong: it adds unmatched closing brackets, or it is punctuation only.
+
+    Examples: cursor in ``foo(|)``, model wrote ``a, b)``: shown ``a, b``. Model wrote
+    ``bar()`` there: kept, the ``)`` belongs to ``bar(``.
+    """
+    before = _excess_closers(line_prefix + text + line_suffix)
+    for k in range(min(len(text), len(line_suffix)), 0, -1):
+        overlap = line_suffix[:k]
+        if not text.endswith(overlap):
+            continue
+        trimmed = text[:-k]
+        if _excess_closers(line_prefix + trimmed + line_suffix) < before or not any(
+            ch.isalnum() or ch in _OPEN + _CLOSE for ch in overlap
+        ):
+            return trimmed.rstrip() if not trimmed.strip() else trimmed
+    return text

@@ -1,0 +1,182 @@
+"""The Kode language server: LSP in, ``completion`` calls out. No model state lives here.
+
+Requests and notifications handled:
+
+- ``initialize`` (settings from ``initializationOptions``), ``initialized`` (warms up
+  the model in the background), ``workspace/didChangeConfiguration``;
+- ``textDocument/didOpen|didChange|didClose`` (full and incremental sync);
+- ``textDocument/inlineCompletion`` (LSP 3.18), an ``async`` handler: pygls cancels
+  its task on ``$/cancelRequest`` and answers -32800, and the engine stops the
+  generation within one decode step;
+- ``kode/stats``: backend counters and the active settings (for status bars and tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import msgspec
+from lsprotocol import types
+from pygls.lsp.server import LanguageServer
+
+from completion import settings as settings_mod
+from completion.documents import Position, Range
+from completion.engine import (
+    BackendFactory,
+    BackendPool,
+    CompletionEngine,
+    Superseded,
+    load_backend,
+)
+from lsp.errors import to_lsp_error
+
+log = logging.getLogger("kode.lsp")
+
+VERSION = "0.1.0"
+STATS_METHOD = "kode/stats"
+
+
+class KodeServer(LanguageServer):
+    """pygls server holding one ``CompletionEngine``."""
+
+    def __init__(self, backend_factory: BackendFactory | None = None) -> None:
+        super().__init__(
+            "kode", VERSION, text_document_sync_kind=types.TextDocumentSyncKind.Incremental
+        )
+        self.pool = BackendPool(load_backend)
+        self.engine = CompletionEngine(backend_factory or self.pool.get)
+        self._pending_messages: list[str] = []
+        self._warmup: asyncio.Task[Any] | None = None
+
+    def apply_settings(self, raw: Any) -> list[str]:
+        parsed, problems = settings_mod.parse(raw)
+        self.engine.update_settings(parsed)
+        return problems
+
+    def report_problems(self, problems: list[str]) -> None:
+        for problem in problems:
+            log.warning("setting rejected: %s", problem)
+            self.window_show_message(
+                types.ShowMessageParams(type=types.MessageType.Warning, message=f"Kode: {problem}")
+            )
+
+
+def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
+    server = KodeServer(backend_factory)
+
+    @server.feature(types.INITIALIZE)
+    def initialize(params: types.InitializeParams) -> None:
+        server._pending_messages = server.apply_settings(params.initialization_options)
+
+    @server.feature(types.INITIALIZED)
+    def initialized(params: types.InitializedParams) -> None:
+        server.report_problems(server._pending_messages)
+        server._pending_messages = []
+        if server.engine.settings.enabled:
+            server._warmup = asyncio.ensure_future(_warm_up(server))
+
+    @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
+    def did_change_configuration(params: types.DidChangeConfigurationParams) -> None:
+        server.report_problems(server.apply_settings(params.settings))
+
+    @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
+    def did_open(params: types.DidOpenTextDocumentParams) -> None:
+        doc = params.text_document
+        server.engine.documents.open(doc.uri, doc.text, doc.version, doc.language_id)
+
+    @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
+    def did_change(params: types.DidChangeTextDocumentParams) -> None:
+        changes: list[tuple[str, Range | None]] = []
+        for change in params.content_changes:
+            if isinstance(change, types.TextDocumentContentChangePartial):
+                r = change.range
+                changes.append(
+                    (
+                        change.text,
+                        Range(
+                            Position(r.start.line, r.start.character),
+                            Position(r.end.line, r.end.character),
+                        ),
+                    )
+                )
+            else:
+                changes.append((change.text, None))
+        uri = params.text_document.uri
+        if uri not in server.engine.documents:
+            log.warning("didChange for a document that is not open: %s", uri)
+            return
+        server.engine.documents.change(uri, params.text_document.version, changes)
+
+    @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
+    async def did_close(params: types.DidCloseTextDocumentParams) -> None:
+        await server.engine.cancel(params.text_document.uri)
+        server.engine.documents.close(params.text_document.uri)
+
+    @server.feature(
+        types.TEXT_DOCUMENT_INLINE_COMPLETION,
+        types.InlineCompletionOptions(),
+    )
+    async def inline_completion(
+        params: types.InlineCompletionParams,
+    ) -> types.InlineCompletionList | None:
+        engine = server.engine
+        if not engine.settings.enabled:
+            return types.InlineCompletionList(items=[])
+        pos = Position(params.position.line, params.position.character)
+        try:
+            result = await engine.complete(params.text_document.uri, pos)
+        except Superseded:
+            return types.InlineCompletionList(items=[])
+        except Exception as exc:
+            raise to_lsp_error(exc) from exc
+        if not result.text:
+            return types.InlineCompletionList(items=[])
+        item = types.InlineCompletionItem(
+            insert_text=result.text,
+            range=types.Range(params.position, params.position),
+        )
+        log.info(
+            "completion %s v%s: %d tokens, ttft %.0f ms, %.1f ms/token, total %.0f ms",
+            _short(params.text_document.uri),
+            result.version,
+            result.stats.completion_tokens,
+            result.stats.ttft_ms,
+            result.stats.ms_per_token,
+            result.total_ms,
+        )
+        return types.InlineCompletionList(items=[item])
+
+    @server.feature(STATS_METHOD)
+    def stats(params: Any) -> dict[str, Any]:
+        backend = server.pool.current
+        counters = getattr(backend, "counters", None)
+        return {
+            "backend": None if backend is None else backend.name,
+            "model": None if backend is None else backend.model_name,
+            "counters": None if counters is None else counters.as_dict(),
+            "settings": msgspec.to_builtins(server.engine.settings),
+        }
+
+    @server.feature(types.SHUTDOWN)
+    async def shutdown(params: Any) -> None:
+        await server.engine.aclose()
+        await server.pool.aclose()
+
+    return server
+
+
+async def _warm_up(server: KodeServer) -> None:
+    """Load (and on first use, install) the model now rather than on the first keystroke."""
+    try:
+        await server.engine.backend()
+    except Exception as exc:
+        log.error("could not load the model: %s", exc)
+        server.window_show_message(
+            types.ShowMessageParams(type=types.MessageType.Error, message=f"Kode: {exc}")
+        )
+
+
+def _short(uri: str) -> str:
+    return uri.rsplit("/", 1)[-1]
