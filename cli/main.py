@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import logging
 import sys
@@ -53,7 +54,21 @@ def _parser() -> argparse.ArgumentParser:
     info = model_sub.add_parser("info", help="show installed models")
     info.add_argument("--verify", action="store_true", help="re-hash the files (slow)")
     info.add_argument("--json", action="store_true")
+
+    for name in _PLUGINS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        module.register(sub)
     return parser
+
+
+# Further subcommands live in their own modules: each has ``register(subparsers)``, which
+# adds its parser with ``set_defaults(func=...)``; ``func(args) -> int`` runs it.
+_PLUGINS = ("cli.bench", "cli.serve", "cli.sglang")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -71,6 +86,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_complete(args, *_read_source(args.file)))
         if args.command == "model":
             return _model(args)
+        func = getattr(args, "func", None)
+        if func is not None:
+            code: int = func(args)
+            return code
     except KodeError as exc:
         print(f"kode: error: {exc}", file=sys.stderr)
         return 1
@@ -106,8 +125,9 @@ def _read_source(path: Path) -> tuple[str, str]:
 
 
 async def _complete(args: argparse.Namespace, text: str, uri: str) -> int:
+    from completion.backend_factory import load_backend
     from completion.documents import Position
-    from completion.engine import BackendPool, CompletionEngine, load_backend
+    from completion.engine import BackendPool, CompletionEngine
     from completion.settings import parse
 
     path: Path = args.file

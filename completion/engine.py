@@ -250,14 +250,3 @@ class BackendPool:
             if self._backend is not None:
                 await self._backend.aclose()
                 self._backend = None
-
-
-async def load_backend(settings: Settings) -> Backend:
-    """The backend ``settings`` name (the local llama.cpp engine for now)."""
-    from backends import models
-    from backends.llama import LlamaBackend
-
-    path = await asyncio.to_thread(models.resolve, settings.model)
-    return await LlamaBackend.load(
-        path, n_ctx=settings.context_size, n_threads=settings.threads or None
-    )

@@ -28,6 +28,24 @@ _Positive = Annotated[int, msgspec.Meta(ge=1)]
 _NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 
 
+class RemoteApi(enum.StrEnum):
+    SGLANG = "sglang"  # native POST /generate (SSE) + /abort_request
+    OPENAI = "openai"  # POST /v1/completions (vLLM, TGI, llama.cpp server, kode serve)
+
+
+class RemoteSettings(
+    msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True
+):
+    """A remote completion server (SGLang, or anything OpenAI-compatible)."""
+
+    url: str = ""  # e.g. http://gpu-box:30000 ; empty: no remote configured
+    api: RemoteApi = RemoteApi.SGLANG
+    api_key: str = ""  # sent as a bearer token
+    model: str = ""  # model name for the OpenAI API
+    timeout_ms: Annotated[int, msgspec.Meta(ge=1)] = 5000
+    latency_budget_ms: Annotated[int, msgspec.Meta(ge=1)] = 1500  # auto: fall back past this
+
+
 class Settings(
     msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True
 ):
@@ -51,11 +69,14 @@ class Settings(
     context_size: Annotated[int, msgspec.Meta(ge=512)] = 4096
     threads: _NonNegative = 0  # 0: every core
     log_prompts: bool = False  # never log source code unless asked to
+    partial_completions: bool = False  # send kode/inlineCompletionPartial while text grows
+    time_budget_ms: _NonNegative = 0  # 0: no budget; else answer with what is ready by then
+    remote: RemoteSettings = RemoteSettings()
 
 
 DEFAULT = Settings()
 
-_PATH = re.compile(r"at `\$\.([A-Za-z0-9_]+)`")
+_PATH = re.compile(r"at `\$\.([A-Za-z0-9_.]+)`")
 
 
 def parse(raw: Any) -> tuple[Settings, list[str]]:
@@ -70,23 +91,46 @@ def parse(raw: Any) -> tuple[Settings, list[str]]:
         raw = raw["kode"]
     if not isinstance(raw, dict):
         return DEFAULT, [f"settings must be an object, got {type(raw).__name__}"]
-    values = dict(raw)
+    values: dict[str, Any] = dict(raw)
     problems: list[str] = []
-    for _ in range(len(values) + 1):
+    for _ in range(_count_leaves(values) + 1):
         try:
             return msgspec.convert(values, Settings), problems
         except msgspec.ValidationError as exc:
             message = str(exc)
             match = _PATH.search(message)
-            key = match.group(1) if match else _unknown_key(message)
-            if key is None or key not in values:
+            path = match.group(1).split(".") if match else []
+            unknown = _unknown_key(message)
+            if unknown is not None:
+                path = [*path, unknown]
+            if not path or not _drop(values, path):
                 return DEFAULT, [*problems, message]
-            if match:
-                problems.append(f"{key}: {message.split(' - at ')[0]}; using the default")
+            name = ".".join(path)
+            if unknown is not None:
+                problems.append(f"{name}: unknown setting, ignored")
             else:
-                problems.append(f"{key}: unknown setting, ignored")
-            del values[key]
+                problems.append(f"{name}: {message.split(' - at ')[0]}; using the default")
     return DEFAULT, problems
+
+
+def _count_leaves(value: Any) -> int:
+    if isinstance(value, dict):
+        return sum(_count_leaves(v) for v in value.values()) + 1
+    return 1
+
+
+def _drop(values: dict[str, Any], path: list[str]) -> bool:
+    """Remove ``path`` from nested dicts (copying the dicts on the way); False if absent."""
+    node = values
+    for key in path[:-1]:
+        child = node.get(key)
+        if not isinstance(child, dict):
+            return False
+        node[key] = node = dict(child)
+    if path[-1] not in node:
+        return False
+    del node[path[-1]]
+    return True
 
 
 def _unknown_key(message: str) -> str | None:

@@ -22,14 +22,9 @@ from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 
 from completion import settings as settings_mod
+from completion.backend_factory import load_backend
 from completion.documents import Position, Range
-from completion.engine import (
-    BackendFactory,
-    BackendPool,
-    CompletionEngine,
-    Superseded,
-    load_backend,
-)
+from completion.engine import BackendFactory, BackendPool, CompletionEngine, Superseded
 from lsp.errors import to_lsp_error
 
 log = logging.getLogger("kode.lsp")
