@@ -100,6 +100,8 @@ class GenerationStats:
     steps_after_cancel: int = 0  # target model calls that began after cancel() was requested
     finish_reason: FinishReason | None = None
     speculation: SpeculationStats = field(default_factory=SpeculationStats)
+    route: str = ""  # which backend served it ("local", "remote"), set by a router
+    route_reason: str = ""  # why (e.g. "remote timed out after 1500 ms")
 
     @property
     def ms_per_token(self) -> float:

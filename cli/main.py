@@ -163,6 +163,8 @@ async def _complete(args: argparse.Namespace, text: str, uri: str) -> int:
             "backend": result.backend,
             "finish_reason": None if stats.finish_reason is None else str(stats.finish_reason),
             "single_line": result.single_line,
+            "route": stats.route or "local",
+            "route_reason": stats.route_reason,
             "speculation": {
                 "method": stats.speculation.method,
                 "steps": stats.speculation.steps,
