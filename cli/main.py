@@ -101,8 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _lsp(args: argparse.Namespace) -> int:
     from lsp.server import build_server
 
-    if args.log_file is None and args.verbose == 0:
-        logging.getLogger().setLevel(logging.INFO)
+    if args.verbose == 0:
+        logging.getLogger("kode").setLevel(logging.INFO)
     server = build_server()
     if args.tcp:
         server.start_tcp(args.host, args.port)

@@ -169,14 +169,15 @@ class CompletionEngine:
         text, shown = "", 0
         try:
             async for chunk in generation:
+                if self._tickets.get(uri) is not ticket or doc.version != version:
+                    break  # stale: stop generating, drop the result
                 text += chunk.text
                 cut = rules.scan(text)
                 if on_partial is not None and cut.keep > shown and "\n" in text[shown : cut.keep]:
+                    # A line completed: show the suggestion so far (each call extends the last).
                     shown = cut.keep
                     on_partial(text[: cut.keep])
                 if cut.stop:
-                    break
-                if self._tickets.get(uri) is not ticket or doc.version != version:
                     break
         finally:
             await generation.cancel()

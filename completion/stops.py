@@ -76,9 +76,12 @@ class StopRules:
         single = mode is MultilineMode.NEVER or (mode is MultilineMode.AUTO and mid_line)
         rest = suffix.split("\n")[1:] if "\n" in suffix else []
         next_line = next((line.strip() for line in rest if line.strip()), "")
+        base = indent_width(line_prefix)
+        if line_prefix.rstrip().endswith((":", "{", "(", "[")):
+            base += 1  # the cursor opens a block: its body is deeper
         return cls(
             single_line=single,
-            base_indent=indent_width(line_prefix),
+            base_indent=base,
             line_prefix=line_prefix,
             line_suffix=line_suffix,
             next_suffix_line=next_line,
@@ -98,6 +101,10 @@ class StopRules:
             at = text.find("\n")
             return Cut(at, True) if at != -1 else Cut(keep, stop)
         lines = text.split("\n")
+        base = self.base_indent
+        if not self.line_prefix.strip() and lines[0].strip():
+            # Cursor on a blank line: the block is where the completion starts.
+            base = indent_width(self.line_prefix + lines[0])
         offset = len(lines[0]) + 1
         blank_run, blank_start = 0, 0
         for number, line in enumerate(lines[1:], start=1):
@@ -105,7 +112,7 @@ class StopRules:
             stripped = line.strip()
             if stripped:
                 blank_run = 0
-                if indent_width(line) < self.base_indent:
+                if indent_width(line) < base:
                     return Cut(offset - 1, True)  # dedent: the block ended
                 if complete and self._runs_into_suffix(stripped):
                     return Cut(offset - 1, True)

@@ -24,13 +24,20 @@ from pygls.lsp.server import LanguageServer
 from completion import settings as settings_mod
 from completion.backend_factory import load_backend
 from completion.documents import Position, Range
-from completion.engine import BackendFactory, BackendPool, CompletionEngine, Superseded
+from completion.engine import (
+    BackendFactory,
+    BackendPool,
+    CompletionEngine,
+    PartialCallback,
+    Superseded,
+)
 from lsp.errors import to_lsp_error
 
 log = logging.getLogger("kode.lsp")
 
 VERSION = "0.1.0"
 STATS_METHOD = "kode/stats"
+PARTIAL_METHOD = "kode/inlineCompletionPartial"
 
 
 class KodeServer(LanguageServer):
@@ -120,8 +127,12 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
         if not engine.settings.enabled:
             return types.InlineCompletionList(items=[])
         pos = Position(params.position.line, params.position.character)
+        uri = params.text_document.uri
+        on_partial = None
+        if engine.settings.partial_completions and uri in engine.documents:
+            on_partial = _partial_sender(server, server.protocol.msg_id, uri, params.position)
         try:
-            result = await engine.complete(params.text_document.uri, pos)
+            result = await engine.complete(uri, pos, on_partial=on_partial)
         except Superseded:
             return types.InlineCompletionList(items=[])
         except Exception as exc:
@@ -160,6 +171,26 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
         await server.pool.aclose()
 
     return server
+
+
+def _partial_sender(
+    server: KodeServer, request_id: object, uri: str, position: types.Position
+) -> PartialCallback:
+    """Send ``kode/inlineCompletionPartial`` for one request (see docs/protocol.md)."""
+    version = server.engine.documents.get(uri).version
+
+    def send(text: str) -> None:
+        server.protocol.notify(
+            PARTIAL_METHOD,
+            {
+                "requestId": request_id,
+                "textDocument": {"uri": uri, "version": version},
+                "position": {"line": position.line, "character": position.character},
+                "text": text,
+            },
+        )
+
+    return send
 
 
 async def _warm_up(server: KodeServer) -> None:

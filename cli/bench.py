@@ -1,0 +1,137 @@
+"""``kode bench``: the benchmarks (speculation, quality, latency); see docs/benchmarks.md.
+
+kode bench speculation [--model M] [--tasks N] [--max-tokens N] [--methods a,b] [--seed S]
+kode bench quality [--model M ... | --models a,b] [--set single|multi|both] [--tasks N | --full]
+kode bench latency [--model M] [--cadence-ms 120] [--files F ...] [--humaneval N]
+
+Only argument parsing lives here; the benchmark modules are imported when one runs, so
+``kode`` itself starts fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def register(subparsers: Any) -> None:
+    bench = subparsers.add_parser("bench", help="run a benchmark (see docs/benchmarks.md)")
+    sub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
+    bench.set_defaults(func=run)
+
+    spec = sub.add_parser("speculation", help="speculative decoding vs plain greedy and peers")
+    spec.add_argument("--model", default="default", help="default | small | a GGUF path")
+    spec.add_argument("--draft-model", default="small", help="draft model for `draft`")
+    spec.add_argument("--tasks", type=int, default=4, help="prompts per workload (default 4)")
+    spec.add_argument("--max-tokens", type=int, default=64)
+    spec.add_argument(
+        "--methods",
+        type=_csv,
+        default=None,
+        help="comma list of none,ngram,lookahead,draft,auto,pld,llama-server (default: all)",
+    )
+    spec.add_argument(
+        "--workloads", type=_csv, default=("humaneval", "edit"), help="humaneval,edit"
+    )
+    spec.add_argument("--seed", type=int, default=0)
+    spec.add_argument(
+        "--near-tie", type=float, default=1e-3, help="top-2 logit gap below which a flip is a tie"
+    )
+    spec.add_argument("--threads", type=int, default=None)
+    spec.add_argument("--out", type=Path, default=Path("results/speculation"))
+
+    quality = sub.add_parser("quality", help="pass@1 on HumanEval infilling through the engine")
+    quality.add_argument(
+        "--model",
+        action="append",
+        default=None,
+        help="default | small | a GGUF path; may be given more than once",
+    )
+    quality.add_argument("--models", type=_csv, default=None, help="comma list, e.g. default,small")
+    quality.add_argument("--set", choices=["single", "multi", "both"], default="both")
+    size = quality.add_mutually_exclusive_group()
+    size.add_argument("--tasks", type=int, default=8, help="tasks per set (default 8)")
+    size.add_argument("--full", action="store_true", help="every task (hours on a small CPU)")
+    quality.add_argument("--max-tokens", type=int, default=None, help="default: the setting")
+    quality.add_argument(
+        "--modes",
+        type=_csv,
+        default=("engine", "raw", "llama-server"),
+        help="engine,raw,llama-server",
+    )
+    quality.add_argument("--speculation", default="auto")
+    quality.add_argument("--seed", type=int, default=0)
+    quality.add_argument("--timeout", type=float, default=10.0, help="seconds per test program")
+    quality.add_argument("--out", type=Path, default=Path("results/quality"))
+
+    latency = sub.add_parser("latency", help="keystroke replay through the LSP server")
+    latency.add_argument("--model", default="default")
+    latency.add_argument("--cadence-ms", type=float, default=120.0)
+    latency.add_argument(
+        "--files", type=Path, nargs="*", default=None, help="source files (default: examples/)"
+    )
+    latency.add_argument("--regions", type=int, default=2, help="regions retyped per file")
+    latency.add_argument("--humaneval", type=int, default=2, help="HumanEval tasks to type")
+    latency.add_argument("--max-chars", type=int, default=60, help="longest region typed")
+    latency.add_argument("--speculation", default=None, help="speculation setting for the server")
+    latency.add_argument("--seed", type=int, default=0)
+    latency.add_argument("--out", type=Path, default=Path("results/latency"))
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.bench_command == "speculation":
+        from bench import speculation
+
+        return speculation.main(
+            speculation.Options(
+                model=args.model,
+                draft_model=args.draft_model,
+                tasks=args.tasks,
+                max_tokens=args.max_tokens,
+                methods=args.methods or speculation.ALL_METHODS,
+                workloads=args.workloads,
+                seed=args.seed,
+                out=args.out,
+                near_tie=args.near_tie,
+                threads=args.threads,
+            )
+        )
+    if args.bench_command == "quality":
+        from bench import quality
+
+        names = [*(args.model or []), *(args.models or [])] or ["default"]
+        return quality.main(
+            quality.Options(
+                models=tuple(dict.fromkeys(names)),
+                sets=("single", "multi") if args.set == "both" else (args.set,),
+                tasks=None if args.full else args.tasks,
+                max_tokens=args.max_tokens,
+                modes=args.modes,
+                speculation=args.speculation,
+                seed=args.seed,
+                timeout_s=args.timeout,
+                out=args.out,
+            )
+        )
+    if args.bench_command == "latency":
+        from bench import latency
+
+        return latency.main(
+            latency.Options(
+                model=args.model,
+                cadence_ms=args.cadence_ms,
+                files=tuple(args.files) if args.files is not None else None,
+                regions=args.regions,
+                humaneval=args.humaneval,
+                max_chars=args.max_chars,
+                speculation=args.speculation,
+                seed=args.seed,
+                out=args.out,
+            )
+        )
+    return 2

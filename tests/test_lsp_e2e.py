@@ -1,0 +1,219 @@
+"""End to end: the real `kode lsp` subprocess, real clients' capabilities, the real 0.5B model."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import pytest_lsp
+from lsprotocol import types
+from pygls.exceptions import JsonRpcException
+from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
+
+pytestmark = [pytest.mark.model]
+
+SERVER = [sys.executable, "-m", "cli.main", "lsp"]
+TIMEOUT = 120  # seconds for any one step, generous for a loaded 2-core CI machine
+SETTINGS: dict[str, Any] = {"model": "small", "maxTokens": 48, "snippetTokens": 0}
+URI = "file:///tmp/kode-e2e/project/mathutils.py"
+SOURCE = '''"""Small math helpers."""
+
+
+def add(a, b):
+    """Return the sum of a and b."""
+'''
+
+
+def capabilities(client: str) -> types.ClientCapabilities:
+    """A real client's capability preset, plus inline completion (LSP 3.18)."""
+    caps = client_capabilities(client)
+    assert caps.text_document is not None
+    caps.text_document.inline_completion = types.InlineCompletionClientCapabilities(
+        dynamic_registration=False
+    )
+    return caps
+
+
+async def start(client: LanguageClient, preset: str, options: dict[str, Any]) -> None:
+    async with asyncio.timeout(TIMEOUT):
+        await client.initialize_session(
+            types.InitializeParams(
+                capabilities=capabilities(preset),
+                initialization_options=options,
+                process_id=None,
+            )
+        )
+
+
+def open_doc(client: LanguageClient, text: str, uri: str = URI, version: int = 1) -> None:
+    client.text_document_did_open(
+        types.DidOpenTextDocumentParams(
+            types.TextDocumentItem(uri=uri, language_id="python", version=version, text=text)
+        )
+    )
+
+
+def inline_params(line: int, character: int, uri: str = URI) -> types.InlineCompletionParams:
+    return types.InlineCompletionParams(
+        context=types.InlineCompletionContext(
+            trigger_kind=types.InlineCompletionTriggerKind.Automatic
+        ),
+        text_document=types.TextDocumentIdentifier(uri=uri),
+        position=types.Position(line=line, character=character),
+    )
+
+
+async def stats(client: LanguageClient) -> dict[str, Any]:
+    async with asyncio.timeout(TIMEOUT):
+        result = await client.protocol.send_request_async("kode/stats", None)
+    # pygls hands back custom results as attrs-like objects; normalise to dicts.
+    return _plain(result)
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "_asdict"):
+        return {k: _plain(v) for k, v in value._asdict().items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+@pytest_lsp.fixture(config=ClientServerConfig(server_command=SERVER))
+async def client(lsp_client: LanguageClient) -> AsyncIterator[None]:
+    yield
+    async with asyncio.timeout(30):
+        await lsp_client.shutdown_session()
+
+
+@pytest.mark.parametrize("preset", ["visual-studio-code", "neovim"])
+async def test_inline_completion_from_the_real_model(client: LanguageClient, preset: str) -> None:
+    await start(client, preset, SETTINGS)
+    open_doc(client, "")
+    # Incremental sync: type the file in two edits.
+    client.text_document_did_change(
+        types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=URI, version=2),
+            content_changes=[
+                types.TextDocumentContentChangePartial(
+                    range=types.Range(types.Position(0, 0), types.Position(0, 0)),
+                    text=SOURCE,
+                ),
+                types.TextDocumentContentChangePartial(
+                    range=types.Range(types.Position(5, 0), types.Position(5, 0)),
+                    text="    ",
+                ),
+            ],
+        )
+    )
+    async with asyncio.timeout(TIMEOUT):
+        result = await client.text_document_inline_completion_async(inline_params(5, 4))
+    assert isinstance(result, types.InlineCompletionList)
+    assert len(result.items) == 1
+    text = result.items[0].insert_text
+    assert isinstance(text, str)
+    assert "return" in text and "a" in text and "b" in text, text
+    report = await stats(client)
+    assert report["counters"]["generations"] >= 1
+    assert report["counters"]["last"]["completionTokens"] >= 3
+
+
+async def test_cancel_answers_32800_and_stops_within_one_step(client: LanguageClient) -> None:
+    options = {
+        **SETTINGS,
+        "maxTokens": 400,
+        "multiline": "always",
+        "maxLines": 400,
+        "partialCompletions": True,
+    }
+    await start(client, "visual-studio-code", options)
+    lines = "".join(f"    {i},\n" for i in range(1, 13))
+    open_doc(client, f"numbers = [\n{lines}")
+    msg_id = str(uuid.uuid4())
+    pending = client.protocol.send_request(
+        "textDocument/inlineCompletion", inline_params(13, 0), msg_id=msg_id
+    )
+    async with asyncio.timeout(TIMEOUT):
+        partial = await client.wait_for_notification("kode/inlineCompletionPartial")
+    partial = _plain(partial)
+    assert partial["requestId"] == msg_id
+    assert partial["text"].strip()  # the generation is running: a line is already out
+    client.protocol.notify("$/cancelRequest", types.CancelParams(id=msg_id))
+    with pytest.raises(JsonRpcException) as raised:
+        async with asyncio.timeout(TIMEOUT):
+            await asyncio.wrap_future(pending)
+    assert raised.value.code == -32800
+
+    for _ in range(100):  # the worker finishes its last step, then accounts
+        report = await stats(client)
+        if report["counters"]["cancelled"] >= 1:
+            break
+        await asyncio.sleep(0.05)
+    last = report["counters"]["last"]
+    assert last["finishReason"] == "cancelled"
+    assert last["stepsAfterCancel"] <= 1
+    assert 0 < last["completionTokens"] < 400
+    assert last["decodeSteps"] == last["completionTokens"] - 1 + last["stepsAfterCancel"]
+
+    # The KV cache is consistent: the next request reuses the prompt and completes.
+    async with asyncio.timeout(TIMEOUT):
+        again = await client.text_document_inline_completion_async(inline_params(13, 0))
+    assert again is not None and again.items
+    report = await stats(client)
+    assert report["counters"]["last"]["reusedPromptTokens"] > 0
+
+
+async def test_latest_wins_on_one_document(client: LanguageClient) -> None:
+    await start(client, "neovim", SETTINGS)
+    open_doc(client, SOURCE + "    ")
+    first = client.protocol.send_request("textDocument/inlineCompletion", inline_params(5, 4))
+    second = client.protocol.send_request("textDocument/inlineCompletion", inline_params(5, 4))
+    async with asyncio.timeout(TIMEOUT):
+        first_result = await asyncio.wrap_future(first)
+        second_result = await asyncio.wrap_future(second)
+    assert first_result is not None and first_result.items == []  # abandoned
+    assert second_result is not None and len(second_result.items) == 1
+    report = await stats(client)
+    # The first generation never ran past its first step, if it started at all.
+    assert report["counters"]["generations"] in (1, 2)
+
+
+async def test_bad_input_gets_clear_errors_and_the_server_keeps_serving(
+    client: LanguageClient,
+) -> None:
+    await start(client, "visual-studio-code", {**SETTINGS, "maxTokens": "many", "nope": 1})
+    async with asyncio.timeout(TIMEOUT):
+        await client.wait_for_notification("window/showMessage")
+    await asyncio.sleep(0.2)
+    texts = [m.message for m in client.messages]
+    assert any("maxTokens" in t for t in texts), texts
+    assert any("nope" in t for t in texts), texts
+
+    open_doc(client, SOURCE + "    ")
+    with pytest.raises(JsonRpcException) as unknown:
+        async with asyncio.timeout(TIMEOUT):
+            await client.text_document_inline_completion_async(
+                inline_params(0, 0, uri="file:///tmp/never-opened.py")
+            )
+    assert unknown.value.code == -32602 and "not open" in unknown.value.message
+
+    with pytest.raises(JsonRpcException) as outside:
+        async with asyncio.timeout(TIMEOUT):
+            await client.text_document_inline_completion_async(inline_params(99, 0))
+    assert outside.value.code == -32602 and "outside" in outside.value.message
+
+    with pytest.raises(JsonRpcException) as malformed:
+        async with asyncio.timeout(TIMEOUT):
+            await client.protocol.send_request_async(
+                "textDocument/inlineCompletion", {"textDocument": {"uri": URI}}
+            )
+    assert malformed.value.code in (-32602, -32603)
+
+    async with asyncio.timeout(TIMEOUT):
+        result = await client.text_document_inline_completion_async(inline_params(5, 4))
+    assert result is not None and result.items

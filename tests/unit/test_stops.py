@@ -1,0 +1,101 @@
+"""Stop rules and suffix trimming."""
+
+from __future__ import annotations
+
+import pytest
+
+from completion.stops import MultilineMode, StopRules, indent_width
+from completion.templates import QWEN25_CODER
+
+
+def rules(line_prefix: str, line_suffix: str = "", suffix: str = "", **kw: object) -> StopRules:
+    return StopRules.build(
+        line_prefix,
+        line_suffix,
+        line_suffix + suffix,
+        stop_texts=QWEN25_CODER.stop_texts,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_mid_line_cursor_is_single_line() -> None:
+    r = rules("print(", ")")
+    assert r.single_line
+    assert r.scan("x, y)\nmore").keep == len("x, y)")
+    assert r.scan("x, y)\nmore").stop
+    assert not r.scan("x, y").stop
+
+
+def test_end_of_line_cursor_is_multi_line_unless_disabled() -> None:
+    assert not rules("x = ").single_line
+    assert rules("x = ", mode=MultilineMode.NEVER).single_line
+    assert not rules("f(", ")", mode=MultilineMode.ALWAYS).single_line
+
+
+def test_block_ends_at_dedent() -> None:
+    r = rules("    ", suffix="\n\ndef other():\n    pass\n")
+    text = "total = 0\n    for x in xs:\n        total += x\n    return total\ndef other"
+    cut = r.scan(text)
+    assert cut.stop
+    assert text[: cut.keep] == "total = 0\n    for x in xs:\n        total += x\n    return total"
+
+
+def test_block_opened_by_the_cursor_line_must_be_deeper() -> None:
+    r = rules("def f():")
+    text = "\n    return 1\n\nprint(f())"
+    assert text[: r.scan(text).keep] == "\n    return 1\n"
+    assert r.finish(text) == "\n    return 1"
+
+
+def test_blank_line_prefix_takes_the_block_from_the_first_line() -> None:
+    r = rules("", suffix="\n    return x\n")
+    text = "    x = 1\n    y = 2\nz = 3"
+    assert text[: r.scan(text).keep] == "    x = 1\n    y = 2"
+
+
+def test_two_blank_lines_end_it() -> None:
+    r = rules("x = ")
+    text = "1\ny = 2\n\n\nz = 3"
+    assert r.finish(text) == "1\ny = 2"
+
+
+def test_running_into_the_suffix_stops_before_the_repeat() -> None:
+    r = rules("    a = 1", suffix="\n    return a + b\n")
+    text = "\n    b = 2\n    return a + b\n"
+    cut = r.scan(text)
+    assert cut.stop and text[: cut.keep] == "\n    b = 2"
+
+
+def test_special_token_text_ends_the_completion() -> None:
+    r = rules("x = ")
+    assert r.finish("42<|endoftext|>junk") == "42"
+    assert r.scan("42<|file_sep|>").stop
+
+
+def test_max_lines() -> None:
+    r = rules("", max_lines=2)
+    text = "a\nb\nc\nd\n"
+    assert text[: r.scan(text).keep] == "a\nb"
+
+
+@pytest.mark.parametrize(
+    ("line_prefix", "line_suffix", "generated", "shown"),
+    [
+        ("foo(", ")", "a, b)", "a, b"),  # duplicated closer trimmed
+        ("foo(", ")", "bar()", "bar()"),  # the ) belongs to bar(
+        ("x = [1, ", "]", "2, 3]", "2, 3"),
+        ("int f(", ");", "int a);", "int a"),
+        ("if x", ":", " > 0:", " > 0"),  # punctuation-only overlap
+        ("name = ", "value", "value", "value"),  # letters are never trimmed
+        ("print(", ")", ")", ""),
+    ],
+)
+def test_trimming_text_that_duplicates_the_suffix(
+    line_prefix: str, line_suffix: str, generated: str, shown: str
+) -> None:
+    assert rules(line_prefix, line_suffix).finish(generated) == shown
+
+
+def test_indent_width_counts_tabs() -> None:
+    assert indent_width("\t  x") == 6
+    assert indent_width("") == 0
