@@ -15,7 +15,8 @@ import asyncio
 import codecs
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,10 +30,20 @@ from backends.base import (
     GenerationRequest,
     GenerationStats,
     Sampling,
+    SpeculationMethod,
     TokenChunk,
 )
 from backends.errors import BackendError, ContextOverflow
-from backends.llama_runtime import LlamaContext, LlamaModel, PrefillAborted, Row
+from backends.llama_runtime import LlamaContext, LlamaModel, PrefillAborted
+from backends.llama_spec import (
+    DraftModelStepper,
+    LookaheadStepper,
+    NgramStepper,
+    PlainStepper,
+    Stepper,
+    calibrate,
+)
+from backends.speculative import AdaptivePolicy, CostCurve, Lookahead, NgramDrafter
 
 
 @dataclass(slots=True)
@@ -158,9 +169,6 @@ class LlamaGeneration:
         return self._job.stats
 
 
-StepFn = Callable[["_Run", int], list[int]]
-
-
 class LlamaBackend:
     """Local generation with llama.cpp; construct with ``await LlamaBackend.load(path)``."""
 
@@ -169,13 +177,22 @@ class LlamaBackend:
         model: LlamaModel,
         context: LlamaContext,
         executor: ThreadPoolExecutor,
+        *,
+        curve: CostCurve,
+        draft: tuple[LlamaModel, LlamaContext] | None = None,
     ) -> None:
         self._model = model
         self._ctx = context
         self._executor = executor
+        self._draft = draft
         self._lock = asyncio.Lock()
         self.counters = BackendCounters()
         self._closed = False
+        self.curve = curve
+        # Learned across generations: acceptance of n-gram drafts in this session.
+        self.policy = AdaptivePolicy(curve, ["ngram"], max_draft=8)
+        self.drafter = NgramDrafter(min_n=2, max_n=4)
+        self.history: deque[list[int]] = deque(maxlen=16)  # earlier completions (tokens)
 
     @classmethod
     async def load(
@@ -185,25 +202,37 @@ class LlamaBackend:
         n_ctx: int = 4096,
         n_threads: int | None = None,
         n_seq_max: int = 8,
+        draft_path: Path | None = None,
+        curve: CostCurve | None = None,
     ) -> LlamaBackend:
+        """Load ``path`` (and a draft model for ``speculation=draft``), then measure the
+        target's batch-cost curve on this machine unless ``curve`` is given."""
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kode-llama")
         loop = asyncio.get_running_loop()
+        opened: list[LlamaModel | LlamaContext] = []
 
-        def build() -> tuple[LlamaModel, LlamaContext]:
+        def build() -> LlamaBackend:
             model = LlamaModel(path)
-            try:
-                ctx = LlamaContext(model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_threads=n_threads)
-            except BaseException:
-                model.close()
-                raise
-            return model, ctx
+            opened.append(model)
+            ctx = LlamaContext(model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_threads=n_threads)
+            opened.append(ctx)
+            draft = None
+            if draft_path is not None:
+                dmodel = LlamaModel(draft_path)
+                opened.append(dmodel)
+                dctx = LlamaContext(dmodel, n_ctx=n_ctx, n_seq_max=1, n_threads=n_threads)
+                opened.append(dctx)
+                draft = (dmodel, dctx)
+            measured = curve if curve is not None else calibrate(ctx)
+            return cls(model, ctx, executor, curve=measured, draft=draft)
 
         try:
-            model, ctx = await loop.run_in_executor(executor, build)
+            return await loop.run_in_executor(executor, build)
         except BaseException:
+            for thing in reversed(opened):
+                thing.close()
             executor.shutdown(wait=False)
             raise
-        return cls(model, ctx, executor)
 
     # -- Backend protocol -------------------------------------------------------------
 
@@ -252,8 +281,34 @@ class LlamaBackend:
         self._executor.shutdown(wait=True)
 
     def _free(self) -> None:
+        if self._draft is not None:
+            self._draft[1].close()
+            self._draft[0].close()
         self._ctx.close()
         self._model.close()
+
+    async def logit_gaps(self, prompt: str, tokens: Sequence[int]) -> list[float]:
+        """Top-2 logit gap of plain decoding before each of ``tokens`` after ``prompt``.
+
+        For judging a divergence between two greedy runs: a gap below ~1e-3 is a true tie
+        that batched kernels may flip.
+        """
+        async with self._lock:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._executor, self._gaps, prompt, list(tokens))
+
+    def _gaps(self, prompt: str, tokens: list[int]) -> list[float]:
+        ctx = self._ctx
+        ctx.prefill(self._model.tokenize(prompt), lambda: False)
+        gaps = []
+        plain = PlainStepper(ctx, lambda i: int(np.argmax(ctx.logits(i))))
+        logits = ctx.logits(-1)
+        for token in tokens:
+            top2 = np.partition(logits, -2)[-2:]
+            gaps.append(float(abs(top2[1] - top2[0])))
+            plain.step(token)
+            logits = ctx.logits(0)
+        return gaps
 
     # -- worker thread ------------------------------------------------------------------
 
@@ -282,6 +337,7 @@ class _Run:
         self.start = time.perf_counter()
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.calls_at_start = self.ctx.decode_calls
+        self.generated: list[int] = []
 
     def execute(self) -> None:
         req, stats, ctx = self.job.request, self.stats, self.ctx
@@ -301,7 +357,7 @@ class _Run:
             return
         stats.evaluated_prompt_tokens = len(prompt) - stats.reused_prompt_tokens
         stats.prefill_ms = self._elapsed_ms()
-        step = _plain_step
+        stepper = self._stepper(req)
         pending = [self.sampler(ctx.logits(-1))]
         produced = 0
         while True:
@@ -318,15 +374,48 @@ class _Run:
                 self._finish(FinishReason.CANCELLED)
                 return
             stats.decode_steps += 1
-            pending = step(self, pending[-1])
+            pending = stepper.step(pending[-1])
+            stats.speculation = stepper.stats
             if self.job.cancelled():  # the step that was in flight when cancel arrived
                 stats.steps_after_cancel += 1
+
+    def _stepper(self, req: GenerationRequest) -> Stepper:
+        ctx, backend, method = self.ctx, self.backend, req.speculation
+
+        def pick(row: int) -> int:
+            return self.sampler(ctx.logits(row))
+
+        if method is SpeculationMethod.NONE:
+            return PlainStepper(ctx, pick)
+        sources = [self.model.tokenize(text, special=False) for text in req.draft_sources if text]
+        sources.extend(backend.history)
+        if method is SpeculationMethod.LOOKAHEAD:
+            la = Lookahead(window=3, ngram=3, pool_size=8, max_verify=2)
+            for src in sources:
+                la.add_source(src)
+            return LookaheadStepper(ctx, pick, la)
+        if method is SpeculationMethod.DRAFT:
+            if backend._draft is None:
+                raise BackendError(
+                    "speculation 'draft' needs a draft model (setting draftModel) loaded "
+                    "with the target"
+                )
+            return DraftModelStepper(ctx, pick, backend._draft[1])
+        drafter = backend.drafter
+        drafter.clear_sources()
+        for src in sources:
+            drafter.add_source(src)
+        auto = method is SpeculationMethod.AUTO
+        return NgramStepper(
+            ctx, pick, drafter, backend.policy, allow_plain=auto, method=str(method)
+        )
 
     def _emit(self, token: int) -> None:
         stats = self.stats
         if stats.completion_tokens == 0:
             stats.ttft_ms = self._elapsed_ms()
         stats.completion_tokens += 1
+        self.generated.append(token)
         text = self.decoder.decode(self.model.piece(token))
         self.job.emit(TokenChunk(text, (token,)))
 
@@ -352,11 +441,5 @@ class _Run:
         counters.prompt_tokens_evaluated += stats.evaluated_prompt_tokens
         counters.completion_tokens += stats.completion_tokens
         counters.last = stats
-
-
-def _plain_step(run: _Run, root: int) -> list[int]:
-    """Plain decoding: evaluate the root, pick one token."""
-    ctx = run.ctx
-    ctx.decode([Row(root, len(ctx.tokens), (0,), True)])
-    ctx.tokens.append(root)
-    return [run.sampler(ctx.logits(-1))]
+        if len(self.generated) >= 4:
+            self.backend.history.append(self.generated)

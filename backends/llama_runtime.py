@@ -185,6 +185,10 @@ class LlamaContext:
         if seq == 0:
             del self.tokens[n:]
 
+    def remove(self, seq: int, p0: int, p1: int = -1) -> None:
+        """Drop KV entries of ``seq`` (-1: every sequence) at positions [p0, p1)."""
+        llama_cpp.llama_memory_seq_rm(self.mem, seq, p0, p1)
+
     def clear_seqs(self, seqs: range) -> None:
         for seq in seqs:
             llama_cpp.llama_memory_seq_rm(self.mem, seq, -1, -1)
