@@ -72,6 +72,7 @@ class CompletionEngine:
         self._tickets: dict[str, object] = {}
         self._counter: Callable[[str], int] | None = None
         self._counter_owner: Backend | None = None
+        self._background: set[asyncio.Future[None]] = set()
 
     @property
     def settings(self) -> Settings:
@@ -176,7 +177,7 @@ class CompletionEngine:
                 if on_partial is not None and cut.keep > shown and "\n" in text[shown : cut.keep]:
                     # A line completed: show the suggestion so far (each call extends the last).
                     shown = cut.keep
-                    on_partial(text[: cut.keep])
+                    on_partial(text[: cut.keep].rstrip())
                 if cut.stop:
                     break
         finally:
@@ -196,6 +197,15 @@ class CompletionEngine:
             total_ms=(time.perf_counter() - started) * 1000.0,
             single_line=rules.single_line,
         )
+
+    def document_changed(self, uri: str) -> None:
+        """An edit made the in-flight completion of ``uri`` stale: stop it now."""
+        generation = self._running.get(uri)
+        if generation is not None:
+            self._tickets.pop(uri, None)
+            task = asyncio.ensure_future(generation.cancel())
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     async def cancel(self, uri: str) -> None:
         """Abandon the in-flight completion of ``uri`` (if any)."""

@@ -85,7 +85,7 @@ def parse(raw: Any) -> tuple[Settings, list[str]]:
     >>> parse({"maxTokens": 64, "speculation": "warp"})
     (Settings(... max_tokens=64 ...), ["speculation: Invalid enum value 'warp'"])
     """
-    if raw is None:
+    if raw is None or raw == []:  # Lua encodes an empty table as []
         return DEFAULT, []
     if isinstance(raw, dict) and isinstance(raw.get("kode"), dict):
         raw = raw["kode"]

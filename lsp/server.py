@@ -110,6 +110,7 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
             log.warning("didChange for a document that is not open: %s", uri)
             return
         server.engine.documents.change(uri, params.text_document.version, changes)
+        server.engine.document_changed(uri)
 
     @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
     async def did_close(params: types.DidCloseTextDocumentParams) -> None:

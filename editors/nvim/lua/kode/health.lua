@@ -1,0 +1,72 @@
+--- :checkhealth kode
+local M = {}
+
+local health = vim.health
+
+---@param client vim.lsp.Client
+local function report_stats(client)
+  local response, err = client:request_sync("kode/stats", vim.empty_dict(), 5000)
+  if not response then
+    return health.error(("kode/stats failed: %s"):format(err or "no answer"))
+  end
+  if response.err then
+    return health.error(("kode/stats failed: %s"):format(response.err.message or vim.inspect(response.err)))
+  end
+  local stats = response.result or {}
+  local settings = type(stats.settings) == "table" and stats.settings or {}
+  health.info(("backend setting: %s, model setting: %s"):format(
+    tostring(settings.backend),
+    tostring(settings.model)
+  ))
+  if type(stats.backend) == "string" then
+    health.ok(("backend: %s"):format(stats.backend))
+    health.ok(("model: %s"):format(tostring(stats.model)))
+  else
+    health.warn("no model loaded yet (it loads on the first completion, or failed to: see :LspLog)")
+  end
+  local counters = type(stats.counters) == "table" and stats.counters or nil
+  if counters then
+    health.info(("%d completions, %d cancelled; %s"):format(
+      counters.generations or 0,
+      counters.cancelled or 0,
+      require("kode.status").line(stats, true)
+    ))
+  end
+end
+
+function M.check()
+  health.start("kode")
+  if vim.fn.has("nvim-0.11") == 0 then
+    return health.error("Neovim 0.11 or newer is required")
+  end
+  local config = require("kode.config").options
+  local mode = config.builtin and "vim.lsp.inline_completion (built-in)" or "Kode's ghost text"
+  health.ok(("Neovim %s; suggestions drawn by %s"):format(tostring(vim.version()), mode))
+
+  local exe = config.cmd[1]
+  if vim.fn.executable(exe) == 1 then
+    health.ok(("server executable: %s"):format(vim.fn.exepath(exe)))
+  else
+    health.error(("server executable not found: %s"):format(exe), {
+      "Install Kode into a Python environment and put its bin directory on PATH,",
+      'or set the full path: require("kode").setup({ cmd = { "/path/to/.venv/bin/kode", "lsp" } })',
+    })
+  end
+
+  if not vim.lsp.is_enabled("kode") then
+    return health.warn('the "kode" LSP config is not enabled: call require("kode").setup()')
+  end
+  local clients = vim.lsp.get_clients({ name = "kode" })
+  if #clients == 0 then
+    return health.info("no kode server running: open a file to start one, then run :checkhealth kode again")
+  end
+  for _, client in ipairs(clients) do
+    health.ok(("server running (client %d)"):format(client.id))
+    if not (client.server_capabilities and client.server_capabilities.inlineCompletionProvider) then
+      health.error("the server does not offer textDocument/inlineCompletion")
+    end
+    report_stats(client)
+  end
+end
+
+return M

@@ -1,0 +1,395 @@
+-- Headless tests of the Neovim plugin against the real server.
+--
+--   KODE_BIN=/path/to/.venv/bin/kode nvim -l editors/nvim/tests/run.lua
+--
+-- This Neovim drives a second one (`nvim --embed`, set up by child_init.lua) over RPC:
+-- keys go in through nvim_input, so Insert mode, autocommands and timers behave as they
+-- do for a person typing. The child runs the real `kode lsp` with the small model.
+-- Prints one line per test and, last, exactly "N passed, N failed"; exits 1 on failure.
+
+local here = vim.fn.fnamemodify(_G.arg[0], ":p:h")
+local root = vim.fn.fnamemodify(here, ":h") -- editors/nvim
+local STEP_MS = 90000 -- one step on a loaded 2-core machine
+
+local tmp = vim.fn.tempname()
+vim.fn.mkdir(tmp .. "/state", "p")
+local stderr = {}
+local chan = vim.fn.jobstart({
+  vim.v.progpath,
+  "--embed",
+  "--headless",
+  "-n",
+  "-i",
+  "NONE",
+  "--noplugin",
+  "-u",
+  here .. "/child_init.lua",
+}, {
+  rpc = true,
+  cwd = tmp,
+  env = {
+    KODE_NVIM_ROOT = root,
+    XDG_CONFIG_HOME = tmp .. "/config",
+    XDG_DATA_HOME = tmp .. "/data",
+    XDG_STATE_HOME = tmp .. "/state",
+    XDG_CACHE_HOME = vim.env.XDG_CACHE_HOME, -- the models live in the cache
+  },
+  on_stderr = function(_, data)
+    vim.list_extend(stderr, data)
+  end,
+})
+if chan <= 0 then
+  io.stdout:write("could not start the child Neovim\n0 passed, 1 failed\n")
+  os.exit(1)
+end
+
+---@return any
+local function lua(code, ...)
+  local result = vim.rpcrequest(chan, "nvim_exec_lua", code, { ... })
+  if result == vim.NIL then
+    return nil
+  end
+  return result
+end
+
+local function feed(keys)
+  vim.rpcrequest(chan, "nvim_input", keys)
+end
+
+local function now_ms()
+  return vim.uv.hrtime() / 1e6
+end
+
+--- The child's mode and last events, to explain a timeout.
+local function context()
+  local ok_, info = pcall(lua, [[
+    local list = _G.kode_events
+    return {
+      mode = vim.api.nvim_get_mode().mode,
+      ghost = T.ghost(),
+      pending = require("kode.completion").pending(),
+      events = vim.list_slice(list, math.max(1, #list - 11)),
+    }
+  ]])
+  return ok_ and vim.inspect(info) or ("(child not answering: " .. tostring(info) .. ")")
+end
+
+--- Poll `probe` until it returns a truthy value (returned) or `ms` pass (error).
+local function wait(what, ms, probe)
+  local deadline = now_ms() + ms
+  while true do
+    local value = probe()
+    if value then
+      return value
+    end
+    if now_ms() > deadline then
+      error(("timed out after %d ms waiting for %s; child state:\n%s"):format(ms, what, context()), 2)
+    end
+    vim.wait(25)
+  end
+end
+
+local function sleep(ms)
+  vim.wait(ms)
+end
+
+local function eq(actual, expected, what)
+  if not vim.deep_equal(actual, expected) then
+    error(("%s: expected %s, got %s"):format(what, vim.inspect(expected), vim.inspect(actual)), 2)
+  end
+end
+
+local function ok(value, what)
+  if not value then
+    error(what, 2)
+  end
+  return value
+end
+
+local function events()
+  return lua("return _G.kode_events") or {}
+end
+
+--- The first event `name` after position `from` in the event list whose data matches.
+local function find_event(from, name, match)
+  local list = events()
+  for i = from + 1, #list do
+    local e = list[i]
+    if e.event == name then
+      local data = e.data or {}
+      local fits = true
+      for k, v in pairs(match or {}) do
+        if data[k] ~= v then
+          fits = false
+        end
+      end
+      if fits then
+        return data
+      end
+    end
+  end
+end
+
+local function mark()
+  return #events()
+end
+
+local function ghost()
+  return lua("return T.ghost()")
+end
+
+local function buffer()
+  return lua("return T.buffer()")
+end
+
+local function open(name, lines)
+  lua("T.open(...)", tmp .. "/" .. name, lines)
+  wait("the kode client to attach", STEP_MS, function()
+    return lua("return T.ready()")
+  end)
+end
+
+--- Enter Insert mode at the end of line `row` (1-based) and wait for the request it sends.
+local function insert_at_end(row)
+  local from = mark()
+  feed(("<Esc>%dGA"):format(row))
+  return wait("a textDocument/inlineCompletion request", STEP_MS, function()
+    return find_event(from, "KodeRequest")
+  end)
+end
+
+local FIB = {
+  "def fibonacci(n):",
+  '    """Return the n-th Fibonacci number."""',
+  "    ",
+}
+
+-- Opening a dict at the end of a line: the small model lists entries for hundreds of tokens.
+local LONG = {
+  '"""HTTP helpers."""',
+  "",
+  "HTTP_STATUS_PHRASES = {",
+}
+
+local tests = {}
+local function test(name, fn)
+  tests[#tests + 1] = { name = name, fn = fn }
+end
+
+test("ghost text appears at the cursor and <Tab> accepts it", function()
+  open("fib.py", FIB)
+  local req = insert_at_end(3)
+  local reply = wait("the reply", STEP_MS, function()
+    return find_event(0, "KodeResponse", { id = req.id })
+  end)
+  eq(reply.status, "shown", "reply status")
+  local shown = ok(ghost(), "no ghost-text extmark")
+  local suggestion = lua("return require('kode.completion').suggestion()")
+  eq(shown.text, suggestion.text, "ghost text")
+  eq({ shown.row, shown.col }, { 2, 4 }, "ghost text position")
+  ok(suggestion.text:match("%S"), "blank suggestion")
+  -- The multi-line answer streams first (partialCompletions): each partial extends the last.
+  local grown = {}
+  for _, e in ipairs(events()) do
+    if e.event == "KodePartial" and e.data.id == req.id then
+      grown[#grown + 1] = e.data.text
+    end
+  end
+  ok(#grown > 0 or vim.env.KODE_EXPECT_PARTIALS ~= "1", "no kode/inlineCompletionPartial drawn")
+  for i = 2, #grown do
+    ok(vim.startswith(grown[i], grown[i - 1]), "a partial does not extend the previous one")
+  end
+
+  local before = buffer()
+  feed("<Tab>")
+  local expected = before.text .. suggestion.text
+  local after = wait("the suggestion to be inserted", 5000, function()
+    local b = buffer()
+    return b.text ~= before.text and b
+  end)
+  eq(after.text, expected, "buffer after <Tab>")
+  local lines = vim.split(expected, "\n", { plain = true })
+  eq({ after.row, after.col }, { #lines - 1, #lines[#lines] }, "cursor after <Tab>")
+  eq(after.mode, "i", "mode after <Tab>")
+  feed("<Esc>")
+  wait("the status line to show the model", STEP_MS, function()
+    local line = lua("return require('kode').statusline()")
+    return line:match("llama%.cpp") and line:match("0%.5b")
+  end)
+end)
+
+test("a word and a line at a time", function()
+  open("words.py", FIB)
+  insert_at_end(3)
+  ok(lua("return T.craft(...)", "alpha beta\n    gamma"), "no request to answer")
+  eq(ghost().text, "alpha beta\n    gamma", "ghost text")
+  feed("<C-Right>")
+  wait("the word", 5000, function()
+    return buffer().text:match("    alpha$")
+  end)
+  eq(ghost().text, " beta\n    gamma", "ghost text after a word")
+  feed("<C-l>")
+  wait("the line", 5000, function()
+    return buffer().text:match("    alpha beta$")
+  end)
+  eq(ghost().text, "\n    gamma", "ghost text after a line")
+  feed("<C-l>")
+  wait("the last line", 5000, function()
+    return buffer().text:match("alpha beta\n    gamma$")
+  end)
+  eq(ghost(), nil, "ghost text after everything was accepted")
+  feed("<Esc>")
+end)
+
+test("typing cancels the in-flight request", function()
+  lua("T.set_settings(...)", { maxTokens = 512, maxLines = 200, multiline = "always" })
+  open("long.py", LONG)
+  local cancelled = lua("return T.stats().counters.cancelled")
+  local req = insert_at_end(3)
+  sleep(300)
+  ok(not find_event(0, "KodeResponse", { id = req.id }), "the request finished within 300 ms: nothing to cancel")
+  local from = mark()
+  feed("x")
+  wait("KodeCancel for the request", 5000, function()
+    return find_event(from, "KodeCancel", { id = req.id })
+  end)
+  ok(find_event(from, "LspRequest", { id = req.id, type = "cancel" }), "no $/cancelRequest sent")
+  wait("the server to count the cancel", 15000, function()
+    return lua("return T.stats().counters.cancelled") > cancelled
+  end)
+  feed("<Esc>")
+  sleep(200)
+  ok(not find_event(0, "KodeResponse", { id = req.id }), "a cancelled request was answered")
+  lua("T.set_settings()")
+end)
+
+test("a reply for an older document version is dropped", function()
+  lua("T.set_settings(...)", { maxTokens = 16 }) -- the stale reply comes back sooner
+  open("stale.py", FIB)
+  feed("<Esc>")
+  -- Keep the plugin's own change handlers from cancelling: this checks the version test.
+  lua("vim.o.eventignore = 'TextChanged,TextChangedI,CursorMoved,CursorMovedI'")
+  local ok_, err = pcall(function()
+    lua("vim.api.nvim_win_set_cursor(0, { 3, 4 })")
+    ok(lua("return require('kode.completion').request()"), "request not sent")
+    local req = lua("return require('kode.completion').pending()")
+    lua("vim.api.nvim_buf_set_lines(0, 0, 0, false, { 'import math' })")
+    local reply = wait("the reply", STEP_MS, function()
+      return find_event(0, "KodeResponse", { id = req.id })
+    end)
+    eq(reply.status, "stale", "reply status")
+    eq(ghost(), nil, "ghost text from a stale reply")
+
+    -- The same with a non-empty reply crafted for the old version.
+    lua("vim.api.nvim_win_set_cursor(0, { 4, 4 })")
+    ok(lua("return require('kode.completion').request()"), "request not sent")
+    local from = mark()
+    lua("vim.api.nvim_buf_set_lines(0, 0, 1, false, { 'import os' })")
+    ok(lua("return T.craft(...)", "return n"), "no request to answer")
+    eq(find_event(from, "KodeResponse").status, "stale", "crafted reply status")
+    eq(ghost(), nil, "ghost text from a crafted stale reply")
+  end)
+  lua("vim.o.eventignore = ''")
+  lua("T.set_settings()")
+  assert(ok_, err)
+end)
+
+test("partial notifications grow the ghost text", function()
+  lua("T.set_settings(...)", { maxTokens = 512, maxLines = 200, multiline = "always" })
+  open("partial.py", LONG)
+  local req = insert_at_end(3)
+  -- One RPC call, so that nothing the server sends can interleave.
+  local seen = lua([[
+    local seen = {}
+    T.partial({ text = "100:" })
+    seen[#seen + 1] = T.ghost().text
+    T.partial({ text = "100: \"Continue\",\n    101:" })
+    seen[#seen + 1] = T.ghost().text
+    T.partial({ text = "WRONG REQUEST", requestId = -1 })
+    seen[#seen + 1] = T.ghost().text
+    local req = require("kode.completion").pending()
+    T.partial({ text = "OLD VERSION", textDocument = { uri = vim.uri_from_bufnr(0), version = req.version - 1 } })
+    seen[#seen + 1] = T.ghost().text
+    seen[#seen + 1] = require("kode").accept()
+    seen[#seen + 1] = T.buffer().text
+    return seen
+  ]])
+  eq(seen[1], "100:", "first partial")
+  eq(seen[2], '100: "Continue",\n    101:', "second partial")
+  eq(seen[3], seen[2], "a partial of another request")
+  eq(seen[4], seen[2], "a partial of an older version")
+  eq(seen[5], true, "accept")
+  eq(seen[6], table.concat(LONG, "\n") .. '100: "Continue",\n    101:', "buffer after accepting a partial")
+  ok(find_event(0, "KodeCancel", { id = req.id }), "accepting a partial did not stop the stream")
+  feed("<Esc>")
+  lua("T.set_settings()")
+end)
+
+test("the suggestion goes away on a cursor move, <C-]> and leaving Insert mode", function()
+  open("dismiss.py", FIB)
+  -- <Esc> twice: the handlers must survive their first use.
+  for _, keys in ipairs({ "<Left>", "<C-]>", "<Esc>", "<Esc>" }) do
+    insert_at_end(3)
+    ok(lua("return T.craft(...)", "return n"), "no request to answer")
+    ok(ghost(), "no ghost text to dismiss")
+    local before = buffer().text
+    feed(keys)
+    wait("the ghost text to go after " .. keys, 5000, function()
+      return ghost() == nil
+    end)
+    eq(buffer().text, before, "buffer after " .. keys)
+  end
+end)
+
+test("keys do what they did before when no suggestion shows", function()
+  open("keys.py", { "x = 1" })
+  lua("require('kode').disable()")
+  local ok_, err = pcall(function()
+    feed("<Esc>1GA<Tab><C-l>")
+    wait("the fallback keys", 5000, function()
+      return buffer().text == "x = 1   PREV"
+    end)
+  end)
+  feed("<Esc>")
+  lua("require('kode').enable()")
+  assert(ok_, err)
+end)
+
+test(":checkhealth kode reports the server, backend and model", function()
+  local report = lua([[
+    vim.cmd("checkhealth kode")
+    local text = table.concat(vim.api.nvim_buf_get_lines(0, 0, -1, false), "\n")
+    vim.cmd("bwipeout!")
+    return text
+  ]])
+  ok(report:match("server executable: /[^\n]*kode"), "no executable in:\n" .. report)
+  ok(report:match("backend: llama%.cpp"), "no backend in:\n" .. report)
+  ok(report:match("model: qwen2%.5%-coder%-0%.5b"), "no model in:\n" .. report)
+  ok(not report:match("ERROR"), "errors in:\n" .. report)
+end)
+
+local passed, failed = 0, 0
+for i, t in ipairs(tests) do
+  local started = now_ms()
+  local success, err = xpcall(t.fn, debug.traceback)
+  local took = ("(%.1f s)"):format((now_ms() - started) / 1000)
+  if success then
+    passed = passed + 1
+    io.stdout:write(("ok %d - %s %s\n"):format(i, t.name, took))
+  else
+    failed = failed + 1
+    io.stdout:write(("not ok %d - %s %s\n  %s\n"):format(i, t.name, took, tostring(err):gsub("\n", "\n  ")))
+    pcall(feed, "<Esc>")
+  end
+end
+
+if failed > 0 and #stderr > 1 then
+  io.stdout:write("child stderr:\n  " .. table.concat(stderr, "\n  ") .. "\n")
+end
+pcall(vim.rpcrequest, chan, "nvim_command", "qall!")
+vim.fn.jobwait({ chan }, 5000)
+pcall(vim.fn.jobstop, chan)
+vim.fn.delete(tmp, "rf")
+io.stdout:write(("%d passed, %d failed\n"):format(passed, failed))
+io.stdout:flush()
+os.exit(failed == 0 and 0 or 1)

@@ -1,0 +1,83 @@
+/**
+ * Kode's additions to LSP, as plain types (no `vscode` import, so tests run under node).
+ *
+ * - `kode/stats` (request): backend, model, counters and active settings.
+ * - `kode/inlineCompletionPartial` (notification): the suggestion so far while a
+ *   multi-line completion grows; sent only when `partialCompletions` is on.
+ */
+
+export const INLINE_COMPLETION_METHOD = "textDocument/inlineCompletion";
+export const STATS_METHOD = "kode/stats";
+export const PARTIAL_METHOD = "kode/inlineCompletionPartial";
+
+/** JSON-RPC `RequestCancelled`: the answer to a request cancelled with `$/cancelRequest`. */
+export const REQUEST_CANCELLED = -32800;
+
+export interface LspPosition {
+  line: number;
+  character: number;
+}
+
+export interface PartialParams {
+  /** The JSON-RPC id of the `textDocument/inlineCompletion` request this text belongs to. */
+  requestId: number | string;
+  textDocument: { uri: string; version: number };
+  position: LspPosition;
+  /** The whole suggestion so far; each notification extends the previous one. */
+  text: string;
+}
+
+export interface LastGeneration {
+  promptTokens: number;
+  reusedPromptTokens: number;
+  evaluatedPromptTokens: number;
+  completionTokens: number;
+  decodeSteps: number;
+  stepsAfterCancel: number;
+  finishReason: string | null;
+  ttftMs: number;
+  totalMs: number;
+  speculation: { method: string; steps: number; drafted: number; acceptedMean: number };
+}
+
+export interface Counters {
+  generations: number;
+  cancelled: number;
+  decodeCalls: number;
+  generationSteps: number;
+  stepsAfterCancel: number;
+  promptTokens: number;
+  promptTokensReused: number;
+  promptTokensEvaluated: number;
+  completionTokens: number;
+  last: LastGeneration;
+}
+
+export interface KodeStats {
+  backend: string | null;
+  model: string | null;
+  counters: Counters | null;
+  settings: Record<string, unknown>;
+}
+
+function isRecord(value: unknown): value is Record<string, unknown> {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
+}
+
+/** Checks a notification's shape at the edge; anything malformed is ignored, not drawn. */
+export function isPartialParams(value: unknown): value is PartialParams {
+  if (!isRecord(value)) {
+    return false;
+  }
+  const { requestId, textDocument, position, text } = value;
+  return (
+    (typeof requestId === "number" || typeof requestId === "string") &&
+    isRecord(textDocument) &&
+    typeof textDocument.uri === "string" &&
+    typeof textDocument.version === "number" &&
+    isRecord(position) &&
+    typeof position.line === "number" &&
+    typeof position.character === "number" &&
+    typeof text === "string"
+  );
+}

@@ -1,0 +1,81 @@
+/** What the status-bar item says, from `kode/stats` (pure, so it is unit-tested). */
+
+import type { KodeStats } from "./protocol";
+
+export type ServerState = "starting" | "running" | "stopped" | "failed";
+
+export interface StatusView {
+  text: string;
+  tooltip: string;
+}
+
+export interface Latency {
+  totalMs: number;
+  /** Decode speed after the first token; undefined when too few tokens to tell. */
+  tokensPerSecond: number | undefined;
+}
+
+/** Last completion's latency and speed: tokens/s = completionTokens / (totalMs - ttftMs). */
+export function lastLatency(stats: KodeStats | undefined): Latency | undefined {
+  const last = stats?.counters?.last;
+  if (!last || last.totalMs <= 0) {
+    return undefined;
+  }
+  const decodeMs = last.totalMs - last.ttftMs;
+  const tokensPerSecond =
+    last.completionTokens > 0 && decodeMs > 0 ? (last.completionTokens / decodeMs) * 1000 : undefined;
+  return { totalMs: last.totalMs, tokensPerSecond };
+}
+
+/** `qwen2.5-coder-0.5b-instruct.gguf` -> `qwen2.5-coder-0.5b-instruct`. */
+export function shortModel(model: string | null | undefined): string | undefined {
+  if (!model) {
+    return undefined;
+  }
+  const base = model.split(/[\\/]/).pop() ?? model;
+  return base.replace(/\.gguf$/i, "");
+}
+
+export function formatStatus(
+  state: ServerState,
+  enabled: boolean,
+  stats: KodeStats | undefined,
+): StatusView {
+  if (state === "failed") {
+    return { text: "$(error) Kode", tooltip: "Kode: the language server is not running (see the Kode output)" };
+  }
+  if (state === "starting") {
+    return { text: "$(loading~spin) Kode", tooltip: "Kode: starting the language server" };
+  }
+  if (state === "stopped") {
+    return { text: "$(debug-stop) Kode", tooltip: "Kode: the language server is stopped" };
+  }
+  if (!enabled) {
+    return { text: "$(circle-slash) Kode", tooltip: "Kode: completions are off (click to turn on)" };
+  }
+  const backend = stats?.backend ?? undefined;
+  const model = shortModel(stats?.model);
+  const route = typeof stats?.settings.backend === "string" ? stats.settings.backend : undefined;
+  const latency = lastLatency(stats);
+  const parts: string[] = [];
+  if (backend) {
+    parts.push(model ? `${backend} ${model}` : backend);
+  }
+  if (latency) {
+    parts.push(`${Math.round(latency.totalMs)} ms`);
+    if (latency.tokensPerSecond !== undefined) {
+      parts.push(`${latency.tokensPerSecond.toFixed(0)} tok/s`);
+    }
+  }
+  const lines = [
+    "Kode: completions are on (click to turn off)",
+    `backend: ${backend ?? "not loaded yet"}${route ? ` (setting: ${route})` : ""}`,
+    `model: ${model ?? "not loaded yet"}`,
+  ];
+  if (latency) {
+    const tps = latency.tokensPerSecond === undefined ? "" : `, ${latency.tokensPerSecond.toFixed(1)} tokens/s`;
+    lines.push(`last completion: ${latency.totalMs.toFixed(0)} ms${tps}`);
+  }
+  const text = parts.length > 0 ? `$(sparkle) Kode: ${parts.join(" · ")}` : "$(sparkle) Kode";
+  return { text, tooltip: lines.join("\n") };
+}

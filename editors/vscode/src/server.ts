@@ -1,0 +1,262 @@
+/**
+ * The language client: starts `kode lsp`, sends the settings, and turns streamed partial
+ * completions into re-asks of VS Code's inline-suggestion UI (see common/streaming.ts).
+ */
+
+import * as cp from "node:child_process";
+import * as os from "node:os";
+import * as readline from "node:readline";
+
+import * as vscode from "vscode";
+import {
+  DidChangeConfigurationNotification,
+  LanguageClient,
+  type LanguageClientOptions,
+  type MessageTransports,
+  State,
+  StreamMessageReader,
+  StreamMessageWriter,
+} from "vscode-languageclient/node";
+
+import { notFoundMessage, resolveExecutable } from "./common/executable";
+import { isPartialParams, type KodeStats, PARTIAL_METHOD, STATS_METHOD } from "./common/protocol";
+import type { ServerState } from "./common/status";
+import { StreamingCompletions } from "./common/streaming";
+import { TappedWriter } from "./common/tap";
+import * as settings from "./settings";
+
+type InlineResult = vscode.InlineCompletionItem[] | vscode.InlineCompletionList;
+
+export interface ServerEvents {
+  /** The server started, stopped or failed. */
+  stateChanged(state: ServerState): void;
+  /** A completion finished: time to refresh the status bar's numbers. */
+  completed(): void;
+}
+
+export class KodeServer implements vscode.Disposable {
+  private client: LanguageClient | undefined;
+  private child: cp.ChildProcess | undefined;
+  private readonly streaming: StreamingCompletions<InlineResult, vscode.CancellationToken>;
+  private readonly subscriptions: vscode.Disposable[] = [];
+
+  constructor(
+    private readonly output: vscode.LogOutputChannel,
+    private readonly events: ServerEvents,
+  ) {
+    this.streaming = new StreamingCompletions<InlineResult, vscode.CancellationToken>({
+      createSource: () => new vscode.CancellationTokenSource(),
+      retrigger: (uri) => {
+        this.retrigger(uri);
+      },
+    });
+    this.subscriptions.push(
+      vscode.workspace.onDidChangeTextDocument((event) => {
+        if (event.contentChanges.length > 0) {
+          this.streaming.documentChanged(this.protocolUri(event.document.uri));
+        }
+      }),
+      vscode.window.onDidChangeTextEditorSelection((event) => {
+        const selection = event.selections.at(0);
+        if (selection) {
+          const { line, character } = selection.active;
+          this.streaming.cursorMoved(this.protocolUri(event.textEditor.document.uri), line, character);
+        }
+      }),
+      vscode.window.onDidChangeActiveTextEditor(() => {
+        this.streaming.cancel();
+      }),
+    );
+  }
+
+  get running(): boolean {
+    return this.client?.state === State.Running;
+  }
+
+  /** Starts the server; reports (and returns) instead of throwing when it cannot. */
+  async start(): Promise<void> {
+    if (this.client) {
+      return;
+    }
+    const command = settings.serverPath();
+    const cwd = vscode.workspace.workspaceFolders?.[0]?.uri.fsPath ?? os.homedir();
+    const executable = resolveExecutable(command, process.env, cwd);
+    if (executable === undefined) {
+      this.output.error(notFoundMessage(command));
+      this.events.stateChanged("failed");
+      void vscode.window.showErrorMessage(notFoundMessage(command), "Open Settings").then((choice) => {
+        if (choice) {
+          void vscode.commands.executeCommand("workbench.action.openSettings", "kode.serverPath");
+        }
+      });
+      return;
+    }
+    const clientOptions: LanguageClientOptions = {
+      documentSelector: [{ scheme: "file" }, { scheme: "untitled" }],
+      outputChannel: this.output,
+      // A function, so that a restart picks up the settings of that moment.
+      initializationOptions: () => settings.serverSettings(),
+      // No `synchronize.configurationSection`: it would send the whole `kode` section,
+      // serverPath included, and the server rejects keys it does not know.
+      middleware: {
+        provideInlineCompletionItems: (document, position, context, token, next) =>
+          this.provide(document, position, context, token, next),
+      },
+    };
+    const client = new LanguageClient("kode", "Kode", () => this.spawn(executable, cwd), clientOptions);
+    this.client = client;
+    client.onDidChangeState((event) => {
+      if (event.newState === State.Running) {
+        this.events.stateChanged("running");
+      } else if (event.newState === State.Stopped) {
+        this.events.stateChanged("stopped");
+      } else {
+        this.events.stateChanged("starting");
+      }
+    });
+    client.onNotification(PARTIAL_METHOD, (params: unknown) => {
+      if (isPartialParams(params)) {
+        this.streaming.partial(params);
+      }
+    });
+    this.events.stateChanged("starting");
+    try {
+      await client.start();
+    } catch (error) {
+      this.output.error(`could not start ${executable} lsp: ${String(error)}`);
+      this.events.stateChanged("failed");
+    }
+  }
+
+  async stop(): Promise<void> {
+    this.streaming.cancel();
+    const client = this.client;
+    const child = this.child;
+    this.client = undefined;
+    this.child = undefined;
+    if (client) {
+      try {
+        await client.stop(2000);
+      } catch (error) {
+        this.output.warn(`stopping the server: ${String(error)}`);
+      }
+      await client.dispose();
+    }
+    if (child && child.exitCode === null && child.signalCode === null) {
+      child.kill();
+    }
+  }
+
+  async restart(): Promise<void> {
+    await this.stop();
+    await this.start();
+  }
+
+  /** Sends the current settings (`workspace/didChangeConfiguration`). */
+  async sendSettings(): Promise<void> {
+    this.streaming.cancel();
+    if (!this.running || !this.client) {
+      return;
+    }
+    await this.client.sendNotification(DidChangeConfigurationNotification.type, {
+      settings: { [settings.SECTION]: settings.serverSettings() },
+    });
+  }
+
+  /** `kode/stats`, or undefined while the server is not running. */
+  async stats(): Promise<KodeStats | undefined> {
+    if (!this.running || !this.client) {
+      return undefined;
+    }
+    try {
+      return await this.client.sendRequest<KodeStats>(STATS_METHOD, {});
+    } catch (error) {
+      this.output.warn(`kode/stats failed: ${String(error)}`);
+      return undefined;
+    }
+  }
+
+  /** Escape while a suggestion shows: stop streaming into it, then hide it. */
+  async dismiss(): Promise<void> {
+    this.streaming.cancel();
+    await vscode.commands.executeCommand("editor.action.inlineSuggest.hide");
+  }
+
+  dispose(): void {
+    for (const subscription of this.subscriptions) {
+      subscription.dispose();
+    }
+    this.streaming.dispose();
+    void this.stop();
+  }
+
+  private async provide(
+    document: vscode.TextDocument,
+    position: vscode.Position,
+    context: vscode.InlineCompletionContext,
+    token: vscode.CancellationToken,
+    next: (
+      document: vscode.TextDocument,
+      position: vscode.Position,
+      context: vscode.InlineCompletionContext,
+      token: vscode.CancellationToken,
+    ) => vscode.ProviderResult<InlineResult>,
+  ): Promise<InlineResult | null> {
+    if (!settings.isEnabled()) {
+      return null;
+    }
+    const key = {
+      uri: this.protocolUri(document.uri),
+      version: document.version,
+      line: position.line,
+      character: position.character,
+    };
+    const outcome = await this.streaming.provide(key, token, (own) =>
+      Promise.resolve(next(document, position, context, own)),
+    );
+    switch (outcome.kind) {
+      case "partial":
+        return new vscode.InlineCompletionList([
+          new vscode.InlineCompletionItem(outcome.text, new vscode.Range(position, position)),
+        ]);
+      case "final":
+        this.events.completed();
+        return outcome.result;
+      case "none":
+        return null;
+    }
+  }
+
+  private async spawn(executable: string, cwd: string): Promise<MessageTransports> {
+    const child = cp.spawn(executable, ["lsp"], { cwd, env: process.env, stdio: "pipe" });
+    await new Promise<void>((resolve, reject) => {
+      child.once("spawn", resolve);
+      child.once("error", reject);
+    });
+    this.child = child;
+    // The server logs to stderr; its level says what each line is.
+    readline.createInterface({ input: child.stderr, crlfDelay: Infinity }).on("line", (line) => {
+      this.output.info(`[server] ${line}`);
+    });
+    child.on("exit", (code, signal) => {
+      this.output.info(`kode lsp exited (${signal ?? `code ${String(code)}`})`);
+    });
+    return {
+      reader: new StreamMessageReader(child.stdout),
+      writer: new TappedWriter(new StreamMessageWriter(child.stdin), (request) => {
+        this.streaming.requestSent(request);
+      }),
+    };
+  }
+
+  private retrigger(uri: string): void {
+    const editor = vscode.window.activeTextEditor;
+    if (editor && this.protocolUri(editor.document.uri) === uri) {
+      void vscode.commands.executeCommand("editor.action.inlineSuggest.trigger");
+    }
+  }
+
+  private protocolUri(uri: vscode.Uri): string {
+    return this.client ? this.client.code2ProtocolConverter.asUri(uri) : uri.toString();
+  }
+}

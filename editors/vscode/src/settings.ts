@@ -1,0 +1,60 @@
+/**
+ * The `kode.*` configuration section: what goes to the server, what the extension keeps.
+ */
+
+import * as vscode from "vscode";
+
+import { type Backend, type ServerSettings, toServerSettings } from "./common/settings";
+
+export const SECTION = "kode";
+
+function section(): vscode.WorkspaceConfiguration {
+  return vscode.workspace.getConfiguration(SECTION);
+}
+
+/** The object sent as `initializationOptions` and in `workspace/didChangeConfiguration`. */
+export function serverSettings(): ServerSettings {
+  const config = section();
+  return toServerSettings((key) => config.get(key));
+}
+
+/** The server command (`kode.serverPath`), without the `lsp` argument. */
+export function serverPath(): string {
+  return section().get<string>("serverPath", "kode");
+}
+
+export function isEnabled(): boolean {
+  return section().get<boolean>("enabled", true);
+}
+
+export function backend(): string {
+  return section().get<string>("backend", "local");
+}
+
+/** Whether a change needs a new server process rather than a settings notification. */
+export function needsRestart(event: vscode.ConfigurationChangeEvent): boolean {
+  return event.affectsConfiguration(`${SECTION}.serverPath`);
+}
+
+export function affectsServer(event: vscode.ConfigurationChangeEvent): boolean {
+  return event.affectsConfiguration(SECTION) && !needsRestart(event);
+}
+
+/** Writes a setting where it currently takes effect (workspace if set there, else user). */
+async function update(key: string, value: unknown): Promise<void> {
+  const config = section();
+  const info = config.inspect(key);
+  const target =
+    info?.workspaceValue !== undefined
+      ? vscode.ConfigurationTarget.Workspace
+      : vscode.ConfigurationTarget.Global;
+  await config.update(key, value, target);
+}
+
+export function setEnabled(enabled: boolean): Promise<void> {
+  return update("enabled", enabled);
+}
+
+export function setBackend(value: Backend): Promise<void> {
+  return update("backend", value);
+}

@@ -1,0 +1,152 @@
+/**
+ * The whole extension (activate -> language client -> real `kode lsp`) inside the fake
+ * `vscode` module of fakeVscode.ts: settings reach the server, the inline-completion
+ * middleware answers (streamed partials included), the status bar and the commands work,
+ * and a missing server is reported.
+ */
+
+import assert from "node:assert/strict";
+import { after, before, describe, it } from "node:test";
+
+import { resolveExecutable } from "../common/executable";
+import {
+  CancellationTokenSource,
+  install,
+  InlineCompletionItem,
+  InlineCompletionList,
+  openDocument,
+  Position,
+  recorded,
+  textDocument,
+  vscode,
+} from "./fakeVscode";
+
+type Extension = typeof import("../extension");
+
+const STEP_MS = 60_000;
+const SOURCE = ["def fibonacci(n: int) -> int:", '    """Return the n-th Fibonacci number."""', "    ", ""].join("\n");
+
+async function until(what: string, ms: number, probe: () => boolean): Promise<void> {
+  const deadline = Date.now() + ms;
+  while (!probe()) {
+    if (Date.now() > deadline) {
+      throw new Error(`timed out after ${ms} ms waiting for ${what}`);
+    }
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+}
+
+function textOf(result: unknown): string | undefined {
+  const items = result instanceof InlineCompletionList ? result.items : (result as InlineCompletionItem[] | null);
+  const first = items?.[0]?.insertText;
+  return typeof first === "string" ? first : first?.value;
+}
+
+describe("the extension in a fake VS Code", { timeout: 5 * STEP_MS }, () => {
+  const context = { subscriptions: [] as { dispose(): unknown }[] };
+  let extension: Extension;
+  const status = () => {
+    const item = recorded.statusItems[0];
+    assert.ok(item, "no status-bar item");
+    return item;
+  };
+
+  before(async () => {
+    const kode = resolveExecutable(process.env.KODE_BIN ?? "kode", process.env, process.cwd());
+    assert.ok(kode, "the Kode server was not found: set KODE_BIN to the kode executable");
+    recorded.userSettings["kode.serverPath"] = kode;
+    recorded.userSettings["kode.model"] = "small";
+    recorded.userSettings["kode.maxTokens"] = 48;
+    recorded.userSettings["kode.snippetTokens"] = 0;
+    install();
+    // eslint-disable-next-line @typescript-eslint/no-require-imports -- after install(): extension.js requires "vscode"
+    extension = require("../extension") as Extension;
+    await extension.activate(context as never);
+  });
+
+  after(async () => {
+    await extension.deactivate();
+    for (const subscription of context.subscriptions) {
+      subscription.dispose();
+    }
+  });
+
+  it("starts the server with the settings", async () => {
+    await until("the server to run", STEP_MS, () => status().text.startsWith("$(sparkle)"));
+    assert.deepEqual(recorded.errors, []);
+    assert.equal(status().command, "kode.toggle");
+  });
+
+  it("answers inline completions, re-asked while partials arrive", async (t) => {
+    const doc = textDocument("/tmp/kode-vscode-fake/fib.py", SOURCE);
+    openDocument(doc);
+    vscode.window.activeTextEditor = { document: doc };
+    const provider = recorded.inlineProviders.at(0);
+    assert.ok(provider, "no inline-completion provider registered");
+    const answers: (string | undefined)[] = [];
+    const asks: Promise<void>[] = [];
+    const ask = (): Promise<void> => {
+      const token = new CancellationTokenSource().token;
+      const answer = provider
+        .provideInlineCompletionItems(doc, new Position(2, 4), { triggerKind: 1 }, token)
+        .then((result) => {
+          answers.push(textOf(result));
+        });
+      asks.push(answer);
+      return answer;
+    };
+    // VS Code asks again when the extension runs editor.action.inlineSuggest.trigger.
+    recorded.onTrigger = () => void ask();
+    await ask();
+    await until("the final answer (the status bar shows its latency)", STEP_MS, () => / ms/.test(status().text));
+    await Promise.all(asks);
+    recorded.onTrigger = undefined;
+
+    const final = answers.at(-1);
+    assert.ok(final?.trim(), `no completion: ${JSON.stringify(answers)}`);
+    const partials = answers.slice(0, -1);
+    for (const [i, partial] of partials.entries()) {
+      assert.ok(partial, `empty partial answer ${i}`);
+      if (i > 0) {
+        assert.ok(partial.startsWith(partials[i - 1] ?? ""), "partial answers must grow");
+      }
+    }
+    t.diagnostic(`${partials.length} partial answers, then ${JSON.stringify(final)}`);
+    if (process.env.KODE_EXPECT_PARTIALS === "1") {
+      assert.ok(partials.length > 0, "no partial answer");
+    }
+    if (partials.length > 0) {
+      assert.ok(recorded.executed.includes("editor.action.inlineSuggest.trigger"), "no re-ask");
+    }
+    assert.match(status().text, /llama\.cpp qwen2\.5-coder-0\.5b/);
+    assert.match(status().text, /tok\/s/);
+  });
+
+  it("toggles completions from the status-bar command", async () => {
+    const toggle = recorded.commands.get("kode.toggle");
+    assert.ok(toggle, "kode.toggle is not registered");
+    await toggle();
+    assert.equal(recorded.userSettings["kode.enabled"], false);
+    await until("the status bar to say off", 5000, () => status().text === "$(circle-slash) Kode");
+    const doc = vscode.workspace.textDocuments[0];
+    assert.ok(doc);
+    const provider = recorded.inlineProviders.at(0);
+    assert.ok(provider);
+    const off = await provider.provideInlineCompletionItems(
+      doc,
+      new Position(2, 4),
+      { triggerKind: 1 },
+      new CancellationTokenSource().token,
+    );
+    assert.equal(off, null, "a completion while disabled");
+    await toggle();
+    await until("the status bar to say on", 5000, () => status().text.startsWith("$(sparkle)"));
+  });
+
+  it("reports a server that cannot be found", async () => {
+    await vscode.workspace.getConfiguration("kode").update("serverPath", "/nonexistent/bin/kode");
+    await until("an error message", 10_000, () => recorded.errors.length > 0);
+    assert.match(recorded.errors[0] ?? "", /"\/nonexistent\/bin\/kode" was not found.*kode\.serverPath/);
+    assert.equal(status().text, "$(error) Kode");
+  });
+});

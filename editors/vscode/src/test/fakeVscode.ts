@@ -1,0 +1,487 @@
+/**
+ * A small stand-in for the `vscode` module: enough of the API for the extension and
+ * vscode-languageclient to activate, start the real server and answer inline
+ * completions under plain node. It records what the extension does (status bar,
+ * messages, commands, providers) so a test can look, and plays VS Code's part where
+ * the extension relies on it (configuration, documents, re-asking after
+ * `editor.action.inlineSuggest.trigger`).
+ */
+
+/* eslint-disable @typescript-eslint/no-extraneous-class -- empty stand-ins for VS Code's classes */
+
+import * as fs from "node:fs";
+import * as path from "node:path";
+import Module from "node:module";
+
+type Listener<T> = (event: T) => unknown;
+
+export class Disposable {
+  static from(...items: { dispose(): unknown }[]): Disposable {
+    return new Disposable(() => {
+      for (const item of items) {
+        item.dispose();
+      }
+    });
+  }
+
+  constructor(private readonly callback: () => unknown) {}
+
+  dispose(): void {
+    this.callback();
+  }
+}
+
+export class EventEmitter<T> {
+  private readonly listeners = new Set<Listener<T>>();
+
+  readonly event = (listener: Listener<T>, thisArgs?: unknown, disposables?: Disposable[]): Disposable => {
+    const bound: Listener<T> = (e) => listener.call(thisArgs, e);
+    this.listeners.add(bound);
+    const disposable = new Disposable(() => this.listeners.delete(bound));
+    disposables?.push(disposable);
+    return disposable;
+  };
+
+  fire(event: T): void {
+    for (const listener of [...this.listeners]) {
+      listener(event);
+    }
+  }
+
+  dispose(): void {
+    this.listeners.clear();
+  }
+}
+
+export class CancellationError extends Error {}
+
+export class CancellationTokenSource {
+  private readonly emitter = new EventEmitter<void>();
+  private readonly state = { cancelled: false };
+  readonly token: { readonly isCancellationRequested: boolean; onCancellationRequested: EventEmitter<void>["event"] };
+
+  constructor() {
+    const state = this.state;
+    this.token = {
+      get isCancellationRequested(): boolean {
+        return state.cancelled;
+      },
+      onCancellationRequested: this.emitter.event,
+    };
+  }
+
+  cancel(): void {
+    if (!this.state.cancelled) {
+      this.state.cancelled = true;
+      this.emitter.fire();
+    }
+  }
+
+  dispose(): void {
+    this.emitter.dispose();
+  }
+}
+
+export class Uri {
+  private constructor(
+    readonly scheme: string,
+    readonly path: string,
+  ) {}
+
+  static parse(value: string): Uri {
+    const match = /^([a-z][a-z0-9+.-]*):(?:\/\/[^/]*)?(.*)$/i.exec(value);
+    return match ? new Uri(match[1], decodeURIComponent(match[2])) : new Uri("file", value);
+  }
+
+  static file(fsPath: string): Uri {
+    return new Uri("file", fsPath);
+  }
+
+  get fsPath(): string {
+    return this.path;
+  }
+
+  toString(): string {
+    return `${this.scheme}://${this.path.split("/").map(encodeURIComponent).join("/")}`;
+  }
+
+  toJSON(): string {
+    return this.toString();
+  }
+}
+
+export class Position {
+  constructor(
+    readonly line: number,
+    readonly character: number,
+  ) {}
+}
+
+export class Range {
+  readonly start: Position;
+  readonly end: Position;
+
+  constructor(start: Position | number, end: Position | number, endLine?: number, endCharacter?: number) {
+    if (typeof start === "number" && typeof end === "number") {
+      this.start = new Position(start, end);
+      this.end = new Position(endLine ?? start, endCharacter ?? end);
+    } else {
+      this.start = start as Position;
+      this.end = end as Position;
+    }
+  }
+}
+
+export class InlineCompletionItem {
+  constructor(
+    public insertText: string | { value: string },
+    public range?: Range,
+    public command?: unknown,
+  ) {}
+}
+
+export class InlineCompletionList {
+  constructor(public items: InlineCompletionItem[]) {}
+}
+
+/** Classes the language client extends at load time; Kode's server needs none of them. */
+export class CallHierarchyItem {}
+export class CodeAction {}
+export class CodeLens {}
+export class CompletionItem {}
+export class Diagnostic {}
+export class DocumentLink {}
+export class InlayHint {}
+export class SymbolInformation {}
+export class TypeHierarchyItem {}
+
+export class SnippetString {
+  constructor(public value = "") {}
+}
+
+export enum StatusBarAlignment {
+  Left = 1,
+  Right = 2,
+}
+
+export enum ConfigurationTarget {
+  Global = 1,
+  Workspace = 2,
+  WorkspaceFolder = 3,
+}
+
+export enum LogLevel {
+  Off = 0,
+  Trace = 1,
+  Debug = 2,
+  Info = 3,
+  Warning = 4,
+  Error = 5,
+}
+
+export enum ProgressLocation {
+  SourceControl = 1,
+  Window = 10,
+  Notification = 15,
+}
+
+export enum InlineCompletionTriggerKind {
+  Invoke = 0,
+  Automatic = 1,
+}
+
+export class TabInputText {}
+export class TabInputTextDiff {}
+export class TabInputNotebook {}
+export class TabInputCustom {}
+
+export interface FakeDocument {
+  uri: Uri;
+  fileName: string;
+  languageId: string;
+  version: number;
+  isClosed: boolean;
+  isDirty: boolean;
+  isUntitled: boolean;
+  lineCount: number;
+  eol: number;
+  getText(): string;
+  lineAt(line: number): { text: string };
+  offsetAt(position: Position): number;
+  positionAt(offset: number): Position;
+}
+
+export function textDocument(file: string, text: string, languageId = "python", version = 1): FakeDocument {
+  const lines = text.split("\n");
+  return {
+    uri: Uri.file(file),
+    fileName: file,
+    languageId,
+    version,
+    isClosed: false,
+    isDirty: false,
+    isUntitled: false,
+    lineCount: lines.length,
+    eol: 1,
+    getText: () => text,
+    lineAt: (line) => ({ text: lines[line] ?? "" }),
+    offsetAt: (position) =>
+      lines.slice(0, position.line).reduce((sum, line) => sum + line.length + 1, 0) + position.character,
+    positionAt: (offset) => {
+      let line = 0;
+      let rest = offset;
+      while (line < lines.length - 1 && rest > (lines[line] ?? "").length) {
+        rest -= (lines[line] ?? "").length + 1;
+        line += 1;
+      }
+      return new Position(line, rest);
+    },
+  };
+}
+
+function disposable(): Disposable {
+  return new Disposable(() => undefined);
+}
+
+/** package.json's configuration defaults, overridable per test. */
+function contributedDefaults(): Record<string, unknown> {
+  const manifest = JSON.parse(fs.readFileSync(path.join(__dirname, "..", "..", "package.json"), "utf8")) as {
+    contributes: { configuration: { properties: Record<string, { default?: unknown }> } };
+  };
+  const out: Record<string, unknown> = {};
+  for (const [name, schema] of Object.entries(manifest.contributes.configuration.properties)) {
+    out[name] = schema.default;
+  }
+  return out;
+}
+
+export interface StatusItem {
+  text: string;
+  tooltip: string;
+  command: string;
+  name: string;
+}
+
+/** What the fake recorded, and the knobs a test turns. */
+export const recorded = {
+  settings: contributedDefaults(),
+  userSettings: {} as Record<string, unknown>,
+  statusItems: [] as StatusItem[],
+  errors: [] as string[],
+  executed: [] as string[],
+  commands: new Map<string, (...args: unknown[]) => unknown>(),
+  inlineProviders: [] as {
+    provideInlineCompletionItems(...args: unknown[]): Promise<unknown>;
+  }[],
+  /** Called for `editor.action.inlineSuggest.trigger`, as VS Code would ask again. */
+  onTrigger: undefined as (() => void) | undefined,
+};
+
+const emitters = {
+  open: new EventEmitter<FakeDocument>(),
+  close: new EventEmitter<FakeDocument>(),
+  change: new EventEmitter<{ document: FakeDocument; contentChanges: unknown[]; reason: undefined }>(),
+  configuration: new EventEmitter<{ affectsConfiguration(section: string): boolean }>(),
+  selection: new EventEmitter<unknown>(),
+  activeEditor: new EventEmitter<unknown>(),
+};
+
+function configuration(section?: string) {
+  const prefix = section ? `${section}.` : "";
+  const lookup = (key: string): unknown => {
+    const full = prefix + key;
+    if (full in recorded.userSettings) {
+      return recorded.userSettings[full];
+    }
+    if (full in recorded.settings) {
+      return recorded.settings[full];
+    }
+    // A section object, e.g. get("remote") or get("trace").
+    const children = Object.keys(recorded.settings).filter((name) => name.startsWith(`${full}.`));
+    if (children.length === 0) {
+      return undefined;
+    }
+    const out: Record<string, unknown> = {};
+    for (const child of children) {
+      out[child.slice(full.length + 1)] = lookup(child.slice(prefix.length));
+    }
+    return out;
+  };
+  return {
+    get: (key: string, fallback?: unknown) => lookup(key) ?? fallback,
+    has: (key: string) => lookup(key) !== undefined,
+    inspect: (key: string) => ({ key: prefix + key, defaultValue: recorded.settings[prefix + key] }),
+    update: (key: string, value: unknown) => {
+      const full = prefix + key;
+      recorded.userSettings[full] = value;
+      emitters.configuration.fire({
+        affectsConfiguration: (name: string) => full === name || full.startsWith(`${name}.`),
+      });
+      return Promise.resolve();
+    },
+  };
+}
+
+function logChannel(name: string) {
+  const lines: string[] = [];
+  const log = (level: string) => (message: string) => lines.push(`[${level}] ${message}`);
+  return {
+    name,
+    lines,
+    logLevel: LogLevel.Info,
+    onDidChangeLogLevel: new EventEmitter<LogLevel>().event,
+    trace: log("trace"),
+    debug: log("debug"),
+    info: log("info"),
+    warn: log("warn"),
+    error: (message: string | Error) => lines.push(`[error] ${String(message)}`),
+    append: (value: string) => lines.push(value),
+    appendLine: (value: string) => lines.push(value),
+    replace: (value: string) => lines.push(value),
+    clear: () => undefined,
+    show: () => undefined,
+    hide: () => undefined,
+    dispose: () => undefined,
+  };
+}
+
+const documents: FakeDocument[] = [];
+
+const languages: Record<string, unknown> = {
+  match: () => 10,
+  createDiagnosticCollection: () => ({
+    set: () => undefined,
+    delete: () => undefined,
+    clear: () => undefined,
+    dispose: () => undefined,
+  }),
+  registerInlineCompletionItemProvider: (_selector: unknown, provider: (typeof recorded.inlineProviders)[0]) => {
+    recorded.inlineProviders.push(provider);
+    return disposable();
+  },
+};
+
+/** Any other top-level name is an enum-like namespace whose members are their own names. */
+function namespace(name: string): unknown {
+  return new Proxy({}, { get: (_target, member) => `${name}.${String(member)}` });
+}
+
+const api = {
+  version: "1.91.0",
+  Disposable,
+  EventEmitter,
+  CancellationError,
+  CancellationTokenSource,
+  Uri,
+  Position,
+  Range,
+  InlineCompletionItem,
+  InlineCompletionList,
+  InlineCompletionTriggerKind,
+  SnippetString,
+  CallHierarchyItem,
+  CodeAction,
+  CodeLens,
+  CompletionItem,
+  Diagnostic,
+  DocumentLink,
+  InlayHint,
+  SymbolInformation,
+  TypeHierarchyItem,
+  StatusBarAlignment,
+  ConfigurationTarget,
+  LogLevel,
+  ProgressLocation,
+  TabInputText,
+  TabInputTextDiff,
+  TabInputNotebook,
+  TabInputCustom,
+  env: { language: "en", appName: "fake-vscode", openExternal: () => Promise.resolve(true) },
+  workspace: {
+    get textDocuments() {
+      return documents;
+    },
+    notebookDocuments: [],
+    workspaceFolders: undefined,
+    getConfiguration: configuration,
+    onDidOpenTextDocument: emitters.open.event,
+    onDidCloseTextDocument: emitters.close.event,
+    onDidChangeTextDocument: emitters.change.event,
+    onDidSaveTextDocument: new EventEmitter<unknown>().event,
+    onWillSaveTextDocument: new EventEmitter<unknown>().event,
+    onDidChangeConfiguration: emitters.configuration.event,
+    onDidChangeWorkspaceFolders: new EventEmitter<unknown>().event,
+    createFileSystemWatcher: () => ({
+      onDidCreate: new EventEmitter<unknown>().event,
+      onDidChange: new EventEmitter<unknown>().event,
+      onDidDelete: new EventEmitter<unknown>().event,
+      dispose: () => undefined,
+    }),
+    applyEdit: () => Promise.resolve(false),
+  },
+  window: {
+    activeTextEditor: undefined as { document: FakeDocument } | undefined,
+    visibleTextEditors: [],
+    tabGroups: { all: [], onDidChangeTabs: new EventEmitter<unknown>().event },
+    onDidChangeActiveTextEditor: emitters.activeEditor.event,
+    onDidChangeVisibleTextEditors: new EventEmitter<unknown>().event,
+    onDidChangeTextEditorSelection: emitters.selection.event,
+    createOutputChannel: logChannel,
+    createStatusBarItem: () => {
+      const item = { text: "", tooltip: "", command: "", name: "", show: () => undefined, dispose: () => undefined };
+      recorded.statusItems.push(item);
+      return item;
+    },
+    setStatusBarMessage: () => disposable(),
+    showErrorMessage: (message: string) => {
+      recorded.errors.push(message);
+      return Promise.resolve(undefined);
+    },
+    showWarningMessage: (message: string) => {
+      recorded.errors.push(message);
+      return Promise.resolve(undefined);
+    },
+    showInformationMessage: () => Promise.resolve(undefined),
+    showQuickPick: () => Promise.resolve(undefined),
+    showTextDocument: () => Promise.resolve(undefined),
+    withProgress: (_options: unknown, task: (progress: unknown, token: unknown) => unknown) =>
+      Promise.resolve(task({ report: () => undefined }, new CancellationTokenSource().token)),
+  },
+  languages: new Proxy(languages, {
+    // Any other register*Provider: accepted and ignored (the server offers none).
+    get: (target, name: string) => target[name] ?? (() => disposable()),
+  }),
+  commands: {
+    registerCommand: (name: string, callback: (...args: unknown[]) => unknown) => {
+      recorded.commands.set(name, callback);
+      return new Disposable(() => recorded.commands.delete(name));
+    },
+    executeCommand: (name: string, ...args: unknown[]) => {
+      recorded.executed.push(name);
+      if (name === "editor.action.inlineSuggest.trigger") {
+        recorded.onTrigger?.();
+      }
+      const command = recorded.commands.get(name);
+      return Promise.resolve(command ? command(...args) : undefined);
+    },
+  },
+};
+
+export const vscode = new Proxy(api, {
+  get: (target, name: string) => (name in target ? target[name as keyof typeof target] : namespace(name)),
+});
+
+/** Open a document as VS Code would (the language client sends didOpen). */
+export function openDocument(document: FakeDocument): void {
+  documents.push(document);
+  emitters.open.fire(document);
+}
+
+/** Make `require("vscode")` return the fake. */
+export function install(): void {
+  const loader = Module as unknown as {
+    _load(request: string, parent: unknown, isMain: boolean): unknown;
+  };
+  const original = loader._load.bind(loader);
+  loader._load = (request, parent, isMain) => (request === "vscode" ? vscode : original(request, parent, isMain));
+}
