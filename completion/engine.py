@@ -9,12 +9,14 @@ for an older document version is dropped rather than drawn over newer text.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from backends.base import (
     Backend,
@@ -25,7 +27,7 @@ from backends.base import (
 )
 from backends.errors import SettingsError
 from completion import context as ctxmod
-from completion.documents import DocumentStore, Position
+from completion.documents import Document, DocumentStore, Position
 from completion.settings import DEFAULT, Settings
 from completion.stops import StopRules
 from completion.templates import TEMPLATES, FimTemplate, render
@@ -49,6 +51,7 @@ class Completion:
     backend: str
     total_ms: float
     single_line: bool
+    from_cache: bool = False  # answered from a suggestion started by an earlier request
 
 
 class Superseded(Exception):
@@ -68,8 +71,10 @@ class CompletionEngine:
         self._factory = backend_factory
         self._settings = settings
         self._anchors: dict[str, int] = {}
-        self._running: dict[str, Generation] = {}
+        self._live: dict[str, _Live] = {}
         self._tickets: dict[str, object] = {}
+        self.typed_ahead_hits = 0
+        self.prefetches = 0
         self._counter: Callable[[str], int] | None = None
         self._counter_owner: Backend | None = None
         self._background: set[asyncio.Future[None]] = set()
@@ -109,24 +114,43 @@ class CompletionEngine:
     ) -> Completion:
         """Complete at ``position`` in ``uri``.
 
-        Raises ``Superseded`` when a newer request for the document, or an edit,
-        made the result stale; ``DocumentError`` for an unknown document or a
-        position outside it.
+        If the user typed into the live suggestion for this document (the document is the
+        suggestion's text before and after, with a prefix of the suggestion in between and
+        the cursor right after it), the answer comes from that suggestion, without a new
+        generation; a generation still running behind it keeps running and extends it.
+        Otherwise the live suggestion is cancelled and a new one started.
+
+        Raises ``Superseded`` when a newer request for the document, or an edit, made
+        the result stale; ``DocumentError`` for an unknown document or a position
+        outside it.
         """
         started = time.perf_counter()
-        settings = self._settings
         doc = self.documents.get(uri)
         offset = doc.offset_at(position)  # validates the position before any work
         version = doc.version
         ticket = object()
         self._tickets[uri] = ticket
-        previous = self._running.pop(uri, None)
-        if previous is not None:
-            await previous.cancel()
-
+        live = self._live.get(uri)
+        if live is not None:
+            live.wake()  # older requests waiting on it re-check their ticket
+            typed = live.typed_into(doc.text)
+            if typed is not None and offset == live.start + len(typed):
+                self.typed_ahead_hits += 1
+                return await self._answer(live, uri, ticket, version, typed, on_partial, started)
+            await self._drop(uri)
         backend = await self.backend()
         if self._tickets.get(uri) is not ticket:
             raise Superseded(uri)
+        live = await self._start(uri, doc, offset, backend, max_tokens)
+        if self._tickets.get(uri) is not ticket:
+            await self._drop(uri)
+            raise Superseded(uri)
+        return await self._answer(live, uri, ticket, version, "", on_partial, started)
+
+    async def _start(
+        self, uri: str, doc: Document, offset: int, backend: Backend, max_tokens: int | None
+    ) -> _Live:
+        settings = self._settings
         template = self.template()
         budget = ctxmod.Budget(
             settings.prefix_tokens, settings.suffix_tokens, settings.snippet_tokens
@@ -149,7 +173,7 @@ class CompletionEngine:
             snippets=ctx.snippets,
         )
         if settings.log_prompts:
-            log.debug("prompt for %s:%s:\n%s", uri, version, prompt)
+            log.debug("prompt for %s:%s:\n%s", uri, doc.version, prompt)
         rules = StopRules.build(
             ctx.line_prefix,
             ctx.line_suffix,
@@ -166,57 +190,216 @@ class CompletionEngine:
             draft_sources=(ctx.suffix, *(s.text for s in ctx.snippets)),
         )
         generation = await backend.generate(request)
-        self._running[uri] = generation
-        text, shown = "", 0
-        try:
-            async for chunk in generation:
-                if self._tickets.get(uri) is not ticket or doc.version != version:
-                    break  # stale: stop generating, drop the result
-                text += chunk.text
-                cut = rules.scan(text)
-                if on_partial is not None and cut.keep > shown and "\n" in text[shown : cut.keep]:
-                    # A line completed: show the suggestion so far (each call extends the last).
-                    shown = cut.keep
-                    on_partial(text[: cut.keep].rstrip())
-                if cut.stop:
-                    break
-        finally:
-            await generation.cancel()
-            if self._running.get(uri) is generation:
-                del self._running[uri]
-        if self._tickets.get(uri) is not ticket or doc.version != version:
-            raise Superseded(uri)
-        return Completion(
-            text=rules.finish(text),
-            uri=uri,
-            version=version,
-            position=position,
-            stats=generation.stats,
+        live = _Live(
+            start=offset,
+            before=doc.text[:offset],
+            after=doc.text[offset:],
+            rules=rules,
+            generation=generation,
             model=backend.model_name,
             backend=backend.name,
+        )
+        live.task = asyncio.ensure_future(live.pump())
+        self._live[uri] = live
+        return live
+
+    async def _answer(
+        self,
+        live: _Live,
+        uri: str,
+        ticket: object,
+        version: int,
+        typed: str,
+        on_partial: PartialCallback | None,
+        started: float,
+    ) -> Completion:
+        """Wait for ``live`` to finish (or the time budget), then answer from it."""
+        doc = self.documents.get(uri)
+        budget_ms = self._settings.time_budget_ms
+        deadline = None if budget_ms == 0 else started + budget_ms / 1000.0
+        shown = len(typed)
+
+        def current() -> bool:
+            return self._tickets.get(uri) is ticket and doc.version == version
+
+        try:
+            while not live.done.is_set():
+                live.arm()
+                if not current():
+                    raise Superseded(uri)
+                visible = live.visible()
+                if on_partial is not None and len(visible) > shown and "\n" in visible[shown:]:
+                    shown = len(visible)  # a line completed: each partial extends the last
+                    on_partial(visible[len(typed) :].rstrip())
+                left = None if deadline is None else deadline - time.perf_counter()
+                if left is not None and left <= 0:
+                    break  # answer with what is ready; the generation goes on
+                await live.wait_change(left)
+        except asyncio.CancelledError:
+            # The client gave up on this request. Keep generating only if an edit just
+            # typed into the suggestion (typed-ahead); otherwise stop now.
+            if self._live.get(uri) is live and not live.kept_alive(doc.text):
+                await self._drop(uri)
+            raise
+        if not current():
+            raise Superseded(uri)
+        text = live.final() if live.done.is_set() else live.visible().rstrip()
+        answer = text[len(typed) :] if text.startswith(typed) else ""
+        return Completion(
+            text=answer,
+            uri=uri,
+            version=version,
+            position=doc.position_at(live.start + len(typed)),
+            stats=live.generation.stats,
+            model=live.model,
+            backend=live.backend,
             total_ms=(time.perf_counter() - started) * 1000.0,
-            single_line=rules.single_line,
+            single_line=live.rules.single_line,
+            from_cache=bool(typed) or live.started_before(started),
         )
 
     def document_changed(self, uri: str) -> None:
-        """An edit made the in-flight completion of ``uri`` stale: stop it now."""
-        generation = self._running.get(uri)
-        if generation is not None:
+        """After an edit: keep the live suggestion if the user typed into it, else stop it.
+
+        If the user typed (or accepted) the whole finished suggestion, prefetch the next
+        completion at the new cursor.
+        """
+        live = self._live.get(uri)
+        if live is None:
+            return
+        doc = self.documents.get(uri)
+        typed = live.typed_into(doc.text)
+        if typed is None:
             self._tickets.pop(uri, None)
-            task = asyncio.ensure_future(generation.cancel())
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._spawn(self._drop(uri))
+            return
+        live.wake()
+        if live.done.is_set() and typed and typed == live.final() and self._settings.prefetch:
+            self._spawn(self._prefetch(uri, live.start + len(typed)))
+
+    async def _prefetch(self, uri: str, offset: int) -> None:
+        if uri not in self.documents or self._live.get(uri) is None:
+            return
+        await self._drop(uri)
+        doc = self.documents.get(uri)
+        if offset > len(doc.text):
+            return
+        try:
+            await self._start(uri, doc, offset, await self.backend(), None)
+            self.prefetches += 1
+        except Exception as exc:  # a prefetch is best effort; the next request will retry
+            log.debug("prefetch failed: %s", exc)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _drop(self, uri: str) -> None:
+        live = self._live.pop(uri, None)
+        if live is not None:
+            live.wake()
+            await live.cancel()
 
     async def cancel(self, uri: str) -> None:
         """Abandon the in-flight completion of ``uri`` (if any)."""
         self._tickets.pop(uri, None)
-        generation = self._running.pop(uri, None)
-        if generation is not None:
-            await generation.cancel()
+        await self._drop(uri)
 
     async def aclose(self) -> None:
-        for uri in list(self._running):
+        for uri in list(self._live):
             await self.cancel(uri)
+        for task in list(self._background):
+            await task
+
+
+class _Live:
+    """One suggestion for a document: generated by a background pump, read by requests.
+
+    ``before`` + ``after`` is the document text when it started, the suggestion goes
+    between them at ``start``.
+    """
+
+    def __init__(
+        self,
+        *,
+        start: int,
+        before: str,
+        after: str,
+        rules: StopRules,
+        generation: Generation,
+        model: str,
+        backend: str,
+    ) -> None:
+        self.start, self.before, self.after = start, before, after
+        self.rules = rules
+        self.generation = generation
+        self.model, self.backend = model, backend
+        self.raw = ""
+        self.created = time.perf_counter()
+        self.done = asyncio.Event()
+        self._changed = asyncio.Event()
+        self.task: asyncio.Future[None] | None = None
+
+    async def pump(self) -> None:
+        try:
+            async for chunk in self.generation:
+                self.raw += chunk.text
+                self.wake()
+                if self.rules.scan(self.raw).stop:
+                    break
+        except Exception as exc:  # surfaced to waiters through final()/stats
+            log.warning("generation failed: %s", exc)
+        finally:
+            await self.generation.cancel()
+            self.done.set()
+            self.wake()
+
+    def wake(self) -> None:
+        self._changed.set()
+
+    def arm(self) -> None:
+        """Forget earlier wake-ups; call before reading the state ``wait_change`` guards."""
+        self._changed.clear()
+
+    async def wait_change(self, seconds: float | None) -> None:
+        """Until the text grows, the generation ends, a newer request arrives, or ``seconds``."""
+        if self.done.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), seconds)
+
+    def visible(self) -> str:
+        return self.raw[: self.rules.scan(self.raw).keep]
+
+    def final(self) -> str:
+        return self.rules.finish(self.raw)
+
+    def typed_into(self, text: str) -> str | None:
+        """What the user typed into this suggestion, if ``text`` is consistent with it."""
+        if len(text) < len(self.before) + len(self.after):
+            return None
+        if not (text.startswith(self.before) and text.endswith(self.after)):
+            return None
+        typed = text[len(self.before) : len(text) - len(self.after)]
+        shown = self.final() if self.done.is_set() else self.visible()
+        if shown.startswith(typed):
+            return typed
+        if not self.done.is_set() and typed.startswith(shown):
+            return typed  # typed past what is generated so far; it may still match
+        return None
+
+    def kept_alive(self, text: str) -> bool:
+        typed = self.typed_into(text)
+        return bool(typed) and not self.done.is_set()
+
+    def started_before(self, when: float) -> bool:
+        return self.created < when - 0.001
+
+    async def cancel(self) -> None:
+        await self.generation.cancel()
+        if self.task is not None:
+            await self.task
 
 
 def _repo_name(uri: str) -> str:

@@ -71,6 +71,7 @@ class Settings(
     log_prompts: bool = False  # never log source code unless asked to
     partial_completions: bool = False  # send kode/inlineCompletionPartial while text grows
     time_budget_ms: _NonNegative = 0  # 0: no budget; else answer with what is ready by then
+    prefetch: bool = True  # after a suggestion is accepted, start the next one
     remote: RemoteSettings = RemoteSettings()
 
 

@@ -1,0 +1,198 @@
+"""The completion engine with a scripted backend: latest-wins, staleness, typed-ahead reuse,
+time budget, partial results and prefetch. No model."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+
+import pytest
+
+from backends.base import (
+    FinishReason,
+    GenerationRequest,
+    GenerationStats,
+    TokenChunk,
+)
+from completion.documents import Position, Range
+from completion.engine import CompletionEngine, Superseded
+from completion.settings import parse
+
+
+class ScriptedGeneration:
+    def __init__(self, pieces: list[str], delay: float) -> None:
+        self._pieces, self._delay = pieces, delay
+        self._cancelled = asyncio.Event()
+        self._done = asyncio.Event()
+        self.stats = GenerationStats()
+
+    async def __aiter__(self) -> AsyncIterator[TokenChunk]:
+        try:
+            for i, piece in enumerate(self._pieces):
+                if self._cancelled.is_set():
+                    self.stats.finish_reason = FinishReason.CANCELLED
+                    return
+                await asyncio.sleep(self._delay)
+                self.stats.completion_tokens += 1
+                yield TokenChunk(piece, (i,))
+            self.stats.finish_reason = FinishReason.END
+        finally:
+            if self.stats.finish_reason is None:  # the consumer left early
+                self.stats.finish_reason = FinishReason.CANCELLED
+            self._cancelled.set()
+            self._done.set()
+
+    async def cancel(self) -> None:
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    async def wait(self) -> GenerationStats:
+        await self._done.wait()
+        return self.stats
+
+
+class ScriptedBackend:
+    """Answers every prompt with ``pieces``, one per ``delay`` seconds."""
+
+    name = "scripted"
+    model_name = "script"
+
+    def __init__(self, pieces: list[str], delay: float = 0.01) -> None:
+        self.pieces, self.delay = pieces, delay
+        self.requests: list[GenerationRequest] = []
+        self.generations: list[ScriptedGeneration] = []
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split()) + 1
+
+    async def generate(self, request: GenerationRequest) -> ScriptedGeneration:
+        self.requests.append(request)
+        generation = ScriptedGeneration(list(self.pieces), self.delay)
+        self.generations.append(generation)
+        return generation
+
+    async def aclose(self) -> None:
+        return None
+
+
+URI = "file:///p/m.py"
+
+
+def engine_for(backend: ScriptedBackend, **settings: object) -> CompletionEngine:
+    async def factory(_settings: object) -> ScriptedBackend:
+        return backend
+
+    parsed, problems = parse({"snippetTokens": 0, **settings})
+    assert problems == []
+    return CompletionEngine(factory, parsed)  # type: ignore[arg-type]
+
+
+def type_text(engine: CompletionEngine, version: int, at: Position, text: str) -> None:
+    engine.documents.change(URI, version, [(text, Range(at, at))])
+    engine.document_changed(URI)
+
+
+async def test_completion_streams_partials_and_applies_stop_rules() -> None:
+    backend = ScriptedBackend(["total = 0\n", "    for x in xs:\n", "        total += x\n", "def"])
+    engine = engine_for(backend)
+    engine.documents.open(URI, "def f(xs):\n    \n", 1)
+    partials: list[str] = []
+    result = await engine.complete(URI, Position(1, 4), on_partial=partials.append)
+    assert result.text == "total = 0\n    for x in xs:\n        total += x"
+    assert partials and all(b.startswith(a) for a, b in itertools.pairwise(partials))
+    assert backend.generations[0].cancelled  # the stop rule stopped the generation
+
+
+async def test_latest_request_wins_and_the_old_generation_is_cancelled() -> None:
+    backend = ScriptedBackend(["x"] * 50, delay=0.02)
+    engine = engine_for(backend, multiline="always")
+    engine.documents.open(URI, "a = ", 1)
+    first = asyncio.ensure_future(engine.complete(URI, Position(0, 4)))
+    await asyncio.sleep(0.05)
+    engine.documents.change(URI, 2, [("a = 1\nb = ", None)])
+    engine.document_changed(URI)
+    second = asyncio.ensure_future(engine.complete(URI, Position(1, 4)))
+    with pytest.raises(Superseded):
+        await first
+    assert (await second).text
+    assert backend.generations[0].stats.finish_reason is FinishReason.CANCELLED
+    assert backend.generations[0].stats.completion_tokens < 50
+
+
+async def test_typed_ahead_answers_from_the_live_suggestion_without_generating() -> None:
+    backend = ScriptedBackend(["return ", "a ", "+ ", "b"])
+    engine = engine_for(backend)
+    engine.documents.open(URI, "def add(a, b):\n    \n", 1)
+    first = await engine.complete(URI, Position(1, 4))
+    assert first.text == "return a + b"
+    type_text(engine, 2, Position(1, 4), "ret")
+    second = await engine.complete(URI, Position(1, 7))
+    assert second.text == "urn a + b"
+    assert second.from_cache
+    assert len(backend.requests) == 1  # no new generation
+    # Typing something else drops it and generates anew.
+    type_text(engine, 3, Position(1, 7), "X")
+    await engine.complete(URI, Position(1, 8))
+    assert len(backend.requests) == 2
+
+
+async def test_typing_into_a_running_suggestion_keeps_it_running() -> None:
+    backend = ScriptedBackend(["value", " = ", "compute", "(", ")"], delay=0.05)
+    engine = engine_for(backend)
+    engine.documents.open(URI, "x = 1\n", 1)
+    pending = asyncio.ensure_future(engine.complete(URI, Position(1, 0)))
+    await asyncio.sleep(0.08)  # "value" is out
+    type_text(engine, 2, Position(1, 0), "va")
+    with pytest.raises(Superseded):
+        await pending  # answered for the old version: dropped
+    result = await engine.complete(URI, Position(1, 2))
+    assert result.text == "lue = compute()"
+    assert len(backend.requests) == 1
+    assert backend.generations[0].stats.finish_reason is FinishReason.END
+
+
+async def test_time_budget_returns_what_is_ready_and_keeps_generating() -> None:
+    backend = ScriptedBackend(["a\n", "b\n", "c\n", "d"], delay=0.1)
+    engine = engine_for(backend, timeBudgetMs=150, multiline="always")
+    engine.documents.open(URI, "", 1)
+    early = await engine.complete(URI, Position(0, 0))
+    assert early.text == "a"
+    await asyncio.sleep(0.5)
+    later = await engine.complete(URI, Position(0, 0))
+    assert later.text == "a\nb\nc\nd"
+    assert len(backend.requests) == 1
+
+
+async def test_accepting_a_suggestion_prefetches_the_next() -> None:
+    backend = ScriptedBackend(["pass"])
+    engine = engine_for(backend)
+    engine.documents.open(URI, "def f():\n    \n", 1)
+    result = await engine.complete(URI, Position(1, 4))
+    assert result.text == "pass"
+    type_text(engine, 2, Position(1, 4), "pass")  # accept
+    for _ in range(50):
+        if engine.prefetches:
+            break
+        await asyncio.sleep(0.01)
+    assert engine.prefetches == 1
+    assert len(backend.requests) == 2
+    nxt = await engine.complete(URI, Position(1, 8))
+    assert nxt.from_cache
+    await engine.aclose()
+
+
+async def test_cancelled_request_stops_its_generation_unless_typed_into() -> None:
+    backend = ScriptedBackend(["y"] * 100, delay=0.02)
+    engine = engine_for(backend, multiline="always")
+    engine.documents.open(URI, "", 1)
+    task = asyncio.ensure_future(engine.complete(URI, Position(0, 0)))
+    await asyncio.sleep(0.06)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    stats = await backend.generations[0].wait()
+    assert stats.finish_reason is FinishReason.CANCELLED
