@@ -19,7 +19,9 @@ from typing import Any
 
 import msgspec
 from lsprotocol import types
+from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
+from pygls.protocol import LanguageServerProtocol
 
 from completion import settings as settings_mod
 from completion.backend_factory import load_backend
@@ -40,17 +42,43 @@ STATS_METHOD = "kode/stats"
 PARTIAL_METHOD = "kode/inlineCompletionPartial"
 
 
+class KodeProtocol(LanguageServerProtocol):
+    """pygls' protocol, answering requests whose params cannot be read.
+
+    pygls logs such a request and drops it, leaving the client waiting forever; LSP
+    wants an error response (-32602), which this sends before the message is dropped.
+    """
+
+    def structure_message(self, data: dict[str, Any]) -> Any:
+        try:
+            return super().structure_message(data)
+        except JsonRpcException as exc:
+            if "id" in data and "method" in data:
+                message = f"invalid params for {data['method']}: {exc.__cause__ or exc}"
+                self._send_response(
+                    data["id"], error=JsonRpcInvalidParams(message).to_response_error()
+                )
+            raise
+
+
 class KodeServer(LanguageServer):
     """pygls server holding one ``CompletionEngine``."""
 
     def __init__(self, backend_factory: BackendFactory | None = None) -> None:
         super().__init__(
-            "kode", VERSION, text_document_sync_kind=types.TextDocumentSyncKind.Incremental
+            "kode",
+            VERSION,
+            text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
+            protocol_cls=KodeProtocol,
         )
         self.pool = BackendPool(load_backend)
         self.engine = CompletionEngine(backend_factory or self.pool.get)
         self._pending_messages: list[str] = []
         self._warmup: asyncio.Task[Any] | None = None
+
+    def report_server_error(self, error: Exception, source: Any) -> None:
+        """Log only: a failed request already got its error response."""
+        log.error("%s: %s", getattr(source, "__name__", source), error)
 
     def apply_settings(self, raw: Any) -> list[str]:
         parsed, problems = settings_mod.parse(raw)

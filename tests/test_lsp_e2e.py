@@ -133,6 +133,12 @@ async def test_cancel_answers_32800_and_stops_within_one_step(client: LanguageCl
         "partialCompletions": True,
         "speculation": "none",  # one token per step, so steps can be counted exactly
     }
+    partials: list[Any] = []
+
+    @client.feature("kode/inlineCompletionPartial")
+    def on_partial(params: Any) -> None:
+        partials.append(params)
+
     await start(client, "visual-studio-code", options)
     lines = "".join(f"    {i},\n" for i in range(1, 13))
     open_doc(client, f"numbers = [\n{lines}")
@@ -141,8 +147,9 @@ async def test_cancel_answers_32800_and_stops_within_one_step(client: LanguageCl
         "textDocument/inlineCompletion", inline_params(13, 0), msg_id=msg_id
     )
     async with asyncio.timeout(TIMEOUT):
-        partial = await client.wait_for_notification("kode/inlineCompletionPartial")
-    partial = _plain(partial)
+        while not partials:
+            await asyncio.sleep(0.02)
+    partial = _plain(partials[0])
     assert partial["requestId"] == msg_id
     assert partial["text"].strip()  # the generation is running: a line is already out
     client.protocol.notify("$/cancelRequest", types.CancelParams(id=msg_id))
@@ -163,7 +170,10 @@ async def test_cancel_answers_32800_and_stops_within_one_step(client: LanguageCl
     # One token per step (plus the first, from the prompt): no step ran unaccounted for.
     assert last["decodeSteps"] == last["completionTokens"] - 1
 
-    # The KV cache is consistent: the next request reuses the prompt and completes.
+    # The KV cache is consistent: the next (short) request reuses the prompt and completes.
+    client.workspace_did_change_configuration(
+        types.DidChangeConfigurationParams(settings={"kode": {**options, "maxTokens": 8}})
+    )
     async with asyncio.timeout(TIMEOUT):
         again = await client.text_document_inline_completion_async(inline_params(13, 0))
     assert again is not None and again.items
