@@ -1,0 +1,165 @@
+"""Model provisioning from split PyPI packages, with fake part packages built on disk."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from backends import models
+from backends.errors import ModelError, ModelPartMissing
+
+PARTS = [b"GGUF" + b"a" * 1000, b"b" * 700, b"c" * 33]
+WHOLE = b"".join(PARTS)
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def make_part(site: Path, index: int, data: bytes, *, record_data: bytes | None = None) -> None:
+    """An installed distribution ``fakemodel-part{index}`` 1.0 holding ``data/partNN.bin``."""
+    name = f"fakemodel_part{index}"
+    pkg = site / name / "data"
+    pkg.mkdir(parents=True)
+    (pkg / f"part{index:02d}.bin").write_bytes(data)
+    info = site / f"{name}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: fakemodel-part{index}\nVersion: 1.0\n"
+    )
+    recorded = data if record_data is None else record_data
+    (info / "RECORD").write_text(
+        f"{name}/data/part{index:02d}.bin,sha256={_b64(recorded)},{len(data)}\n"
+        f"{name}-1.0.dist-info/METADATA,,\n{name}-1.0.dist-info/RECORD,,\n"
+    )
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Iterator[Path]:
+    site = tmp_path / "site"
+    site.mkdir()
+    sys.path.insert(0, str(site))
+    try:
+        yield site
+    finally:
+        sys.path.remove(str(site))
+
+
+def spec(size: int = len(WHOLE), digest: str | None = None) -> models.ModelSpec:
+    return models.ModelSpec(
+        alias="fake",
+        title="Fake model",
+        filename="fake.gguf",
+        package_prefix="fakemodel-part",
+        n_parts=len(PARTS),
+        version="1.0",
+        sha256=digest or hashlib.sha256(WHOLE).hexdigest(),
+        size=size,
+    )
+
+
+def env(tmp_path: Path) -> dict[str, str]:
+    return {"KODE_MODEL_DIR": str(tmp_path / "models")}
+
+
+class Counting(models.Progress):
+    def __init__(self) -> None:
+        self.total = 0
+
+    def update(self, n: int) -> None:
+        self.total += n
+
+
+def test_install_assembles_verifies_and_is_idempotent(site: Path, tmp_path: Path) -> None:
+    for i, data in enumerate(PARTS, start=1):
+        make_part(site, i, data)
+    bars: list[Counting] = []
+
+    def progress(total: int, desc: str) -> models.Progress:
+        bars.append(Counting())
+        return bars[-1]
+
+    path = models.install(spec(), progress=progress, environ=env(tmp_path))
+    assert path.read_bytes() == WHOLE
+    assert bars[0].total == len(WHOLE)
+    assert not list(path.parent.glob(".*partial"))  # nothing half-written left behind
+    mtime = path.stat().st_mtime_ns
+    assert models.install(spec(), progress=progress, environ=env(tmp_path)) == path
+    assert path.stat().st_mtime_ns == mtime and len(bars) == 1  # not assembled twice
+
+
+def test_missing_part_names_the_package_to_install(site: Path, tmp_path: Path) -> None:
+    make_part(site, 1, PARTS[0])
+    make_part(site, 3, PARTS[2])
+    with pytest.raises(ModelPartMissing) as err:
+        models.install(spec(), progress=models.no_progress, environ=env(tmp_path))
+    message = str(err.value)
+    assert "fakemodel-part2" in message and "pip install 'fakemodel-part2==1.0'" in message
+    assert "\n" not in message
+    assert not (tmp_path / "models" / "fake.gguf").exists()
+
+
+def test_corrupt_part_is_named_and_nothing_is_installed(site: Path, tmp_path: Path) -> None:
+    make_part(site, 1, PARTS[0])
+    make_part(site, 2, b"x" * 700, record_data=PARTS[1])  # same size, wrong bytes
+    make_part(site, 3, PARTS[2])
+    with pytest.raises(ModelPartMissing) as err:
+        models.install(spec(), progress=models.no_progress, environ=env(tmp_path))
+    assert "fakemodel-part2 is damaged" in str(err.value)
+    assert not (tmp_path / "models" / "fake.gguf").exists()
+    assert not list((tmp_path / "models").glob(".*partial"))
+
+
+def test_wrong_whole_sum_is_refused(site: Path, tmp_path: Path) -> None:
+    for i, data in enumerate(PARTS, start=1):
+        make_part(site, i, data)
+    with pytest.raises(ModelError, match="sha256"):
+        models.install(spec(digest="0" * 64), progress=models.no_progress, environ=env(tmp_path))
+    assert not (tmp_path / "models" / "fake.gguf").exists()
+
+
+def test_any_gguf_path_works_and_bad_paths_are_clear(tmp_path: Path) -> None:
+    good = tmp_path / "m.gguf"
+    good.write_bytes(b"GGUF....")
+    assert models.resolve(str(good)) == good
+    with pytest.raises(ModelError, match="not found"):
+        models.resolve(str(tmp_path / "missing.gguf"))
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"PK\x03\x04")
+    with pytest.raises(ModelError, match="not a GGUF"):
+        models.resolve(str(bad))
+    with pytest.raises(ModelError, match="hf:OWNER/REPO/FILE"):
+        models.resolve("hf:only-owner")
+
+
+def test_cli_reports_a_missing_model_file_in_one_line(tmp_path: Path) -> None:
+    src = tmp_path / "a.py"
+    src.write_text("x = 1\n")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cli.main",
+            "complete",
+            str(src),
+            "--line",
+            "0",
+            "--character",
+            "0",
+            "--model",
+            str(tmp_path / "nope.gguf"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip().count("\n") == 0
+    assert "model file not found" in done.stderr
