@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
-from backends.base import Backend
+from backends.base import Backend, SpeculationMethod
 from backends.errors import SettingsError
 from backends.remote import OpenAIBackend, RemoteBackend, SGLangBackend
 from backends.router import RouteMode, RoutingBackend
@@ -44,8 +44,11 @@ async def load_local(settings: Settings) -> Backend:
     from backends.llama import LlamaBackend
 
     path = await asyncio.to_thread(models.resolve, settings.model)
+    draft = None
+    if settings.speculation is SpeculationMethod.DRAFT:
+        draft = await asyncio.to_thread(models.resolve, settings.draft_model)
     return await LlamaBackend.load(
-        path, n_ctx=settings.context_size, n_threads=settings.threads or None
+        path, n_ctx=settings.context_size, n_threads=settings.threads or None, draft_path=draft
     )
 
 

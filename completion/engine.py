@@ -24,6 +24,7 @@ from backends.base import (
     GenerationRequest,
     GenerationStats,
     Sampling,
+    SpeculationMethod,
 )
 from backends.errors import SettingsError
 from completion import context as ctxmod
@@ -421,9 +422,11 @@ class BackendPool:
         key = (
             settings.backend,
             settings.model,
-            settings.draft_model,
+            settings.draft_model if settings.speculation is SpeculationMethod.DRAFT else None,
             settings.context_size,
             settings.threads,
+            settings.remote,
+            settings.template,
         )
         async with self._lock:
             if self._backend is not None and key == self._key:

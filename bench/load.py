@@ -1,0 +1,326 @@
+"""Load test for ``kode serve``: simulated users typing into their own documents.
+
+    python -m bench.load --users 20 --seconds 30 --spawn-server --model small
+    python -m bench.load --users 20 --seconds 30 --url http://127.0.0.1:8080 --keys-file keys.txt
+
+Each user types into a source file of this repository: bursts of keystrokes 50-200 ms
+apart, then a pause of 0.5-2 s. Every keystroke sends a new streaming ``/generate``
+request for the same document (a FIM prompt around the cursor), so the server's
+latest-wins rule aborts the previous one. Every user has an API key of their own
+(``--spawn-server`` writes them; otherwise ``--keys-file``, or one ``--api-key``).
+
+Bounded: users stop sending after ``--seconds`` and every request has a timeout.
+Afterwards the report gives p50/p95 latency (request to last event, completed
+requests only) and time to first text, counts of completed / aborted / failed
+requests, the server's abort counters, and checks from ``/metrics`` that no
+generation is left running once the clients have gone (exit status 1 if any is).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from backends.sse import SSEDecoder
+from completion.templates import QWEN25_CODER, render
+from serve.metrics import parse_text
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = ("backends", "completion", "serve", "lsp", "cli")
+
+
+@dataclass
+class Tally:
+    """What the simulated users saw."""
+
+    sent: int = 0
+    completed: int = 0
+    aborted: int = 0
+    failed: int = 0
+    busy: int = 0  # 429
+    latencies: list[float] = field(default_factory=list)  # completed requests, seconds
+    ttfts: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def documents(count: int) -> list[tuple[str, str]]:
+    """``count`` (uri, text) pairs from this repository's sources (reused if too few)."""
+    files = sorted(p for d in SOURCES for p in (ROOT / d).glob("*.py") if p.stat().st_size > 2000)
+    if not files:
+        raise SystemExit("bench.load: no source files to type into")
+    return [
+        (files[i % len(files)].as_uri() + f"#user{i}", files[i % len(files)].read_text())
+        for i in range(count)
+    ]
+
+
+def prompt_at(text: str, cursor: int) -> str:
+    prefix = text[max(0, cursor - 1500) : cursor]
+    suffix = text[cursor : cursor + 300]
+    return render(QWEN25_CODER, prefix, suffix)
+
+
+async def one_request(
+    client: httpx.AsyncClient,
+    key: str,
+    document: str,
+    prompt: str,
+    max_tokens: int,
+    tally: Tally,
+    timeout_s: float,
+) -> None:
+    body = {
+        "text": prompt,
+        "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0.0},
+        "stream": True,
+        "document": document,
+    }
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    start = time.perf_counter()
+    first: float | None = None
+    tally.sent += 1
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with client.stream("POST", "/generate", json=body, headers=headers) as resp:
+                if resp.status_code == 429:
+                    tally.busy += 1
+                    return
+                if resp.status_code != 200:
+                    tally.failed += 1
+                    tally.errors.append(f"HTTP {resp.status_code}")
+                    return
+                decoder = SSEDecoder()
+                finish: dict[str, Any] | None = None
+                async for raw in resp.aiter_bytes():
+                    for event in decoder.feed(raw):
+                        if event.done:
+                            break
+                        data = json.loads(event.data)
+                        if "error" in data:
+                            raise RuntimeError(str(data["error"])[:200])
+                        if first is None and data.get("text"):
+                            first = time.perf_counter()
+                        finish = data["meta_info"]["finish_reason"] or finish
+    except (httpx.HTTPError, RuntimeError, TimeoutError) as exc:
+        tally.failed += 1
+        tally.errors.append(f"{type(exc).__name__}: {exc}"[:200])
+        return
+    if finish is not None and finish.get("type") == "abort":
+        tally.aborted += 1
+        return
+    end = time.perf_counter()
+    tally.completed += 1
+    tally.latencies.append(end - start)
+    if first is not None:
+        tally.ttfts.append(first - start)
+
+
+async def user(
+    client: httpx.AsyncClient,
+    key: str,
+    document: tuple[str, str],
+    seed: int,
+    deadline: float,
+    args: argparse.Namespace,
+    tally: Tally,
+) -> None:
+    uri, text = document
+    rng = random.Random(seed)
+    cursor = rng.randrange(len(text) // 4, len(text) // 2)
+    pending: set[asyncio.Task[None]] = set()
+    while time.monotonic() < deadline:
+        for _ in range(rng.randint(2, 8)):
+            if time.monotonic() >= deadline:
+                break
+            cursor = min(cursor + 1, len(text))
+            task = asyncio.create_task(
+                one_request(
+                    client,
+                    key,
+                    uri,
+                    prompt_at(text, cursor),
+                    args.max_tokens,
+                    tally,
+                    args.request_timeout,
+                )
+            )
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+            await asyncio.sleep(rng.uniform(0.05, 0.2))
+        await asyncio.sleep(rng.uniform(0.5, 2.0))
+    if pending:
+        await asyncio.wait(pending)
+
+
+async def scrape(client: httpx.AsyncClient) -> dict[str, float]:
+    response = await client.get("/metrics")
+    response.raise_for_status()
+    return parse_text(response.text)
+
+
+async def settle(client: httpx.AsyncClient, timeout_s: float = 15.0) -> dict[str, float]:
+    """Metrics once nothing runs any more (or after ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        samples = await scrape(client)
+        idle = not samples.get("kode_generations_active") and not samples.get("kode_jobs_in_flight")
+        if idle or time.monotonic() > deadline:
+            return samples
+        await asyncio.sleep(0.2)
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+async def run_load(url: str, keys: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """Run the load and return the report (``leftRunning`` must be 0)."""
+    tally = Tally()
+    docs = documents(args.users)
+    limits = httpx.Limits(max_connections=args.users * 8, max_keepalive_connections=args.users)
+    timeout = httpx.Timeout(args.request_timeout)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout) as client:
+        before = await scrape(client)
+        started = time.monotonic()
+        deadline = started + args.seconds
+        users = [
+            user(client, keys[i % len(keys)] if keys else "", docs[i], i, deadline, args, tally)
+            for i in range(args.users)
+        ]
+        await asyncio.gather(*users)
+        elapsed = time.monotonic() - started
+        after = await settle(client)
+
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    left = after.get("kode_generations_active", 0.0) + after.get("kode_jobs_in_flight", 0.0)
+    return {
+        "users": args.users,
+        "seconds": round(elapsed, 1),
+        "requests": tally.sent,
+        "completed": tally.completed,
+        "abortedSeenByClients": tally.aborted,
+        "failed": tally.failed,
+        "busy429": tally.busy,
+        "latencyP50Ms": round(_pct(tally.latencies, 50) * 1000, 1),
+        "latencyP95Ms": round(_pct(tally.latencies, 95) * 1000, 1),
+        "ttftP50Ms": round(_pct(tally.ttfts, 50) * 1000, 1),
+        "ttftP95Ms": round(_pct(tally.ttfts, 95) * 1000, 1),
+        "server": {
+            "generationsStarted": delta("kode_generations_started_total"),
+            "abortedSuperseded": delta('kode_generations_aborted_total{cause="superseded"}'),
+            "abortedDisconnect": delta('kode_generations_aborted_total{cause="disconnect"}'),
+            "completionTokens": delta("kode_completion_tokens_total"),
+            "stepsAfterCancel": delta('kode_backend_steps_after_cancel_total{worker="0"}'),
+        },
+        "leftRunning": left,
+        "errors": sorted(set(tally.errors))[:5],
+    }
+
+
+def spawn_server(
+    args: argparse.Namespace, workdir: Path
+) -> tuple[subprocess.Popen[str], str, list[str]]:
+    """Start ``kode serve`` on a free loopback port with one key per user."""
+    keys = [secrets.token_hex(16) for _ in range(args.users)]
+    keyfile = workdir / "keys.txt"
+    keyfile.write_text("".join(f"user{i}:{k}\n" for i, k in enumerate(keys)))
+    cmd = [
+        sys.executable, "-m", "cli.main", "serve", "--host", "127.0.0.1", "--port", "0",
+        "--api-keys", str(keyfile), "--model", args.model, "--threads", str(args.threads),
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        match = re.search(r"listening on (http://\S+)", line)
+        if match:
+            return proc, match.group(1), keys
+    proc.kill()
+    proc.wait(timeout=5)
+    proc.stdout.close()
+    raise SystemExit("bench.load: kode serve did not start")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__.split("\n")[0])
+    p.add_argument("--users", type=int, default=20)
+    p.add_argument("--seconds", type=float, default=30.0)
+    p.add_argument("--url", help="a running kode serve (else --spawn-server)")
+    p.add_argument("--spawn-server", action="store_true", help="start kode serve for the run")
+    p.add_argument("--model", default="small", help="model for --spawn-server")
+    p.add_argument("--threads", type=int, default=0, help="llama.cpp threads for --spawn-server")
+    p.add_argument("--keys-file", type=Path, help="'name:key' lines; users take them in turn")
+    p.add_argument("--api-key", default="", help="one key for every user")
+    p.add_argument("--max-tokens", type=int, default=24)
+    p.add_argument("--request-timeout", type=float, default=120.0)
+    p.add_argument("--json", action="store_true", help="print the report as JSON only")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if (args.url is None) == (not args.spawn_server):
+        print("bench.load: give --url or --spawn-server (one of them)", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = None
+        try:
+            if args.spawn_server:
+                proc, url, keys = spawn_server(args, Path(tmp))
+            else:
+                url = args.url
+                keys = [args.api_key] if args.api_key else []
+                if args.keys_file is not None:
+                    keys = [
+                        line.split(":", 1)[1].strip()
+                        for line in args.keys_file.read_text().splitlines()
+                        if ":" in line and not line.lstrip().startswith("#")
+                    ]
+            report = asyncio.run(run_load(url, keys, args))
+        finally:
+            if proc is not None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=5)
+                if proc.stdout is not None:
+                    proc.stdout.close()
+    if args.json:
+        print(json.dumps(report))
+    else:
+        for name, value in report.items():
+            print(f"{name:22} {value}")
+    return 0 if report["leftRunning"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,474 @@
+"""The HTTP face of ``kode serve``: SGLang's native API and OpenAI's completions API.
+
+Endpoints:
+
+- ``POST /generate``: SGLang's request (``text``, ``sampling_params``, ``stream``,
+  ``rid``) answered as SGLang does: SSE ``data: {json}`` events with cumulative
+  ``text``, incremental ``output_ids`` and ``meta_info``, then ``data: [DONE]``;
+- ``POST /abort_request``: ``{"rid": ...}`` (or ``"abort_all": true``), the caller's own;
+- ``POST /v1/completions``: OpenAI text completions, streamed or not;
+- ``GET /v1/models``, ``GET /get_model_info``;
+- ``GET /health`` and ``GET /metrics`` (Prometheus text): no key needed.
+
+Kode extensions: a request may name its document (``"document": "<uri>"`` or the
+``X-Kode-Document`` header) so that a newer request for it aborts the older one;
+every generation answer carries ``X-Kode-Request-Id``.
+
+Prompt text is never logged unless the server runs with ``--log-requests``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import msgspec
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from backends.base import GenerationRequest, Sampling
+from serve.auth import ANONYMOUS, KeyRing
+from serve.metrics import CONTENT_TYPE, Counter, Gauge
+from serve.service import CompletionService, Delta, Ended, Failed, Job, ServeError
+
+log = logging.getLogger("kode.serve")
+
+_MaxTokens = Annotated[int, msgspec.Meta(ge=1, le=8192)]
+_Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
+_TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
+
+
+class _SamplingIn(msgspec.Struct, frozen=True):
+    max_new_tokens: _MaxTokens = 128
+    temperature: _Temperature = 1.0
+    top_p: _TopP = 1.0
+    stop: str | list[str] | None = None
+    skip_special_tokens: bool = True
+
+
+class _GenerateIn(msgspec.Struct, frozen=True):
+    text: str | list[str] | None = None
+    input_ids: list[Any] | None = None
+    sampling_params: _SamplingIn = msgspec.field(default_factory=_SamplingIn)
+    stream: bool = False
+    rid: str | None = None
+    document: str | None = None
+
+
+class _AbortIn(msgspec.Struct, frozen=True):
+    rid: str = ""
+    abort_all: bool = False
+
+
+class _StreamOptions(msgspec.Struct, frozen=True):
+    include_usage: bool = False
+
+
+class _CompletionIn(msgspec.Struct, frozen=True):
+    prompt: str | list[str]
+    model: str | None = None
+    max_tokens: _MaxTokens = 16
+    temperature: _Temperature = 1.0
+    top_p: _TopP = 1.0
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: _StreamOptions | None = None
+    seed: int | None = None
+    n: int = 1
+    echo: bool = False
+    suffix: str | None = None
+    document: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ServeConfig:
+    """How the HTTP layer behaves."""
+
+    keys: KeyRing | None = None  # None: no authentication (loopback only)
+    max_request_bytes: int = 1 << 20
+    log_requests: bool = False
+    keepalive_s: float = 15.0
+
+
+_ENDPOINTS = (
+    "/generate",
+    "/abort_request",
+    "/v1/completions",
+    "/v1/models",
+    "/get_model_info",
+    "/health",
+    "/metrics",
+)
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_DONE = b"data: [DONE]\n\n"
+_KEEPALIVE = b": keep-alive\n\n"
+_encoder = msgspec.json.Encoder()
+
+
+def _sse(payload: Any) -> bytes:
+    return b"data: " + _encoder.encode(payload) + b"\n\n"
+
+
+def _error(status: int, message: str, kind: str) -> JSONResponse:
+    body = {"error": {"message": message, "type": kind, "code": status}}
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    return (stop,) if isinstance(stop, str) else tuple(stop)
+
+
+def _doc_tag(document: str | None) -> str:
+    """A short, stable tag for a document in logs (its URI may be private)."""
+    if not document:
+        return "-"
+    return hashlib.sha256(document.encode()).hexdigest()[:8]
+
+
+def build_app(service: CompletionService, config: ServeConfig) -> Starlette:
+    """The starlette application over ``service``."""
+    metrics = service.metrics
+
+    def caller(request: Request) -> str:
+        if config.keys is None:
+            return ANONYMOUS
+        name = config.keys.identify_header(request.headers.get("authorization"))
+        if name is None:
+            raise ServeError(401, "missing or invalid API key", "authentication_error")
+        return name
+
+    async def body_of(request: Request) -> bytes:
+        limit = config.max_request_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise ServeError(413, f"request body over {limit} bytes")
+        body = bytearray()
+        async for part in request.stream():
+            body += part
+            if len(body) > limit:
+                raise ServeError(413, f"request body over {limit} bytes")
+        return bytes(body)
+
+    def decode(data: bytes, kind: type[Any]) -> Any:
+        try:
+            return msgspec.json.decode(data, type=kind)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise ServeError(400, f"bad request: {exc}") from None
+
+    def start(
+        key: str,
+        endpoint: str,
+        prompt: str,
+        request: GenerationRequest,
+        *,
+        rid: str | None,
+        document: str | None,
+        stop: tuple[str, ...],
+    ) -> Job:
+        job = service.start(key, request, rid=rid, document=document, stop=stop)
+        log.info(
+            "%s %s by %s: %d chars, max %d tokens, document %s",
+            endpoint,
+            job.rid,
+            key,
+            len(prompt),
+            request.max_tokens,
+            _doc_tag(document),
+        )
+        if config.log_requests:
+            log.info("prompt of %s: %r", job.rid, prompt)
+        return job
+
+    async def watch_disconnect(receive: Receive, job: Job) -> None:
+        while not job.done:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                service.abort(job.key, job.rid, cause="disconnect", message="client disconnected")
+                return
+
+    async def events(request: Request, job: Job) -> AsyncGenerator[Delta | Ended | Failed | None]:
+        """The job's events; aborts the job if the response ends early or the client goes."""
+        watcher = asyncio.create_task(watch_disconnect(request.receive, job))
+        try:
+            async with contextlib.aclosing(job.stream(config.keepalive_s)) as stream:
+                async for event in stream:
+                    yield event
+        finally:
+            watcher.cancel()
+            if not job.done:
+                service.abort(job.key, job.rid, cause="disconnect", message="client disconnected")
+
+    # -- SGLang native ------------------------------------------------------------------
+
+    def sglang_out(job: Job, ids: tuple[int, ...], ended: Ended | None) -> dict[str, Any]:
+        stats = job.stats
+        finish: dict[str, Any] | None = None
+        meta: dict[str, Any] = {
+            "id": job.rid,
+            "finish_reason": None,
+            "prompt_tokens": stats.prompt_tokens,
+            "completion_tokens": stats.completion_tokens,
+            "cached_tokens": stats.reused_prompt_tokens,
+        }
+        if ended is not None:
+            if ended.reason == "length":
+                finish = {"type": "length", "length": job.request.max_tokens}
+            elif ended.reason == "abort":
+                finish = {"type": "abort", "message": ended.message}
+            else:
+                finish = {"type": "stop", "matched": ended.matched}
+            meta["finish_reason"] = finish
+            meta["e2e_latency"] = round(time.perf_counter() - job.started, 4)
+            spec = stats.speculation
+            if spec.method not in ("", "none") and spec.steps:
+                meta["spec_verify_ct"] = spec.steps
+        return {"text": job.text, "output_ids": list(ids), "meta_info": meta}
+
+    async def generate(request: Request) -> Response:
+        key = caller(request)
+        spec: _GenerateIn = decode(await body_of(request), _GenerateIn)
+        if spec.input_ids is not None or spec.text is None:
+            raise ServeError(400, "send the prompt as 'text' (input_ids are not supported)")
+        if not isinstance(spec.text, str):
+            raise ServeError(400, "batches are not supported: send one 'text' per request")
+        sp = spec.sampling_params
+        gen = GenerationRequest(spec.text, sp.max_new_tokens, Sampling(sp.temperature, sp.top_p))
+        document = spec.document or request.headers.get("x-kode-document")
+        job = start(
+            key, "/generate", spec.text, gen, rid=spec.rid, document=document, stop=_stops(sp.stop)
+        )
+        headers = {"X-Kode-Request-Id": job.rid}
+        if spec.stream:
+            return StreamingResponse(
+                sglang_stream(request, job),
+                media_type="text/event-stream",
+                headers={**_SSE_HEADERS, **headers},
+            )
+        ids: list[int] = []
+        async with contextlib.aclosing(events(request, job)) as stream:
+            async for event in stream:
+                if isinstance(event, Delta):
+                    ids.extend(event.token_ids)
+                elif isinstance(event, Failed):
+                    return _error(event.status, event.message, "server_error")
+                elif isinstance(event, Ended):
+                    return JSONResponse(sglang_out(job, tuple(ids), event), headers=headers)
+        return _error(500, "the generation ended without a result", "server_error")
+
+    async def sglang_stream(request: Request, job: Job) -> AsyncGenerator[bytes]:
+        async with contextlib.aclosing(events(request, job)) as stream:
+            async for event in stream:
+                if event is None:
+                    yield _KEEPALIVE
+                elif isinstance(event, Delta):
+                    yield _sse(sglang_out(job, event.token_ids, None))
+                elif isinstance(event, Ended):
+                    yield _sse(sglang_out(job, (), event))
+                else:
+                    yield _sse({"error": {"message": event.message, "code": event.status}})
+        yield _DONE
+
+    async def abort_request(request: Request) -> Response:
+        key = caller(request)
+        spec: _AbortIn = decode(await body_of(request), _AbortIn)
+        count = service.abort_all(key) if spec.abort_all else int(service.abort(key, spec.rid))
+        return JSONResponse({"aborted": count})
+
+    # -- OpenAI -------------------------------------------------------------------------
+
+    async def completions(request: Request) -> Response:
+        key = caller(request)
+        spec: _CompletionIn = decode(await body_of(request), _CompletionIn)
+        prompt = spec.prompt
+        if isinstance(prompt, list):
+            if len(prompt) != 1:
+                raise ServeError(400, "send exactly one prompt per request")
+            prompt = prompt[0]
+        if spec.n != 1 or spec.echo or spec.suffix is not None:
+            raise ServeError(400, "n > 1, echo and suffix are not supported")
+        gen = GenerationRequest(
+            prompt, spec.max_tokens, Sampling(spec.temperature, spec.top_p, spec.seed)
+        )
+        document = spec.document or request.headers.get("x-kode-document")
+        job = start(
+            key, "/v1/completions", prompt, gen, rid=None, document=document, stop=_stops(spec.stop)
+        )
+        model = spec.model or service.workers.model_name
+        head = {
+            "id": f"cmpl-{job.rid}",
+            "object": "text_completion",
+            "created": int(job.created),
+            "model": model,
+        }
+        headers = {"X-Kode-Request-Id": job.rid}
+        if spec.stream:
+            usage = spec.stream_options is not None and spec.stream_options.include_usage
+            return StreamingResponse(
+                openai_stream(request, job, head, usage),
+                media_type="text/event-stream",
+                headers={**_SSE_HEADERS, **headers},
+            )
+        async with contextlib.aclosing(events(request, job)) as stream:
+            async for event in stream:
+                if isinstance(event, Failed):
+                    return _error(event.status, event.message, "server_error")
+                if isinstance(event, Ended):
+                    choice = {
+                        "text": job.text,
+                        "index": 0,
+                        "logprobs": None,
+                        "finish_reason": event.reason,
+                    }
+                    body = {**head, "choices": [choice], "usage": usage_of(job)}
+                    return JSONResponse(body, headers=headers)
+        return _error(500, "the generation ended without a result", "server_error")
+
+    def usage_of(job: Job) -> dict[str, Any]:
+        stats = job.stats
+        return {
+            "prompt_tokens": stats.prompt_tokens,
+            "completion_tokens": stats.completion_tokens,
+            "total_tokens": stats.prompt_tokens + stats.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": stats.reused_prompt_tokens},
+        }
+
+    async def openai_stream(
+        request: Request, job: Job, head: dict[str, Any], usage: bool
+    ) -> AsyncGenerator[bytes]:
+        def choice(text: str, finish: str | None) -> dict[str, Any]:
+            return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
+
+        async with contextlib.aclosing(events(request, job)) as stream:
+            async for event in stream:
+                if event is None:
+                    yield _KEEPALIVE
+                elif isinstance(event, Delta):
+                    if event.text:
+                        yield _sse({**head, "choices": [choice(event.text, None)]})
+                elif isinstance(event, Ended):
+                    yield _sse({**head, "choices": [choice("", event.reason)]})
+                    if usage:
+                        yield _sse({**head, "choices": [], "usage": usage_of(job)})
+                else:
+                    kind = "invalid_request_error" if event.status == 400 else "server_error"
+                    error = {"message": event.message, "type": kind, "code": event.status}
+                    yield _sse({"error": error})
+        yield _DONE
+
+    # -- the rest -----------------------------------------------------------------------
+
+    async def models(request: Request) -> Response:
+        caller(request)
+        name = service.workers.model_name
+        return JSONResponse(
+            {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "kode"}]}
+        )
+
+    async def model_info(request: Request) -> Response:
+        caller(request)
+        name = service.workers.model_name
+        return JSONResponse({"model_path": name, "tokenizer_path": None, "is_generation": True})
+
+    async def health(request: Request) -> Response:
+        ok = await service.workers.healthy()
+        return JSONResponse(
+            {"status": "ok" if ok else "unavailable"}, status_code=200 if ok else 503
+        )
+
+    async def metrics_text(request: Request) -> Response:
+        return Response(metrics.render(_backend_families(service)), media_type=CONTENT_TYPE)
+
+    async def refused(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ServeError)
+        return _error(exc.status, str(exc), exc.kind)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            running = len(service.jobs)
+            await service.aclose()
+            log.info("shut down; requests aborted: %d", running)
+
+    routes = [
+        Route("/generate", generate, methods=["POST", "PUT"]),
+        Route("/abort_request", abort_request, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/get_model_info", model_info, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics_text, methods=["GET"]),
+    ]
+    return Starlette(
+        routes=routes,
+        middleware=[Middleware(_CountRequests, counter=metrics.requests)],
+        exception_handlers={ServeError: refused},
+        lifespan=lifespan,
+    )
+
+
+def _backend_families(service: CompletionService) -> list[Counter]:
+    """Per-backend figures: jobs assigned now, and the local engine's own counters."""
+    busy = Gauge("kode_worker_jobs", "Jobs assigned to each backend now.", ("worker",))
+    waiting = Gauge(
+        "kode_worker_waiting", "Jobs waiting for a serial (local) backend.", ("worker",)
+    )
+    generations = Counter(
+        "kode_backend_generations_total", "Generations the backend ran.", ("worker",)
+    )
+    cancelled = Counter(
+        "kode_backend_cancelled_total", "Generations the backend stopped early.", ("worker",)
+    )
+    after_cancel = Counter(
+        "kode_backend_steps_after_cancel_total",
+        "Decode steps that began after a cancel was requested.",
+        ("worker",),
+    )
+    for index, backend in enumerate(service.workers.backends):
+        worker = str(getattr(backend, "url", index))
+        busy.set(worker, to=service.workers.busy[index])
+        if service.workers.lines is not None:
+            waiting.set(worker, to=len(service.workers.lines[index]))
+        counters = getattr(backend, "counters", None)
+        if counters is None:
+            continue
+        generations.inc(worker, by=getattr(counters, "generations", 0))
+        cancelled.inc(worker, by=getattr(counters, "cancelled", 0))
+        after_cancel.inc(worker, by=getattr(counters, "steps_after_cancel", 0))
+    return [busy, waiting, generations, cancelled, after_cancel]
+
+
+class _CountRequests:
+    """ASGI middleware counting answers by endpoint and status."""
+
+    def __init__(self, app: ASGIApp, counter: Counter) -> None:
+        self.app = app
+        self.counter = counter
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        endpoint = path if path in _ENDPOINTS else "other"
+
+        async def counting(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.counter.inc(endpoint, str(message["status"]))
+            await send(message)
+
+        await self.app(scope, receive, counting)

@@ -1,0 +1,25 @@
+"""A short run of the load test: typing users, latest-wins aborts, nothing left running."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import load
+
+pytestmark = [pytest.mark.model, pytest.mark.slow]
+
+
+def test_short_load_run_leaves_nothing_running(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--users", "4", "--seconds", "4", "--spawn-server", "--model", "small"]
+    argv += ["--threads", "1", "--max-tokens", "8", "--request-timeout", "60", "--json"]
+    assert load.main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["leftRunning"] == 0
+    assert report["requests"] >= 8
+    assert report["failed"] == 0
+    assert report["busy429"] == 0
+    assert report["abortedSeenByClients"] >= 1  # keystrokes superseded earlier requests
+    assert report["server"]["abortedSuperseded"] >= report["abortedSeenByClients"]
+    assert report["completed"] + report["abortedSeenByClients"] == report["requests"]

@@ -1,0 +1,319 @@
+"""RoutingBackend: modes, latency budget, circuit breaker states (with an injected clock)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+from kode_servers import FakeGeneration, LocalFactory
+
+from backends.base import GenerationRequest, GenerationStats, TokenChunk
+from backends.errors import BackendError, RemoteBusyError, RemoteError
+from backends.router import BreakerState, CircuitBreaker, RouteMode, RoutingBackend
+
+SECRET_PROMPT = "def secret_function_name():"
+REQUEST = GenerationRequest(SECRET_PROMPT, 8)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class ScriptedGeneration:
+    """A remote generation: ``ok``, ``error`` (before any text), ``slow``, ``mid-error``."""
+
+    def __init__(self, behavior: str) -> None:
+        self.behavior = behavior
+        self._stats = GenerationStats()
+        self.cancelled = False
+
+    @property
+    def stats(self) -> GenerationStats:
+        return self._stats
+
+    async def __aiter__(self) -> AsyncIterator[TokenChunk]:
+        if self.behavior == "error":
+            raise RemoteBusyError("sglang answered HTTP 429")
+        if self.behavior == "slow":
+            await asyncio.sleep(30)
+        yield TokenChunk("remote", ())
+        if self.behavior == "mid-error":
+            raise RemoteError("connection reset")
+        yield TokenChunk(" text", ())
+
+    async def cancel(self) -> None:
+        self.cancelled = True
+
+    async def wait(self) -> GenerationStats:
+        return self._stats
+
+
+@dataclass
+class ScriptedRemote:
+    behavior: str = "ok"
+    healthy: bool = True
+    generations: list[ScriptedGeneration] = field(default_factory=list)
+    probes: int = 0
+    closed: bool = False
+
+    @property
+    def name(self) -> str:
+        return "sglang"
+
+    @property
+    def model_name(self) -> str:
+        return "remote-model"
+
+    def count_tokens(self, text: str) -> int:
+        return len(text) // 3 + 1
+
+    async def generate(self, request: GenerationRequest) -> ScriptedGeneration:
+        generation = ScriptedGeneration(self.behavior)
+        self.generations.append(generation)
+        return generation
+
+    async def health(self, timeout_s: float = 1.0) -> bool:
+        self.probes += 1
+        return self.healthy
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def router(
+    remote: ScriptedRemote,
+    mode: RouteMode = RouteMode.AUTO,
+    *,
+    clock: Clock | None = None,
+    budget_ms: int = 200,
+) -> tuple[RoutingBackend, LocalFactory]:
+    factory = LocalFactory()
+    backend = RoutingBackend(
+        factory,
+        remote,
+        mode,
+        latency_budget_ms=budget_ms,
+        failure_threshold=3,
+        cooldown_s=30.0,
+        clock=clock or Clock(),
+        wall_clock=lambda: 0.0,
+    )
+    return backend, factory
+
+
+async def text_of(generation: object) -> str:
+    return "".join([chunk.text async for chunk in generation])  # type: ignore[attr-defined]
+
+
+# -- the breaker alone ----------------------------------------------------------------
+
+
+def test_breaker_opens_after_threshold_and_cools_down() -> None:
+    clock = Clock()
+    breaker = CircuitBreaker(3, 30.0, clock=clock, wall_clock=lambda: 0.0)
+    breaker.record_failure("a")
+    breaker.record_failure("b")
+    assert breaker.state is BreakerState.CLOSED
+    breaker.record_success()  # resets the consecutive count
+    for reason in "cde":
+        breaker.record_failure(reason)
+    assert breaker.state is BreakerState.OPEN
+    assert "3 consecutive failures (last: e)" in breaker.describe()
+    clock.now += 29.9
+    assert not breaker.cooled_down()
+    clock.now += 0.2
+    assert breaker.cooled_down()
+    breaker.begin_probe()
+    assert breaker.state is BreakerState.HALF_OPEN
+    breaker.end_probe(healthy=False)
+    assert breaker.state is BreakerState.OPEN
+    assert not breaker.cooled_down()  # a failed probe starts a new cool-down
+    clock.now += 30
+    breaker.begin_probe()
+    breaker.end_probe(healthy=True)
+    assert breaker.state is BreakerState.CLOSED
+    assert breaker.failures == 0
+    assert breaker.times_opened == 2
+
+
+def test_breaker_rejects_zero_threshold() -> None:
+    with pytest.raises(ValueError, match="threshold"):
+        CircuitBreaker(0)
+
+
+# -- modes ----------------------------------------------------------------------------
+
+
+async def test_auto_uses_remote_when_it_answers_in_time() -> None:
+    backend, factory = router(ScriptedRemote())
+    generation = await backend.generate(REQUEST)
+    assert await text_of(generation) == "remote text"
+    assert generation.stats.route == "remote"
+    assert generation.stats.route_reason.startswith("remote ok")
+    assert factory.loads == 0  # the local model is never loaded when not needed
+    assert backend.count_tokens("abcdef") == 3  # the remote's estimate until local is loaded
+
+
+async def test_auto_falls_back_on_remote_error(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="kode.router")
+    remote = ScriptedRemote("error")
+    backend, factory = router(remote)
+    generation = await backend.generate(REQUEST)
+    assert await text_of(generation) == "local text"
+    assert generation.stats.route == "local"
+    assert "RemoteBusyError" in generation.stats.route_reason
+    assert generation.stats.route_reason.endswith("fell back to local")
+    assert factory.loads == 1
+    assert remote.generations[0].cancelled
+    assert "route: local" in caplog.text
+    assert SECRET_PROMPT not in caplog.text  # never log prompt text
+    assert backend.count_tokens("a b c") == 3  # the local tokenizer once it is loaded
+
+
+async def test_auto_falls_back_past_the_latency_budget() -> None:
+    remote = ScriptedRemote("slow")
+    backend, _ = router(remote, budget_ms=50)
+    async with asyncio.timeout(5):
+        generation = await backend.generate(REQUEST)
+    assert generation.stats.route == "local"
+    assert generation.stats.route_reason == "remote timed out after 50 ms: fell back to local"
+    assert remote.generations[0].cancelled  # cancelled (and so aborted) remotely
+
+
+async def test_remote_mode_surfaces_errors_and_local_mode_never_calls_remote() -> None:
+    remote = ScriptedRemote("error")
+    backend, factory = router(remote, RouteMode.REMOTE)
+    generation = await backend.generate(REQUEST)
+    assert generation.stats.route == "remote"
+    with pytest.raises(RemoteBusyError):
+        await text_of(generation)
+    assert factory.loads == 0
+
+    local_only, factory = router(remote, RouteMode.LOCAL)
+    generation = await local_only.generate(REQUEST)
+    assert await text_of(generation) == "local text"
+    assert generation.stats.route_reason == "backend: local"
+    assert len(remote.generations) == 1
+
+
+def test_remote_modes_need_a_remote() -> None:
+    with pytest.raises(BackendError, match="needs a remote"):
+        RoutingBackend(LocalFactory(), None, RouteMode.AUTO)
+
+
+async def test_mid_stream_error_surfaces_and_counts_as_a_failure() -> None:
+    backend, _ = router(ScriptedRemote("mid-error"))
+    generation = await backend.generate(REQUEST)
+    chunks: list[str] = []
+
+    async def drain() -> None:
+        async for chunk in generation:  # type: ignore[attr-defined]
+            chunks.append(chunk.text)  # noqa: PERF401 (kept up to the error)
+
+    with pytest.raises(RemoteError, match="connection reset"):
+        await drain()
+    assert chunks == ["remote"]
+    assert backend.breaker.failures == 1
+
+
+async def test_leaving_early_cancels_the_remote_generation() -> None:
+    remote = ScriptedRemote()
+    backend, _ = router(remote)
+    generation = await backend.generate(REQUEST)
+    async for _chunk in generation:  # type: ignore[attr-defined]
+        break
+    await asyncio.sleep(0.01)  # the loop closes the abandoned iterator: its finally cancels
+    assert remote.generations[0].cancelled
+
+
+# -- the breaker inside the router ----------------------------------------------------
+
+
+async def test_circuit_open_half_open_closed() -> None:
+    clock = Clock()
+    remote = ScriptedRemote("error")
+    backend, factory = router(remote, clock=clock)
+    for _ in range(3):
+        generation = await backend.generate(REQUEST)
+        assert generation.stats.route == "local"
+    assert backend.breaker.state is BreakerState.OPEN
+
+    # Open: remote not even tried.
+    remote.behavior = "ok"
+    generation = await backend.generate(REQUEST)
+    assert generation.stats.route == "local"
+    assert generation.stats.route_reason.startswith("circuit open since")
+    assert len(remote.generations) == 3
+    assert remote.probes == 0
+
+    # Cool-down over, probe fails: still local, and a new cool-down starts.
+    clock.now += 31
+    remote.healthy = False
+    generation = await backend.generate(REQUEST)
+    assert generation.stats.route == "local"
+    assert generation.stats.route_reason == "remote health probe failed: local"
+    assert remote.probes == 1
+    assert backend.breaker.state is BreakerState.OPEN
+    generation = await backend.generate(REQUEST)
+    assert generation.stats.route_reason.startswith("circuit open since")
+    assert remote.probes == 1
+
+    # Cool-down over again, probe succeeds: closed, remote used for this very request.
+    clock.now += 31
+    remote.healthy = True
+    generation = await backend.generate(REQUEST)
+    assert remote.probes == 2
+    assert backend.breaker.state is BreakerState.CLOSED
+    assert generation.stats.route == "remote"
+    assert await text_of(generation) == "remote text"
+    assert factory.loads == 1  # loaded once, reused
+    counters = backend.counters.as_dict()["routing"]
+    assert counters["routes"] == {"remote": 1, "local": 6, "fallback": 3}
+    assert counters["timesOpened"] == 2
+
+
+async def test_requests_during_a_probe_go_local() -> None:
+    clock = Clock()
+    remote = ScriptedRemote("error")
+    backend, _ = router(remote, clock=clock)
+    for _ in range(3):
+        await backend.generate(REQUEST)
+    clock.now += 31
+    release = asyncio.Event()
+
+    async def slow_health(timeout_s: float = 1.0) -> bool:
+        await release.wait()
+        return True
+
+    remote.health = slow_health  # type: ignore[method-assign]
+    remote.behavior = "ok"
+    probing = asyncio.create_task(backend.generate(REQUEST))
+    await asyncio.sleep(0.01)
+    assert backend.breaker.state is BreakerState.HALF_OPEN
+    during = await backend.generate(REQUEST)
+    assert during.stats.route == "local"
+    assert "half-open" in during.stats.route_reason
+    release.set()
+    first = await probing
+    assert first.stats.route == "remote"
+
+
+async def test_aclose_closes_both() -> None:
+    remote = ScriptedRemote("error")
+    backend, factory = router(remote)
+    await backend.generate(REQUEST)
+    await backend.aclose()
+    assert remote.closed
+    assert factory.backend.closed
+
+
+def test_fake_generation_is_a_generation() -> None:
+    # keeps the helper honest: it is what the router hands back for local routes
+    assert FakeGeneration(["a"]).stats.finish_reason is None
