@@ -31,7 +31,7 @@ METHODS = [
     SpeculationMethod.LOOKAHEAD,
     SpeculationMethod.DRAFT,
 ]
-SHAPES = '''from dataclasses import dataclass
+SHAPES = """from dataclasses import dataclass
 
 
 @dataclass
@@ -50,7 +50,7 @@ class Square:
     side: float
 
     def area(self) -> float:
-'''
+"""
 PROMPTS = [
     f"<|fim_prefix|>{SHAPES}<|fim_suffix|>\n<|fim_middle|>",
     "<|fim_prefix|>def fibonacci(n):\n    <|fim_suffix|>\n\nprint(fibonacci(10))\n<|fim_middle|>",
@@ -133,9 +133,7 @@ async def test_cancel_during_speculation_stops_within_one_verify_step(
     assert stats.completion_tokens < 400
     # The KV cache is consistent afterwards: a new generation equals a fresh plain run.
     again, _ = await generate(backend, PROMPTS[1], SpeculationMethod.NONE)
-    fresh = await LlamaBackend.load(
-        models.resolve("small"), n_ctx=2048, curve=CostCurve({1: 1.0})
-    )
+    fresh = await LlamaBackend.load(models.resolve("small"), n_ctx=2048, curve=CostCurve({1: 1.0}))
     try:
         reference, _ = await generate(fresh, PROMPTS[1], SpeculationMethod.NONE)
     finally:
