@@ -36,6 +36,7 @@ from backends.base import (
 from backends.errors import BackendError, ContextOverflow
 from backends.llama_runtime import LlamaContext, LlamaModel, PrefillAborted
 from backends.llama_spec import (
+    CostTracker,
     DraftModelStepper,
     LookaheadStepper,
     NgramStepper,
@@ -189,8 +190,9 @@ class LlamaBackend:
         self.counters = BackendCounters()
         self._closed = False
         self.curve = curve
-        # Learned across generations: acceptance of n-gram drafts in this session.
+        # Learned across generations: acceptance of n-gram drafts and batch costs.
         self.policy = AdaptivePolicy(curve, ["ngram"], max_draft=8)
+        self.costs = CostTracker(curve.ms_by_rows)
         self.drafter = NgramDrafter(min_n=2, max_n=4)
         self.history: deque[list[int]] = deque(maxlen=16)  # earlier completions (tokens)
 
@@ -407,7 +409,13 @@ class _Run:
             drafter.add_source(src)
         auto = method is SpeculationMethod.AUTO
         return NgramStepper(
-            ctx, pick, drafter, backend.policy, allow_plain=auto, method=str(method)
+            ctx,
+            pick,
+            drafter,
+            backend.policy,
+            allow_plain=auto,
+            method=str(method),
+            tracker=backend.costs if auto else None,
         )
 
     def _emit(self, token: int) -> None:

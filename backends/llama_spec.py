@@ -19,7 +19,7 @@ the accepted path.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, overload
 
 import numpy as np
@@ -96,14 +96,53 @@ def calibrate(ctx: LlamaContext, sizes: Sequence[int] = (1, 2, 4, 8), reps: int 
     return CostCurve(ms)
 
 
+class CostTracker:
+    """The batch-cost curve as the machine delivers it now, not only at load time.
+
+    Starts from the calibrated curve; every timed target call updates an exponential
+    moving average of ms per batch size, and ``curve()`` rebuilds the relative curve from
+    them. When other processes compete for the cores, multi-row batches get relatively
+    dearer (llama.cpp's threads wait on each other) and the policy sees it within a few
+    steps.
+    """
+
+    def __init__(self, calibrated: Mapping[int, float], alpha: float = 0.2) -> None:
+        self.ms = dict(calibrated)
+        self.alpha = alpha
+        self._dirty = False
+
+    def record(self, rows: int, ms: float) -> None:
+        old = self.ms.get(rows)
+        self.ms[rows] = ms if old is None else (1 - self.alpha) * old + self.alpha * ms
+        self._dirty = True
+
+    def curve(self) -> CostCurve:
+        floor, smooth = 0.0, {}
+        for n in sorted(self.ms):
+            floor = smooth[n] = max(self.ms[n], floor)
+        self._dirty = False
+        return CostCurve(smooth)
+
+    @property
+    def dirty(self) -> bool:
+        return self._dirty
+
+
+def timed_decode(ctx: LlamaContext, rows: Sequence[Row], tracker: CostTracker | None) -> None:
+    start = time.perf_counter()
+    ctx.decode(rows)
+    if tracker is not None:
+        tracker.record(len(rows), (time.perf_counter() - start) * 1000.0)
+
+
 class PlainStepper:
-    def __init__(self, ctx: LlamaContext, pick: Pick) -> None:
-        self.ctx, self.pick = ctx, pick
+    def __init__(self, ctx: LlamaContext, pick: Pick, tracker: CostTracker | None = None) -> None:
+        self.ctx, self.pick, self.tracker = ctx, pick, tracker
         self.stats = SpeculationStats(method="none")
 
     def step(self, root: int) -> list[int]:
         ctx = self.ctx
-        ctx.decode([Row(root, len(ctx.tokens), (0,), True)])
+        timed_decode(ctx, [Row(root, len(ctx.tokens), (0,), True)], self.tracker)
         ctx.tokens.append(root)
         self.stats.steps += 1
         return [self.pick(0)]
@@ -145,6 +184,9 @@ class NgramStepper:
     this step (``auto``), otherwise it drafts whenever a candidate exists (``ngram``).
     """
 
+    # In auto mode, one step in this many is plain, to keep the 1-row cost current.
+    PROBE_EVERY = 12
+
     def __init__(
         self,
         ctx: LlamaContext,
@@ -155,18 +197,27 @@ class NgramStepper:
         allow_plain: bool,
         max_candidates: int = 3,
         method: str = "ngram",
+        tracker: CostTracker | None = None,
     ) -> None:
         self.ctx, self.pick, self.drafter, self.policy = ctx, pick, drafter, policy
         self.allow_plain = allow_plain
         self.max_candidates = max_candidates
+        self.tracker = tracker
         self.stats = SpeculationStats(method=method)
-        self._plain = PlainStepper(ctx, pick)
+        self._plain = PlainStepper(ctx, pick, tracker)
 
     def step(self, root: int) -> list[int]:
         ctx = self.ctx
+        if self.tracker is not None and self.tracker.dirty:
+            self.policy.curve = self.tracker.curve()
         history = [*ctx.tokens, root]
         max_draft = self.policy.max_draft
-        cands = self.drafter.propose(history, max_draft, self.max_candidates) if max_draft else []
+        probe = self.allow_plain and self.stats.steps % self.PROBE_EVERY == self.PROBE_EVERY - 1
+        cands = (
+            self.drafter.propose(history, max_draft, self.max_candidates)
+            if max_draft and not probe
+            else []
+        )
         longest = max((len(c) for c in cands), default=0)
         k = 0
         if longest:
@@ -184,7 +235,7 @@ class NgramStepper:
         extra = min(2, sum(len(c) for c in cands[1:]))
         tree = build_tree(root, cands, max_rows=k + 1 + extra)
         rows = _tree_rows(ctx, tree)
-        ctx.decode(rows)
+        timed_decode(ctx, rows, self.tracker)
         picks = _LazyPicks(len(rows), self.pick)
         result = verify(tree, picks)
         accepted = len(result.accepted_tokens)

@@ -51,6 +51,7 @@ class CostCurve:
         if any(n < 1 for n in ms_by_rows) or any(ms <= 0 for ms in ms_by_rows.values()):
             raise ValueError(f"rows must be >= 1 and costs > 0: {dict(ms_by_rows)}")
         base = ms_by_rows[1]
+        self.ms_by_rows = dict(ms_by_rows)
         self._rows = sorted(ms_by_rows)
         self._cost = [ms_by_rows[n] / base for n in self._rows]
 
