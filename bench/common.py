@@ -1,0 +1,361 @@
+"""Pieces every benchmark shares: tasks, seeded sampling, statistics, reports, progress.
+
+Everything here is pure (no model, no network) and unit-tested in ``tests/test_bench.py``.
+
+Tasks come from two places:
+
+- HumanEval infilling (``HumanEval-{Single,Multi}LineInfilling.jsonl.gz``): a seeded sample
+  of rows. The hole is a whole line (or lines): ``prompt`` ends with a line break and the
+  canonical solution ends with one, so in an editor the hole is an empty line between
+  ``prompt`` and ``suffix``.
+- "Edit-like" tasks cut from real source files: a line that shares a long run of words
+  with an earlier line (``self.width * self.height`` after ``self.radius**2`` ...), the
+  file cut at the start of that line. These are the completions where copying from the
+  context (n-gram drafting) should pay.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import random
+import re
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+HUMANEVAL_FILES = {
+    "single": "HumanEval-SingleLineInfilling.jsonl.gz",
+    "multi": "HumanEval-MultiLineInfilling.jsonl.gz",
+}
+# The repository's own sources used for edit-like tasks (examples/ first: it is stable).
+SOURCE_DIRS = ("examples", "backends", "completion", "lsp", "cli")
+T = TypeVar("T")
+UNKNOWN = "–"  # shown for a value that could not be measured
+
+
+# -- tasks ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HumanEvalTask:
+    """One infilling problem: ``prompt`` + hole + ``suffix``, checked by ``test``."""
+
+    task_id: str
+    prompt: str
+    suffix: str
+    canonical_solution: str
+    test: str
+    entry_point: str
+
+    def program(self, completion: str) -> str:
+        """The program to run when ``completion`` fills the hole (an empty line in the
+        editor, so a line break separates the completion from the suffix)."""
+        return f"{self.prompt}{completion}\n{self.suffix}\n{self.test}\ncheck({self.entry_point})\n"
+
+
+@dataclass(frozen=True, slots=True)
+class EditTask:
+    """A line of a real file to complete, whose pattern appears earlier in the file.
+
+    ``prefix`` ends at the start of the line, ``middle`` is the line (without its line
+    break), ``suffix`` starts with that line break.
+    """
+
+    task_id: str
+    prefix: str
+    middle: str
+    suffix: str
+    shared: str  # the longest run of words the line shares with an earlier line
+
+
+def data_dir(environ: dict[str, str] | None = None) -> Path:
+    """Where the HumanEval infilling files are: ``$KODE_HUMANEVAL_DIR``, else
+    ``shared/data/humaneval-infilling`` in or beside the checkout."""
+    env = os.environ if environ is None else environ
+    named = env.get("KODE_HUMANEVAL_DIR")
+    if named:
+        return Path(named)
+    tail = Path("shared") / "data" / "humaneval-infilling"
+    for base in (REPO_ROOT, REPO_ROOT.parent):
+        if (base / tail).is_dir():
+            return base / tail
+    return REPO_ROOT.parent / tail
+
+
+def humaneval_path(which: str, folder: Path | None = None) -> Path:
+    return (folder or data_dir()) / HUMANEVAL_FILES[which]
+
+
+def load_humaneval(path: Path) -> list[HumanEvalTask]:
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
+        rows = [json.loads(line) for line in handle if line.strip()]
+    return [
+        HumanEvalTask(
+            task_id=r["task_id"],
+            prompt=r["prompt"],
+            suffix=r["suffix"],
+            canonical_solution=r["canonical_solution"],
+            test=r["test"],
+            entry_point=r["entry_point"],
+        )
+        for r in rows
+    ]
+
+
+def sample(items: Sequence[T], n: int | None, seed: int) -> list[T]:
+    """A seeded sample of ``n`` items (all of them, in order, when ``n`` is None or too
+    large). The same seed and items always give the same sample, in the same order."""
+    if n is None or n >= len(items):
+        return list(items)
+    picked = random.Random(seed).sample(range(len(items)), n)
+    return [items[i] for i in picked]
+
+
+_WORD = re.compile(r"\w+|[^\w\s]")
+
+
+def words(line: str) -> list[str]:
+    """Identifier/number runs and single punctuation marks: ``words("a.b(1)")`` ==
+    ``["a", ".", "b", "(", "1", ")"]``."""
+    return _WORD.findall(line)
+
+
+def longest_shared_run(line: Sequence[str], earlier: Sequence[str]) -> list[str]:
+    """The longest run of consecutive words found in both sequences (the first one found
+    when several are as long).
+
+    Example: ``longest_shared_run(["x", "=", "a", ".", "b"], ["y", "=", "a", ".", "b"])``
+    is ``["=", "a", ".", "b"]``.
+    """
+    best, end = 0, 0
+    prev = [0] * (len(earlier) + 1)
+    for i, a in enumerate(line):
+        cur = [0] * (len(earlier) + 1)
+        for j, b in enumerate(earlier, start=1):
+            if a == b:
+                cur[j] = prev[j - 1] + 1
+                if cur[j] > best:
+                    best, end = cur[j], i + 1
+        prev = cur
+    return list(line[end - best : end])
+
+
+def identifier_chars(run: Sequence[str]) -> int:
+    """Characters of the identifiers and numbers in a run of words (punctuation is cheap
+    to share, so it does not count): ``identifier_chars(["self", ".", "x"]) == 5``."""
+    return sum(len(w) for w in run if w[0].isalnum() or w[0] == "_")
+
+
+def edit_candidates(
+    text: str,
+    *,
+    name: str,
+    min_shared: int = 5,
+    min_identifier_chars: int = 12,
+    min_chars: int = 12,
+    window: int = 40,
+    suffix_lines: int = 20,
+) -> list[EditTask]:
+    """Every line of ``text`` that shares a run of at least ``min_shared`` consecutive
+    words, holding at least ``min_identifier_chars`` characters of identifiers, with one
+    of the ``window`` lines before it, as an edit-like task.
+
+    The prompt keeps ``window`` lines before the line and ``suffix_lines`` after it, so
+    the earlier occurrence is always inside the prompt and prompts stay short (prefill
+    is slow on a small CPU). Example: in ``examples/shapes.py`` the second
+    ``def area(self) -> float:`` shares all eight of its words with the first one, so
+    it is a candidate; ``return math.pi * self.radius**2`` shares nothing long.
+    """
+    lines = text.splitlines(keepends=True)
+    tokens = [words(line) for line in lines]
+    out: list[EditTask] = []
+    for i, line in enumerate(lines):
+        body = line.strip()
+        if len(body) < min_chars or body.startswith("#"):
+            continue
+        lo = max(0, i - window)
+        best: list[str] = []
+        for j in range(lo, i):
+            run = longest_shared_run(tokens[i], tokens[j])
+            if identifier_chars(run) > identifier_chars(best):
+                best = run
+        if len(best) < min_shared or identifier_chars(best) < min_identifier_chars:
+            continue
+        indent = line[: len(line) - len(line.lstrip())]
+        middle = line.rstrip("\r\n")[len(indent) :]
+        after = "".join(lines[i + 1 : i + 1 + suffix_lines])
+        ending = line[len(line.rstrip("\r\n")) :]
+        out.append(
+            EditTask(
+                task_id=f"{name}:{i + 1}",
+                prefix="".join(lines[lo:i]) + indent,
+                middle=middle,
+                suffix=ending + after,
+                shared=" ".join(best),
+            )
+        )
+    return out
+
+
+def source_files(root: Path = REPO_ROOT, dirs: Sequence[str] = SOURCE_DIRS) -> list[Path]:
+    """Python files under ``dirs`` of ``root``, in a stable order."""
+    files: list[Path] = []
+    for d in dirs:
+        folder = root / d
+        if folder.is_dir():
+            files.extend(sorted(p for p in folder.rglob("*.py") if "__pycache__" not in p.parts))
+    return files
+
+
+def edit_tasks(
+    files: Sequence[Path], n: int | None, seed: int, root: Path = REPO_ROOT
+) -> list[EditTask]:
+    """A seeded sample of edit-like tasks, spread over the files (round-robin over the
+    files in order, each file's candidates shuffled by the seed)."""
+    rng = random.Random(seed)
+    per_file: list[list[EditTask]] = []
+    for path in files:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        name = str(path.relative_to(root)) if path.is_relative_to(root) else path.name
+        found = edit_candidates(text, name=name)
+        rng.shuffle(found)
+        if found:
+            per_file.append(found)
+    out: list[EditTask] = []
+    depth = 0
+    while per_file and (n is None or len(out) < n):
+        added = False
+        for found in per_file:
+            if depth < len(found):
+                out.append(found[depth])
+                added = True
+                if n is not None and len(out) >= n:
+                    break
+        if not added:
+            break
+        depth += 1
+    return out
+
+
+# -- statistics -------------------------------------------------------------------------
+
+
+def percentile(values: Iterable[float], q: float) -> float | None:
+    """The ``q``-th percentile (0..100), linear between order statistics (numpy's
+    default); None for no values. ``percentile([1, 2, 3, 4], 50) == 2.5``."""
+    data = sorted(values)
+    if not data:
+        return None
+    if len(data) == 1:
+        return data[0]
+    rank = (len(data) - 1) * q / 100.0
+    lo = math.floor(rank)
+    hi = min(lo + 1, len(data) - 1)
+    return data[lo] + (data[hi] - data[lo]) * (rank - lo)
+
+
+def median(values: Iterable[float]) -> float | None:
+    return percentile(values, 50.0)
+
+
+def mean(values: Iterable[float]) -> float | None:
+    data = list(values)
+    return sum(data) / len(data) if data else None
+
+
+def pairwise_speedups(base: dict[str, float], other: dict[str, float]) -> list[float]:
+    """``base[k] / other[k]`` for every key measured (positive) in both, in key order.
+
+    Each ratio compares two runs on the same prompt, so prompts of different lengths or
+    difficulty do not mix: ``pairwise_speedups({"a": 100, "b": 60}, {"a": 50})`` ==
+    ``[2.0]``.
+    """
+    return [base[k] / other[k] for k in sorted(base) if k in other and base[k] > 0 and other[k] > 0]
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first position where two token sequences differ (a shorter one
+    differs where it ends); None if they are equal."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def rotated(items: Sequence[T], k: int) -> list[T]:
+    """``items`` rotated left by ``k``: ``rotated([1, 2, 3], 1) == [2, 3, 1]``."""
+    if not items:
+        return []
+    k %= len(items)
+    return [*items[k:], *items[:k]]
+
+
+# -- reports ----------------------------------------------------------------------------
+
+
+def fmt(value: float | None, digits: int = 1, suffix: str = "") -> str:
+    """A number for a table; ``UNKNOWN`` for None or NaN."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return UNKNOWN
+    return f"{value:.{digits}f}{suffix}"
+
+
+def fmt_ratio(num: int, den: int) -> str:
+    """``"3/4 (75%)"``; ``UNKNOWN`` when nothing was counted."""
+    if den == 0:
+        return UNKNOWN
+    return f"{num}/{den} ({100.0 * num / den:.0f}%)"
+
+
+def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """A GitHub-flavoured markdown table; ``|`` inside cells is escaped."""
+
+    def cell(value: object) -> str:
+        return str(value).replace("|", "\\|").replace("\n", " ")
+
+    out = [
+        "| " + " | ".join(cell(h) for h in headers) + " |",
+        "|" + "|".join("---" for _ in headers) + "|",
+    ]
+    for row in rows:
+        if len(row) != len(headers):
+            raise ValueError(f"row has {len(row)} cells, expected {len(headers)}")
+        out.append("| " + " | ".join(cell(c) for c in row) + " |")
+    return "\n".join(out) + "\n"
+
+
+def write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def prepare_out(out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def machine_note() -> str:
+    """Cores and load averages, for the report: other processes skew every timing."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    try:
+        one, five, fifteen = os.getloadavg()
+    except OSError:
+        return f"{cores} cores"
+    return f"{cores} cores, load average {one:.2f} / {five:.2f} / {fifteen:.2f} (1/5/15 min)"
+
+
+def progress(total: int, desc: str) -> Any:
+    """A tqdm bar on stderr (the tables go to stdout)."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True, leave=True)

@@ -1,0 +1,571 @@
+"""Keystroke replay through the real language server, as an editor drives it.
+
+``kode lsp`` runs as a subprocess over stdio; a pygls ``LanguageClient`` plays VS Code:
+``didOpen``, then for every typed character an incremental ``didChange`` and a
+``textDocument/inlineCompletion`` request, at a fixed cadence (120 ms: a brisk typist).
+Like VS Code it sends ``$/cancelRequest`` for the request still in flight when the next
+key arrives. The text typed is real: a region cut out of a source file (``examples/``) or
+the missing line of a HumanEval task, typed back character by character from where it
+was cut (indentation left in place, as an editor's auto-indent would).
+
+Measured per keystroke: the time to first visible text (the response with a suggestion,
+or an earlier ``kode/inlineCompletionPartial`` notification, which the client asks for
+with ``initializationOptions.partialCompletions``), whether it came before the next key,
+and whether the characters typed next equal the start of the suggestion shown (an
+accept-rate proxy). From ``kode/stats``: ms per generated token of answered requests, and
+decode steps taken after a cancel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench import common
+from bench.common import fmt, fmt_ratio, markdown_table
+
+PARTIAL_METHOD = "kode/inlineCompletionPartial"
+STATS_METHOD = "kode/stats"
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    model: str = "default"
+    cadence_ms: float = 120.0
+    files: tuple[Path, ...] | None = None  # None: every file in examples/
+    regions: int = 2  # per file
+    humaneval: int = 2
+    max_chars: int = 60
+    speculation: str | None = None
+    seed: int = 0
+    out: Path = Path("results/latency")
+    settle_s: float = 30.0  # wait for the last answer after the last key
+    startup_s: float = 600.0  # first request: the model loads (and may be assembled)
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """One region to type back: open ``text`` (region removed), type ``typed`` at
+    ``offset``."""
+
+    name: str
+    uri: str
+    text: str
+    offset: int
+    typed: str
+
+
+@dataclass(slots=True)
+class Keystroke:
+    script: str
+    index: int
+    char: str
+    sent: float  # perf_counter seconds
+    next_key: float | None = None  # when the next key was sent (None: the last key)
+    answered: float | None = None  # any response (even an empty one)
+    partial: float | None = None  # first partial notification
+    partial_text: str = ""
+    suggestion: str = ""
+    outcome: str = "pending"  # shown | empty | cancelled | error | pending
+    matched: bool | None = None  # next typed chars == start of the shown suggestion
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def visible_ms(self) -> float | None:
+        """Keystroke to first visible text: a partial notification, or a suggestion."""
+        times = [self.partial] if self.partial is not None else []
+        if self.outcome == "shown" and self.answered is not None:
+            times.append(self.answered)
+        return (min(times) - self.sent) * 1000.0 if times else None
+
+    @property
+    def before_next_key(self) -> bool:
+        """Answered (with or without a suggestion) before the next keystroke."""
+        if self.answered is None or self.outcome in ("cancelled", "error"):
+            return False
+        return self.next_key is None or self.answered <= self.next_key
+
+
+# -- scripts (pure) ---------------------------------------------------------------------
+
+
+def region_scripts(path: Path, text: str, n: int, seed: int, max_chars: int) -> list[Script]:
+    """``n`` seeded lines of ``text`` to retype: the text after each line's indentation
+    (lines of 8 to ``max_chars`` characters, comments excluded)."""
+    lines = text.splitlines(keepends=True)
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+    candidates = []
+    for i, line in enumerate(lines):
+        body = line.strip()
+        if 8 <= len(body) <= max_chars and not body.startswith(("#", '"""', "'''")):
+            candidates.append(i)
+    chosen = sorted(common.sample(candidates, n, seed))
+    out = []
+    for i in chosen:
+        line = lines[i]
+        indent = len(line) - len(line.lstrip())
+        body = line.rstrip("\r\n")[indent:]
+        offset = starts[i] + indent
+        out.append(
+            Script(
+                name=f"{path.name}:{i + 1}",
+                uri=path.resolve().as_uri(),
+                text=text[:offset] + text[offset + len(body) :],
+                offset=offset,
+                typed=body,
+            )
+        )
+    return out
+
+
+def humaneval_scripts(n: int, seed: int, max_chars: int) -> list[Script]:
+    """The missing line of ``n`` seeded single-line HumanEval tasks, typed back."""
+    tasks = common.load_humaneval(common.humaneval_path("single"))
+    fits = [t for t in tasks if 0 < len(t.canonical_solution.strip()) <= max_chars]
+    out = []
+    for task in common.sample(fits, n, seed):
+        line = task.canonical_solution.rstrip("\n")
+        indent = len(line) - len(line.lstrip())
+        name = task.task_id.replace("/", "_")
+        out.append(
+            Script(
+                name=task.task_id,
+                uri=f"file:///kode-bench/humaneval/{name}.py",
+                text=task.prompt + line[:indent] + "\n" + task.suffix,
+                offset=len(task.prompt) + indent,
+                typed=line[indent:],
+            )
+        )
+    return out
+
+
+def mark_matches(keys: Sequence[Keystroke], typed: str) -> None:
+    """For every key that showed text (its suggestion, else its partial): do the
+    characters typed next equal the start of it (compared over the shorter of the two)?"""
+    for key in keys:
+        shown = key.suggestion if key.outcome == "shown" else key.partial_text
+        if not shown:
+            continue
+        rest = typed[key.index + 1 :]
+        n = min(len(rest), len(shown))
+        key.matched = None if n == 0 else rest[:n] == shown[:n]
+
+
+@dataclass(slots=True)
+class Summary:
+    keystrokes: int
+    shown: int
+    answered_before_next: int
+    visible_p50: float | None
+    visible_p95: float | None
+    visible_partial: int
+    ms_per_token: float | None
+    matched: int
+    match_checked: int
+    cancelled: int | None
+    steps_after_cancel: int | None
+    generations: int | None
+
+
+def summarize(keys: Sequence[Keystroke], counters: dict[str, Any] | None) -> Summary:
+    visible = [k.visible_ms for k in keys if k.visible_ms is not None]
+    per_token: list[float] = []
+    seen: set[tuple[Any, ...]] = set()
+    for k in keys:
+        last = k.stats
+        n = int(last.get("completionTokens") or 0)
+        ident = (last.get("totalMs"), last.get("ttftMs"), n)
+        if n >= 2 and ident not in seen:
+            seen.add(ident)
+            per_token.append((float(last["totalMs"]) - float(last["ttftMs"])) / (n - 1))
+    checked = [k for k in keys if k.matched is not None]
+    return Summary(
+        keystrokes=len(keys),
+        shown=sum(k.outcome == "shown" for k in keys),
+        answered_before_next=sum(k.before_next_key for k in keys),
+        visible_p50=common.percentile(visible, 50),
+        visible_p95=common.percentile(visible, 95),
+        visible_partial=sum(k.partial is not None for k in keys),
+        ms_per_token=common.median(per_token),
+        matched=sum(bool(k.matched) for k in checked),
+        match_checked=len(checked),
+        cancelled=None if counters is None else counters.get("cancelled"),
+        steps_after_cancel=None if counters is None else counters.get("stepsAfterCancel"),
+        generations=None if counters is None else counters.get("generations"),
+    )
+
+
+def render_table(label: str, s: Summary, cadence_ms: float) -> str:
+    per_cancel = (
+        None
+        if not s.cancelled or s.steps_after_cancel is None
+        else s.steps_after_cancel / s.cancelled
+    )
+    rows: list[list[object]] = [
+        ["keystrokes", s.keystrokes],
+        ["keystroke -> first visible text, p50", fmt(s.visible_p50, 0, " ms")],
+        ["keystroke -> first visible text, p95", fmt(s.visible_p95, 0, " ms")],
+        ["  of which first seen as a partial", s.visible_partial],
+        ["suggestions shown", fmt_ratio(s.shown, s.keystrokes)],
+        [
+            f"answered before the next key ({cadence_ms:g} ms)",
+            fmt_ratio(s.answered_before_next, s.keystrokes),
+        ],
+        ["ms per generated token (median of answered)", fmt(s.ms_per_token, 1)],
+        ["typed text matched the shown suggestion", fmt_ratio(s.matched, s.match_checked)],
+        [
+            "decode steps after cancel (stepsAfterCancel / cancelled)",
+            f"{s.steps_after_cancel}/{s.cancelled} = {fmt(per_cancel, 2)}"
+            if s.cancelled is not None
+            else common.UNKNOWN,
+        ],
+        ["generations (server)", s.generations if s.generations is not None else common.UNKNOWN],
+    ]
+    return f"### {label}\n\n" + markdown_table(["measure", "value"], rows)
+
+
+def histogram(keys: Sequence[Keystroke], cadence_ms: float, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    visible = [k.visible_ms for k in keys if k.visible_ms is not None]
+    fig, ax = plt.subplots(figsize=(7.0, 4.0))
+    if visible:
+        ax.hist(visible, bins=min(40, max(5, len(visible) // 2)), color="tab:blue")
+    ax.axvline(cadence_ms, color="tab:red", linestyle="--", label=f"next key ({cadence_ms:g} ms)")
+    ax.set_xlabel("keystroke -> first visible text (ms)")
+    ax.set_ylabel("keystrokes")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# -- the client -------------------------------------------------------------------------
+
+
+class Replay:
+    """A pygls client connected to ``kode lsp``, replaying scripts."""
+
+    def __init__(self, options: Options) -> None:
+        from pygls.lsp.client import LanguageClient
+
+        self.options = options
+        self.client = LanguageClient("kode-bench", "0.1.0")
+        self.current: Keystroke | None = None
+        self.by_id: dict[str, Keystroke] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+        def on_partial(params: Any) -> None:
+            self._on_partial(params)
+
+        self.client.feature(PARTIAL_METHOD)(on_partial)
+
+    def _on_partial(self, params: Any) -> None:
+        """Attribute a partial to its request by ``requestId`` (else: the latest key);
+        a partial with only whitespace shows nothing and is ignored."""
+        now = time.perf_counter()
+        data = _plain(params)
+        key = self.current
+        if isinstance(data, dict) and str(data.get("requestId")) in self.by_id:
+            key = self.by_id[str(data.get("requestId"))]
+        text = data.get("text") if isinstance(data, dict) else None
+        if not isinstance(text, str) or not text.strip():
+            return  # nothing the editor could draw
+        if key is not None and key.partial is None and key.answered is None:
+            key.partial = now
+            key.partial_text = text
+
+    async def start(self) -> None:
+        from lsprotocol import types
+
+        out = self.options.out
+        await self.client.start_io(
+            sys.executable,
+            "-m",
+            "cli.main",
+            "lsp",
+            "--log-file",
+            str((out / "lsp.log").resolve()),
+            cwd=str(common.REPO_ROOT),
+        )
+        init: dict[str, Any] = {"model": self.options.model, "partialCompletions": True}
+        if self.options.speculation:
+            init["speculation"] = self.options.speculation
+        await self.client.initialize_async(
+            types.InitializeParams(
+                capabilities=types.ClientCapabilities(),
+                process_id=None,
+                root_uri=None,
+                initialization_options=init,
+            )
+        )
+        self.client.initialized(types.InitializedParams())
+
+    async def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.client.shutdown_async(None), 30)
+            self.client.exit(None)
+        server = getattr(self.client, "_server", None)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.client.stop(), 30)  # type: ignore[no-untyped-call]
+        if server is not None and server.returncode is None:
+            server.kill()
+            await server.wait()
+
+    async def stats(self) -> dict[str, Any]:
+        reply = _plain(await self.client.protocol.send_request_async(STATS_METHOD, {}))
+        return reply if isinstance(reply, dict) else {}
+
+    def _request(self, uri: str, line: int, character: int, msg_id: str) -> asyncio.Future[Any]:
+        from lsprotocol import types
+
+        params = types.InlineCompletionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            position=types.Position(line=line, character=character),
+            context=types.InlineCompletionContext(
+                trigger_kind=types.InlineCompletionTriggerKind.Automatic
+            ),
+        )
+        future = self.client.protocol.send_request(
+            types.TEXT_DOCUMENT_INLINE_COMPLETION, params, msg_id=msg_id
+        )
+        return asyncio.wrap_future(future)
+
+    async def warm_up(self) -> None:
+        """Load the model with one request on a scratch document (not measured): the
+        scripts' files are then read by their first keystroke, as after opening a file."""
+        from lsprotocol import types
+
+        uri = "file:///kode-bench/scratch/warmup.py"
+        text = "def add(a, b):\n    return "
+        self.client.text_document_did_open(
+            types.DidOpenTextDocumentParams(
+                text_document=types.TextDocumentItem(
+                    uri=uri, language_id="python", version=1, text=text
+                )
+            )
+        )
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._request(uri, 1, 11, "warm-up"), self.options.startup_s)
+        self.client.text_document_did_close(
+            types.DidCloseTextDocumentParams(text_document=types.TextDocumentIdentifier(uri=uri))
+        )
+
+    async def replay(self, script: Script, counter: list[int], bar: Any) -> list[Keystroke]:
+        from lsprotocol import types
+
+        from completion.documents import Document, Range
+
+        opts = self.options
+        doc = Document(script.uri, script.text, 1, "python")
+        self.client.text_document_did_open(
+            types.DidOpenTextDocumentParams(
+                text_document=types.TextDocumentItem(
+                    uri=script.uri, language_id="python", version=1, text=script.text
+                )
+            )
+        )
+        keys: list[Keystroke] = []
+        in_flight: tuple[str, asyncio.Future[Any], Keystroke] | None = None
+        pending: list[asyncio.Future[Any]] = []
+        offset = script.offset
+        start = time.perf_counter()
+        cadence = opts.cadence_ms / 1000.0
+        for i, ch in enumerate(script.typed):
+            delay = start + i * cadence - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            now = time.perf_counter()
+            if keys:
+                keys[-1].next_key = now
+            if in_flight is not None and not in_flight[1].done():
+                self.client.protocol.notify(
+                    types.CANCEL_REQUEST, types.CancelParams(id=in_flight[0])
+                )
+            at = doc.position_at(offset)
+            doc.apply_change(ch, Range(at, at))
+            doc.version += 1
+            offset += 1
+            self.client.text_document_did_change(
+                types.DidChangeTextDocumentParams(
+                    text_document=types.VersionedTextDocumentIdentifier(
+                        uri=script.uri, version=doc.version
+                    ),
+                    content_changes=[
+                        types.TextDocumentContentChangePartial(
+                            range=types.Range(
+                                start=types.Position(line=at.line, character=at.character),
+                                end=types.Position(line=at.line, character=at.character),
+                            ),
+                            text=ch,
+                        )
+                    ],
+                )
+            )
+            key = Keystroke(script.name, i, ch, sent=time.perf_counter())
+            keys.append(key)
+            self.current = key
+            pos = doc.position_at(offset)
+            counter[0] += 1
+            msg_id = f"k-{counter[0]}"
+            self.by_id[msg_id] = key
+            future = self._request(script.uri, pos.line, pos.character, msg_id)
+            future.add_done_callback(functools.partial(self._answered, key))
+            pending.append(future)
+            in_flight = (msg_id, future, key)
+            bar.update(1)
+        if pending:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.wait(pending), opts.settle_s)
+        self.current = None
+        self.client.text_document_did_close(
+            types.DidCloseTextDocumentParams(
+                text_document=types.TextDocumentIdentifier(uri=script.uri)
+            )
+        )
+        mark_matches(keys, script.typed)
+        return keys
+
+    def _answered(self, key: Keystroke, future: asyncio.Future[Any]) -> None:
+        key.answered = time.perf_counter()
+        if future.cancelled():
+            key.outcome = "cancelled"
+            return
+        exc = future.exception()
+        if exc is not None:
+            code = getattr(exc, "code", None)
+            key.outcome = "cancelled" if code == -32800 else "error"
+            return
+        items = _items(future.result())
+        text = items[0] if items else ""
+        key.suggestion = text
+        key.outcome = "shown" if text else "empty"
+        if text:
+            task = asyncio.ensure_future(self._record_stats(key))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _record_stats(self, key: Keystroke) -> None:
+        with contextlib.suppress(Exception):
+            reply = await asyncio.wait_for(self.stats(), 10)
+            counters = reply.get("counters") or {}
+            key.stats = dict(counters.get("last") or {})
+
+
+def _items(result: Any) -> list[str]:
+    """Insert texts of an inlineCompletion result (a list object, a bare list, None)."""
+    if result is None:
+        return []
+    items = getattr(result, "items", result)
+    out: list[str] = []
+    for item in items or []:
+        text = getattr(item, "insert_text", None)
+        if text is None and isinstance(item, dict):
+            text = item.get("insertText")
+        if isinstance(text, str):
+            out.append(text)
+        elif text is not None:
+            out.append(str(getattr(text, "value", "")))
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """pygls hands unknown results over as attribute objects; make them dicts."""
+    if hasattr(value, "_asdict"):  # pygls.protocol.Object is a namedtuple
+        return {k: _plain(v) for k, v in value._asdict().items()}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if hasattr(value, "__dict__") and not isinstance(value, type):
+        return {k: _plain(v) for k, v in vars(value).items()}
+    return value
+
+
+async def measure(
+    options: Options,
+) -> tuple[list[Keystroke], dict[str, Any] | None, list[Script], dict[str, str]]:
+    files = options.files
+    if files is None:
+        files = tuple(sorted((common.REPO_ROOT / "examples").glob("*.py")))
+    scripts: list[Script] = []
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        scripts += region_scripts(path, text, options.regions, options.seed, options.max_chars)
+    if options.humaneval:
+        scripts += humaneval_scripts(options.humaneval, options.seed, options.max_chars)
+    common.prepare_out(options.out)
+    replay = Replay(options)
+    keys: list[Keystroke] = []
+    counters: dict[str, Any] | None = None
+    counters_note = {"machine_before": common.machine_note()}
+    bar = common.progress(sum(len(s.typed) for s in scripts), "latency")
+    try:
+        await replay.start()
+        await replay.warm_up()
+        counter = [0]
+        for script in scripts:
+            bar.set_postfix_str(script.name, refresh=False)
+            keys += await replay.replay(script, counter, bar)
+        await asyncio.sleep(0.5)  # let the last stats requests land
+        with contextlib.suppress(Exception):
+            counters = (await asyncio.wait_for(replay.stats(), 30)).get("counters")
+    finally:
+        bar.close()
+        await replay.stop()
+    counters_note["machine_after"] = common.machine_note()
+    return keys, counters, scripts, counters_note
+
+
+def report(
+    options: Options,
+    keys: list[Keystroke],
+    counters: dict[str, Any] | None,
+    scripts: list[Script],
+    facts: dict[str, str],
+) -> str:
+    out = common.prepare_out(options.out)
+    summary = summarize(keys, counters)
+    table = render_table(f"all ({len(scripts)} regions)", summary, options.cadence_ms)
+    text = (
+        "# Keystroke latency: replay through `kode lsp`\n\n"
+        f"- model: `{options.model}`; cadence {options.cadence_ms:g} ms; "
+        f"{len(scripts)} regions, {len(keys)} keystrokes; "
+        "client: pygls over stdio, VS Code-like (didChange + inlineCompletion per key, "
+        "$/cancelRequest for the one in flight)\n"
+        "- regions: "
+        + ", ".join(f"`{s.name}` ({len(s.typed)} chars)" for s in scripts)
+        + f"\n- machine: before {facts['machine_before']}; after {facts['machine_after']}\n\n"
+        + table
+    )
+    (out / "report.md").write_text(text, encoding="utf-8")
+    common.write_jsonl(
+        out / "keystrokes.jsonl",
+        (
+            {**asdict(k), "visible_ms": k.visible_ms, "before_next_key": k.before_next_key}
+            for k in keys
+        ),
+    )
+    histogram(keys, options.cadence_ms, out / "latency.png", f"Keystroke latency ({options.model})")
+    return table
+
+
+def main(options: Options) -> int:
+    keys, counters, scripts, facts = asyncio.run(measure(options))
+    table = report(options, keys, counters, scripts, facts)
+    print(table)
+    print(f"report: {options.out / 'report.md'}  chart: {options.out / 'latency.png'}")
+    return 0

@@ -1,0 +1,342 @@
+"""pass@1 on HumanEval infilling, through the same engine the language server uses.
+
+Each task is opened as a document ``prompt + "\\n" + suffix`` (the hole is an empty line,
+as in an editor) and completed at the start of that line by ``CompletionEngine.complete``
+with the user's default settings: context window, FIM prompt, stop rules, trimming. The
+program ``prompt + completion + "\\n" + suffix + test + check(entry_point)`` then runs in
+the sandbox (``bench/sandbox.py``); exit status 0 is a pass. Greedy decoding, so one
+sample per task is pass@1.
+
+Modes:
+
+- ``engine``: what the editor would show.
+- ``raw``: the model's own output for the very same prompt (rebuilt with
+  ``completion.context.gather`` + ``render`` exactly as the engine does), up to its end
+  token or ``max_tokens``, with no stop rules and no trimming: the difference to
+  ``engine`` is what the stop rules are worth.
+- ``llama-server``: the same tasks through llama.cpp's ``/infill`` endpoint
+  (``input_prefix`` / ``input_suffix``), when a ``llama-server`` binary is on ``PATH``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import common, sandbox
+from bench.common import HumanEvalTask, fmt, fmt_ratio, markdown_table
+
+MODES = ("engine", "raw", "llama-server")
+SETS = ("single", "multi")
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    models: tuple[str, ...] = ("default",)
+    sets: tuple[str, ...] = SETS
+    tasks: int | None = 8  # per set; None: all
+    max_tokens: int | None = None  # None: the settings' default
+    modes: tuple[str, ...] = MODES
+    speculation: str = "auto"
+    seed: int = 0
+    timeout_s: float = 10.0
+    out: Path = Path("results/quality")
+    data_dir: Path | None = None
+
+
+@dataclass(slots=True)
+class Result:
+    model: str
+    set: str
+    mode: str
+    task_id: str
+    verdict: str
+    completion: str
+    ms: float
+    tokens: int | None = None
+    error: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == sandbox.Verdict.PASSED
+
+
+@dataclass(slots=True)
+class Row:
+    model: str
+    set: str
+    mode: str
+    passed: int
+    total: int
+    timeouts: int
+    errors: int
+    median_ms: float | None
+
+    @property
+    def pass_at_1(self) -> float | None:
+        return None if self.total == 0 else self.passed / self.total
+
+
+def task_uri(task: HumanEvalTask) -> str:
+    """A file URI per task (the file name shows in the prompt's ``<|file_sep|>`` line)."""
+    name = re.sub(r"[^A-Za-z0-9_]+", "_", task.task_id).strip("_").lower()
+    return f"file:///kode-bench/humaneval/{name}.py"
+
+
+def document_text(task: HumanEvalTask) -> str:
+    """The document the editor holds: the hole is an empty line after ``prompt``."""
+    return task.prompt + "\n" + task.suffix
+
+
+def summarize(results: Sequence[Result]) -> list[Row]:
+    rows: list[Row] = []
+    keys = dict.fromkeys((r.model, r.set, r.mode) for r in results)
+    for model, set_, mode in keys:
+        got = [r for r in results if (r.model, r.set, r.mode) == (model, set_, mode)]
+        rows.append(
+            Row(
+                model=model,
+                set=set_,
+                mode=mode,
+                passed=sum(r.passed for r in got),
+                total=len(got),
+                timeouts=sum(r.verdict == sandbox.Verdict.TIMEOUT for r in got),
+                errors=sum(bool(r.error) for r in got),
+                median_ms=common.median(r.ms for r in got if not r.error),
+            )
+        )
+    return rows
+
+
+def render_table(rows: Sequence[Row]) -> str:
+    return markdown_table(
+        ["model", "set", "mode", "pass@1", "timeouts", "errors", "median ms/task"],
+        [
+            [
+                r.model,
+                r.set,
+                r.mode,
+                fmt_ratio(r.passed, r.total),
+                r.timeouts,
+                r.errors,
+                fmt(r.median_ms, 0),
+            ]
+            for r in rows
+        ],
+    )
+
+
+def chart(rows: Sequence[Row], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = list(dict.fromkeys((r.set, r.mode) for r in rows))
+    models = list(dict.fromkeys(r.model for r in rows))
+    width = 0.8 / max(len(models), 1)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(groups) + 2), 4.0))
+    for k, model in enumerate(models):
+        got = {(r.set, r.mode): r.pass_at_1 for r in rows if r.model == model}
+        xs = [i + (k - (len(models) - 1) / 2) * width for i in range(len(groups))]
+        ax.bar(xs, [100.0 * (got.get(g) or 0.0) for g in groups], width=width, label=model)
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels([f"{s}\n{m}" for s, m in groups])
+    ax.set_ylabel("pass@1 (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title("HumanEval infilling pass@1")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# -- running ----------------------------------------------------------------------------
+
+
+async def _raw(
+    engine: Any, backend: Any, uri: str, offset: int, max_tokens: int
+) -> tuple[str, int]:
+    """The model's unfiltered output for the prompt the engine builds at ``offset``."""
+    from backends.base import GenerationRequest, Sampling
+    from completion import context as ctxmod
+    from completion.templates import render
+
+    settings = engine.settings
+    doc = engine.documents.get(uri)
+    budget = ctxmod.Budget(settings.prefix_tokens, settings.suffix_tokens, settings.snippet_tokens)
+    ctx = ctxmod.gather(
+        doc,
+        offset,
+        backend.count_tokens,
+        budget,
+        others=engine.documents.others(uri) if settings.snippet_tokens else (),
+        anchor=None,
+    )
+    repo = Path(ctxmod.uri_to_path(uri)).parent.name or "workspace"
+    prompt = render(
+        engine.template(), ctx.prefix, ctx.suffix, path=ctx.path, repo=repo, snippets=ctx.snippets
+    )
+    request = GenerationRequest(
+        prompt=prompt,
+        max_tokens=max_tokens,
+        sampling=Sampling(settings.temperature, settings.top_p, settings.seed),
+        speculation=settings.speculation,
+        draft_sources=(ctx.suffix, *(s.text for s in ctx.snippets)),
+    )
+    generation = await backend.generate(request)
+    text = ""
+    async for chunk in generation:
+        text += chunk.text
+    stats = await generation.wait()
+    return text, stats.completion_tokens
+
+
+async def _one_model(
+    options: Options,
+    model: str,
+    tasks: dict[str, list[HumanEvalTask]],
+    server: Any,
+    bar: Any,
+    results: list[Result],
+) -> None:
+    from completion.backend_factory import load_backend
+    from completion.engine import BackendPool, CompletionEngine
+    from completion.settings import parse
+
+    settings, problems = parse({"model": model, "speculation": options.speculation})
+    if problems:
+        raise ValueError("; ".join(problems))
+    max_tokens = options.max_tokens or settings.max_tokens
+    limits = sandbox.Limits(timeout_s=options.timeout_s, cpu_s=max(1, int(options.timeout_s)))
+    pool = BackendPool(load_backend)
+    engine = CompletionEngine(pool.get, settings)
+    try:
+        backend = await engine.backend()
+        for set_, chosen in tasks.items():
+            for task in chosen:
+                uri = task_uri(task)
+                text = document_text(task)
+                engine.documents.open(uri, text, 0, "python")
+                offset = len(task.prompt)
+                position = engine.documents.get(uri).position_at(offset)
+                for mode in options.modes:
+                    if mode == "llama-server" and server is None:
+                        continue
+                    bar.set_postfix_str(f"{model} {task.task_id} {mode}", refresh=False)
+                    started = time.perf_counter()
+                    tokens: int | None = None
+                    error = ""
+                    try:
+                        if mode == "engine":
+                            done = await engine.complete(uri, position, max_tokens=max_tokens)
+                            completion, tokens = done.text, done.stats.completion_tokens
+                        elif mode == "raw":
+                            completion, tokens = await _raw(
+                                engine, backend, uri, offset, max_tokens
+                            )
+                        else:
+                            data = await server.infill(task.prompt, "\n" + task.suffix, max_tokens)
+                            completion = str(data.get("content", ""))
+                            tokens = (data.get("timings") or {}).get("predicted_n")
+                    except Exception as exc:  # one broken task must not end the run
+                        completion, error = "", f"{type(exc).__name__}: {exc}"
+                    ms = (time.perf_counter() - started) * 1000.0
+                    if error:
+                        verdict = "error"
+                    else:
+                        outcome = await asyncio.to_thread(
+                            sandbox.run_program, task.program(completion), limits
+                        )
+                        verdict = str(outcome.verdict)
+                    results.append(
+                        Result(
+                            model, set_, mode, task.task_id, verdict, completion, ms, tokens, error
+                        )
+                    )
+                    bar.update(1)
+                engine.documents.close(uri)
+    finally:
+        await engine.aclose()
+        await pool.aclose()
+
+
+async def measure(options: Options) -> tuple[list[Result], dict[str, str]]:
+    from backends import models
+
+    tasks = {
+        s: common.sample(
+            common.load_humaneval(common.humaneval_path(s, options.data_dir)),
+            options.tasks,
+            options.seed,
+        )
+        for s in options.sets
+    }
+    results: list[Result] = []
+    facts = {"machine_before": common.machine_note()}
+    binary = None
+    if "llama-server" in options.modes:
+        from bench import llama_server
+
+        binary = llama_server.find_binary()
+    per_model = sum(len(v) for v in tasks.values())
+    modes = [m for m in options.modes if m != "llama-server" or binary is not None]
+    bar = common.progress(per_model * len(modes) * len(options.models), "quality")
+    try:
+        for model in options.models:
+            async with contextlib.AsyncExitStack() as stack:
+                server = None
+                if binary is not None:
+                    from bench import llama_server
+
+                    server = await stack.enter_async_context(
+                        llama_server.serve(
+                            binary,
+                            models.resolve(model),
+                            llama_server.Mode("llama-server/plain", ()),
+                            log_dir=options.out / "llama-server",
+                        )
+                    )
+                await _one_model(options, model, tasks, server, bar, results)
+    finally:
+        bar.close()
+    facts["machine_after"] = common.machine_note()
+    facts["llama_server"] = str(binary) if binary is not None else "not on PATH"
+    return results, facts
+
+
+def report(options: Options, results: list[Result], facts: dict[str, str]) -> str:
+    out = common.prepare_out(options.out)
+    rows = summarize(results)
+    table = render_table(rows)
+    sizes = "all" if options.tasks is None else f"{options.tasks} per set"
+    text = (
+        "# Completion quality: HumanEval infilling pass@1\n\n"
+        f"- models: {', '.join(options.models)}; sets: {', '.join(options.sets)} ({sizes}, "
+        f"seed {options.seed}); greedy; speculation `{options.speculation}`\n"
+        "- engine: `CompletionEngine.complete` (stop rules, trimming); raw: the same prompt, "
+        "the model's output up to its end token; llama-server: its `/infill` endpoint\n"
+        f"- sandbox: `python -I`, temp folder, {options.timeout_s:g} s timeout, rlimits\n"
+        f"- llama-server: {facts.get('llama_server')}\n"
+        f"- machine: before {facts.get('machine_before')}; after {facts.get('machine_after')}\n\n"
+        + table
+    )
+    (out / "report.md").write_text(text, encoding="utf-8")
+    common.write_jsonl(out / "results.jsonl", (asdict(r) for r in results))
+    if rows:
+        chart(rows, out / "pass_at_1.png")
+    return table
+
+
+def main(options: Options) -> int:
+    results, facts = asyncio.run(measure(options))
+    table = report(options, results, facts)
+    print(table)
+    print(f"report: {options.out / 'report.md'}  chart: {options.out / 'pass_at_1.png'}")
+    return 0

@@ -1,0 +1,561 @@
+"""Speculative decoding against plain greedy decoding and against the peers, same prompts.
+
+One process, one loaded backend. For each prompt every method runs back to back, the
+order rotated by one per prompt, so a slow patch of the machine (another process, the
+thermal state, the page cache) lands on every method alike. Speed is decode time per
+token after the first (``GenerationStats.ms_per_token``): the prompt is the same for all
+methods and its KV entries are reused after the first run, so prefill is left out.
+
+Methods: Kode's ``none`` (plain greedy), ``ngram``, ``lookahead``, ``draft``, ``auto``;
+``pld``, llama-cpp-python's ``Llama(draft_model=LlamaPromptLookupDecoding(...))`` (what a
+user of that library would pick); ``llama-server``, llama.cpp's own server in each of its
+speculative modes when a binary is on ``PATH``.
+
+Lossless check: each output's token ids are compared with plain greedy's. At the first
+difference, if the backend offers ``logit_gaps`` and plain decoding's top-2 logit gap
+there is below ``near_tie`` (1e-3), it is a near tie (batched and single-row kernels may
+flip such an argmax) and counted apart from real divergences.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench import common
+from bench.common import fmt, fmt_ratio, markdown_table
+
+KODE_METHODS = ("none", "ngram", "lookahead", "draft", "auto")
+PEER_PLD = "pld"
+PEER_SERVER = "llama-server"
+ALL_METHODS = (*KODE_METHODS, PEER_PLD, PEER_SERVER)
+PLAIN = "none"
+WORKLOADS = ("humaneval", "edit")
+PLD_NAME = "llama-cpp-python/pld"
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    model: str = "default"
+    draft_model: str = "small"
+    tasks: int = 4  # per workload
+    max_tokens: int = 64
+    methods: tuple[str, ...] = ALL_METHODS
+    workloads: tuple[str, ...] = WORKLOADS
+    seed: int = 0
+    out: Path = Path("results/speculation")
+    near_tie: float = 1e-3
+    pld_tokens: int = 10  # LlamaPromptLookupDecoding(num_pred_tokens=...)
+    threads: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    workload: str
+    task_id: str
+    text: str
+    draft_sources: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class Run:
+    """One method on one prompt."""
+
+    workload: str
+    task_id: str
+    method: str
+    tokens: list[int]
+    ms_per_token: float | None  # decode time per token after the first
+    ttft_ms: float | None
+    total_ms: float
+    ran_as: str = ""  # the method the backend reports it used
+    steps: int | None = None
+    drafted: int | None = None
+    accepted: int | None = None
+    accepted_mean: float | None = None
+    divergence: int | None = None  # first index differing from plain greedy
+    gap: float | None = None  # plain's top-2 logit gap there, when known
+    verdict: str = ""  # identical | near-tie | diverged | unknown | (plain)
+
+
+@dataclass(slots=True)
+class Row:
+    """One table row: a method on a workload."""
+
+    workload: str
+    method: str
+    runs: int
+    ms_per_token: float | None
+    speedup: float | None
+    pairs: int
+    accepted_mean: float | None
+    identical: int
+    near_ties: int
+    diverged: int
+    unknown: int
+    ran_as: str
+    compared: int = field(default=0)
+
+
+# -- prompts ----------------------------------------------------------------------------
+
+
+def humaneval_prompts(n: int, seed: int, data_dir: Path | None = None) -> list[Prompt]:
+    from completion.templates import QWEN25_CODER, render
+
+    tasks = common.sample(common.load_humaneval(common.humaneval_path("multi", data_dir)), n, seed)
+    return [
+        Prompt("humaneval", t.task_id, render(QWEN25_CODER, t.prompt, t.suffix), (t.suffix,))
+        for t in tasks
+    ]
+
+
+def edit_prompts(n: int, seed: int, root: Path = common.REPO_ROOT) -> list[Prompt]:
+    from completion.templates import QWEN25_CODER, render
+
+    tasks = common.edit_tasks(common.source_files(root), n, seed, root)
+    return [
+        Prompt("edit", t.task_id, render(QWEN25_CODER, t.prefix, t.suffix), (t.suffix,))
+        for t in tasks
+    ]
+
+
+# -- analysis (pure) --------------------------------------------------------------------
+
+
+def classify(runs: list[Run], gaps: Callable[[str], list[float] | None], near_tie: float) -> None:
+    """Fill ``divergence``/``gap``/``verdict`` of every run against the plain run of the
+    same prompt. ``gaps(task_id)`` gives plain decoding's top-2 logit gaps (or None)."""
+    plain = {(r.workload, r.task_id): r for r in runs if r.method == PLAIN}
+    for run in runs:
+        if run.method == PLAIN:
+            run.verdict = "(plain)"
+            continue
+        base = plain.get((run.workload, run.task_id))
+        if base is None:
+            run.verdict = "unknown"
+            continue
+        at = common.first_divergence(base.tokens, run.tokens)
+        run.divergence = at
+        if at is None:
+            run.verdict = "identical"
+            continue
+        known = gaps(run.task_id)
+        if known is not None and at < len(known):
+            run.gap = known[at]
+            run.verdict = "near-tie" if known[at] < near_tie else "diverged"
+        else:
+            run.verdict = "unknown"
+
+
+def summarize(runs: list[Run], methods: Sequence[str]) -> list[Row]:
+    rows: list[Row] = []
+    for workload in dict.fromkeys(r.workload for r in runs):
+        mine = [r for r in runs if r.workload == workload]
+        base = {r.task_id: r.ms_per_token for r in mine if r.method == PLAIN and r.ms_per_token}
+        for method in methods:
+            got = [r for r in mine if r.method == method]
+            if not got:
+                continue
+            other = {r.task_id: r.ms_per_token for r in got if r.ms_per_token}
+            ratios = common.pairwise_speedups(base, other)
+            means = [r.accepted_mean for r in got if r.accepted_mean is not None]
+            verdicts = [r.verdict for r in got]
+            rows.append(
+                Row(
+                    workload=workload,
+                    method=method,
+                    runs=len(got),
+                    ms_per_token=common.median(other.values()),
+                    speedup=common.median(ratios),
+                    pairs=len(ratios),
+                    accepted_mean=common.mean(means),
+                    identical=verdicts.count("identical"),
+                    near_ties=verdicts.count("near-tie"),
+                    diverged=verdicts.count("diverged"),
+                    unknown=verdicts.count("unknown"),
+                    ran_as=",".join(sorted({r.ran_as for r in got if r.ran_as})) or common.UNKNOWN,
+                    compared=len([v for v in verdicts if v != "(plain)"]),
+                )
+            )
+    return rows
+
+
+def render_table(rows: Sequence[Row]) -> str:
+    headers = [
+        "workload",
+        "method",
+        "ran as",
+        "runs",
+        "median ms/token",
+        "median speedup (pairs)",
+        "mean accepted length",
+        "identical to plain",
+        "near ties",
+        "diverged",
+        "gap unknown",
+    ]
+    body = [
+        [
+            r.workload,
+            r.method,
+            r.ran_as,
+            r.runs,
+            fmt(r.ms_per_token),
+            f"{fmt(r.speedup, 2, 'x')} ({r.pairs})" if r.method != PLAIN else "1.00x",
+            fmt(r.accepted_mean, 2),
+            fmt_ratio(r.identical, r.compared) if r.method != PLAIN else common.UNKNOWN,
+            r.near_ties if r.method != PLAIN else common.UNKNOWN,
+            r.diverged if r.method != PLAIN else common.UNKNOWN,
+            r.unknown if r.method != PLAIN else common.UNKNOWN,
+        ]
+        for r in rows
+    ]
+    return markdown_table(headers, body)
+
+
+def chart(rows: Sequence[Row], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = list(dict.fromkeys(r.workload for r in rows))
+    methods = list(dict.fromkeys(r.method for r in rows))
+    width = 0.8 / max(len(workloads), 1)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(methods) + 2), 4.0))
+    for k, workload in enumerate(workloads):
+        got = {r.method: r.speedup for r in rows if r.workload == workload}
+        values = [1.0 if m == PLAIN else (got.get(m) or 0.0) for m in methods]
+        xs = [i + (k - (len(workloads) - 1) / 2) * width for i in range(len(methods))]
+        ax.bar(xs, values, width=width, label=workload)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(methods)))
+    ax.set_xticklabels(methods, rotation=20, ha="right")
+    ax.set_ylabel("median speedup over plain greedy (pairwise)")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# -- running ----------------------------------------------------------------------------
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+async def load_backend(model: Path, draft: Path | None, threads: int | None) -> Any:
+    """``LlamaBackend.load``, passing the draft model if this version takes one."""
+    from backends.llama import LlamaBackend
+
+    kwargs: dict[str, Any] = {"n_threads": threads}
+    params = inspect.signature(LlamaBackend.load).parameters
+    draft_param = next((p for p in params if "draft" in p), None)
+    if draft is not None and draft_param is not None:
+        kwargs[draft_param] = draft
+    return await LlamaBackend.load(model, **kwargs)
+
+
+async def run_kode(backend: Any, prompt: Prompt, method: str, max_tokens: int) -> Run:
+    from backends.base import GenerationRequest, SpeculationMethod
+
+    request = GenerationRequest(
+        prompt=prompt.text,
+        max_tokens=max_tokens,
+        speculation=SpeculationMethod(method),
+        draft_sources=prompt.draft_sources,
+    )
+    generation = await backend.generate(request)
+    tokens: list[int] = []
+    async for chunk in generation:
+        tokens.extend(chunk.token_ids)
+    stats = await generation.wait()
+    spec = stats.speculation
+    return Run(
+        workload=prompt.workload,
+        task_id=prompt.task_id,
+        method=method,
+        tokens=tokens,
+        ms_per_token=stats.ms_per_token if stats.completion_tokens >= 2 else None,
+        ttft_ms=stats.ttft_ms,
+        total_ms=stats.total_ms,
+        ran_as=spec.method,
+        steps=spec.steps,
+        drafted=spec.drafted,
+        accepted=spec.accepted,
+        accepted_mean=spec.accepted_mean if spec.steps else None,
+    )
+
+
+class PldPeer:
+    """llama-cpp-python's prompt-lookup speculative decoding, greedy.
+
+    ``Llama(draft_model=...)`` forces ``logits_all``: it keeps a float32 row of logits for
+    every context position (``n_ctx x n_vocab``: 0.6 GB per 1024 positions for Qwen's
+    152k vocabulary), so the context is sized to the longest prompt plus the generation.
+    """
+
+    def __init__(self, model: Path, n_ctx: int, num_pred_tokens: int, threads: int) -> None:
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        self.llm = Llama(
+            model_path=str(model),
+            n_ctx=n_ctx,
+            n_batch=512,
+            n_threads=threads,
+            n_threads_batch=threads,
+            draft_model=LlamaPromptLookupDecoding(num_pred_tokens=num_pred_tokens),
+            logits_all=True,
+            verbose=False,
+        )
+
+    def generate(
+        self, tokens: Sequence[int], max_tokens: int, is_stop: Callable[[int], bool]
+    ) -> tuple[list[int], float | None, float, float]:
+        """(tokens, decode ms per token after the first, ttft ms, total ms)."""
+        out: list[int] = []
+        start = time.perf_counter()
+        first = start
+        gen = self.llm.generate(
+            list(tokens),
+            top_k=1,
+            top_p=1.0,
+            min_p=0.0,
+            temp=0.0,
+            repeat_penalty=1.0,
+        )
+        try:
+            for token in gen:
+                if is_stop(int(token)):
+                    break
+                if not out:
+                    first = time.perf_counter()
+                out.append(int(token))
+                if len(out) >= max_tokens:
+                    break
+        finally:
+            gen.close()
+        end = time.perf_counter()
+        per = (end - first) * 1000.0 / max(len(out) - 1, 1) if len(out) >= 2 else None
+        return out, per, (first - start) * 1000.0, (end - start) * 1000.0
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+def _server_run(
+    prompt: Prompt, name: str, data: dict[str, Any], is_stop: Callable[[int], bool]
+) -> Run:
+    raw = [int(t) for t in data.get("tokens") or []]
+    tokens: list[int] = []
+    for t in raw:
+        if is_stop(t):
+            break
+        tokens.append(t)
+    timings = data.get("timings") or {}
+    n = int(timings.get("predicted_n") or len(tokens))
+    drafted = timings.get("draft_n")
+    accepted = timings.get("draft_n_accepted")
+    mean_len = None
+    if isinstance(accepted, int) and n > accepted:
+        mean_len = n / (n - accepted)
+    per = timings.get("predicted_per_token_ms")
+    return Run(
+        workload=prompt.workload,
+        task_id=prompt.task_id,
+        method=name,
+        tokens=tokens,
+        ms_per_token=float(per) if per else None,
+        ttft_ms=float(timings.get("prompt_ms") or 0.0),
+        total_ms=float(timings.get("prompt_ms") or 0.0) + float(timings.get("predicted_ms") or 0.0),
+        ran_as=name.split("/", 1)[-1],
+        drafted=int(drafted) if isinstance(drafted, int) else None,
+        accepted=int(accepted) if isinstance(accepted, int) else None,
+        accepted_mean=mean_len,
+    )
+
+
+async def measure(options: Options) -> tuple[list[Run], dict[str, Any]]:
+    """Run every method on every prompt; the runs and facts about the setup."""
+    from backends import models
+    from completion.templates import QWEN25_CODER, render
+
+    prompts: list[Prompt] = []
+    if "humaneval" in options.workloads:
+        prompts += humaneval_prompts(options.tasks, options.seed)
+    if "edit" in options.workloads:
+        prompts += edit_prompts(options.tasks, options.seed)
+    kode_methods = [m for m in options.methods if m in KODE_METHODS]
+    if PLAIN not in kode_methods:
+        kode_methods.insert(0, PLAIN)  # the baseline every ratio needs
+    model_path = models.resolve(options.model)
+    draft_path = models.resolve(options.draft_model) if "draft" in options.methods else None
+    backend = await load_backend(model_path, draft_path, options.threads)
+    facts: dict[str, Any] = {
+        "model": str(model_path),
+        "draft_model": None if draft_path is None else str(draft_path),
+        "prompts": len(prompts),
+        "max_tokens": options.max_tokens,
+        "seed": options.seed,
+        "logit_gaps": hasattr(backend, "logit_gaps"),
+        "machine_before": common.machine_note(),
+    }
+    runs: list[Run] = []
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(backend.aclose)
+        is_stop: Callable[[int], bool] = backend.model.is_stop
+        token_ids = {p.task_id: backend.model.tokenize(p.text) for p in prompts}
+        pld: PldPeer | None = None
+        if PEER_PLD in options.methods and prompts:
+            longest = max(len(t) for t in token_ids.values())
+            n_ctx = -(-(longest + options.max_tokens + options.pld_tokens + 16) // 256) * 256
+            from backends.llama_runtime import default_threads
+
+            pld = await asyncio.to_thread(
+                PldPeer, model_path, n_ctx, options.pld_tokens, options.threads or default_threads()
+            )
+            stack.callback(pld.close)
+            facts["pld_n_ctx"] = n_ctx
+        servers = await _start_servers(stack, options, model_path, draft_path, facts)
+
+        # Warm up every method (loads a draft model, pages weights in) on a tiny prompt.
+        warm = Prompt("warmup", "warmup", render(QWEN25_CODER, "def add(a, b):\n    return", "\n"))
+        for method in kode_methods:
+            await run_kode(backend, warm, method, 8)
+        if pld is not None:
+            await asyncio.to_thread(pld.generate, backend.model.tokenize(warm.text), 8, is_stop)
+        for server in servers:
+            await server.completion(backend.model.tokenize(warm.text), 8)
+
+        entries: list[str] = [*kode_methods]
+        if pld is not None:
+            entries.append(PLD_NAME)
+        entries.extend(s.mode.name for s in servers)
+        by_name = {s.mode.name: s for s in servers}
+        bar = common.progress(len(prompts) * len(entries), "speculation")
+        try:
+            for index, prompt in enumerate(prompts):
+                for entry in common.rotated(entries, index):
+                    bar.set_postfix_str(f"{prompt.task_id} {entry}", refresh=False)
+                    if entry in KODE_METHODS:
+                        run = await run_kode(backend, prompt, entry, options.max_tokens)
+                    elif entry == PLD_NAME and pld is not None:
+                        toks, per, ttft, total = await asyncio.to_thread(
+                            pld.generate, token_ids[prompt.task_id], options.max_tokens, is_stop
+                        )
+                        run = Run(prompt.workload, prompt.task_id, PLD_NAME, toks, per, ttft, total)
+                    else:
+                        data = await by_name[entry].completion(
+                            token_ids[prompt.task_id], options.max_tokens
+                        )
+                        run = _server_run(prompt, entry, data, is_stop)
+                    runs.append(run)
+                    bar.update(1)
+        finally:
+            bar.close()
+
+        gap_cache: dict[str, list[float] | None] = {}
+        texts = {p.task_id: p.text for p in prompts}
+        plain_tokens = {r.task_id: r.tokens for r in runs if r.method == PLAIN}
+        needs = {
+            r.task_id
+            for r in runs
+            if r.method != PLAIN
+            and common.first_divergence(plain_tokens.get(r.task_id, []), r.tokens) is not None
+        }
+        if hasattr(backend, "logit_gaps"):
+            for task_id in sorted(needs):
+                result = await _maybe_await(
+                    backend.logit_gaps(texts[task_id], plain_tokens.get(task_id, []))
+                )
+                gap_cache[task_id] = [float(g) for g in result]
+        classify(runs, lambda task_id: gap_cache.get(task_id), options.near_tie)
+    facts["machine_after"] = common.machine_note()
+    return runs, facts
+
+
+async def _start_servers(
+    stack: contextlib.AsyncExitStack,
+    options: Options,
+    model: Path,
+    draft: Path | None,
+    facts: dict[str, Any],
+) -> list[Any]:
+    from bench import llama_server
+
+    if PEER_SERVER not in options.methods:
+        return []
+    binary = llama_server.find_binary()
+    facts["llama_server"] = None if binary is None else str(binary)
+    if binary is None:
+        return []
+    small = draft
+    if small is None:
+        from backends import models
+
+        small = models.resolve(options.draft_model)
+    modes = llama_server.speculation_modes(llama_server.help_text(binary), small)
+    servers = []
+    for mode in modes:
+        try:
+            server = await stack.enter_async_context(
+                llama_server.serve(binary, model, mode, log_dir=options.out / "llama-server")
+            )
+        except RuntimeError as exc:
+            print(f"kode bench: skipping {mode.name}: {exc}", file=sys.stderr)
+            continue
+        servers.append(server)
+    return servers
+
+
+def report(options: Options, runs: list[Run], facts: dict[str, Any]) -> str:
+    methods = [m for m in KODE_METHODS if any(r.method == m for r in runs)]
+    methods += list(dict.fromkeys(r.method for r in runs if r.method not in KODE_METHODS))
+    rows = summarize(runs, methods)
+    out = common.prepare_out(options.out)
+    table = render_table(rows)
+    gaps_note = (
+        "near ties judged with the backend's `logit_gaps`"
+        if facts.get("logit_gaps")
+        else "the backend has no `logit_gaps` yet: every divergence is counted as `gap unknown`"
+    )
+    text = (
+        "# Speculative decoding benchmark\n\n"
+        f"- model: `{facts['model']}`; draft model: `{facts.get('draft_model')}`\n"
+        f"- prompts: {facts['prompts']} ({', '.join(options.workloads)}; "
+        f"{options.tasks} per workload, seed {options.seed}); max tokens {options.max_tokens}; "
+        "greedy\n"
+        f"- llama-server: `{facts.get('llama_server')}`\n"
+        f"- speed: decode ms per token after the first; speedup: median over prompts of "
+        f"plain ms/token / method ms/token on the same prompt (pairs in brackets)\n"
+        f"- lossless check: token ids against plain greedy; {gaps_note} "
+        f"(near tie: gap < {options.near_tie:g})\n"
+        "- `ran as`: the method the backend reports it used (`none` = decoded plainly); "
+        "rows that ran as `none` all decode plainly, so their spread around 1.00x is this "
+        "run's noise floor\n"
+        f"- machine: before {facts['machine_before']}; after {facts['machine_after']}\n\n" + table
+    )
+    (out / "report.md").write_text(text, encoding="utf-8")
+    common.write_jsonl(out / "runs.jsonl", (asdict(r) for r in runs))
+    if rows:
+        chart(rows, out / "speedup.png", f"Speculation speedup ({Path(facts['model']).name})")
+    return table
+
+
+def main(options: Options) -> int:
+    runs, facts = asyncio.run(measure(options))
+    table = report(options, runs, facts)
+    print(table)
+    print(f"report: {options.out / 'report.md'}  chart: {options.out / 'speedup.png'}")
+    return 0

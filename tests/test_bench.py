@@ -1,0 +1,428 @@
+"""The benchmarks' pure parts (no model), and one end-to-end smoke run with the 0.5B."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from backends.base import GenerationRequest, GenerationStats, TokenChunk
+from bench import common, latency, quality, sandbox, speculation
+from bench.common import EditTask, HumanEvalTask
+from cli import bench as cli_bench
+
+HAVE_DATA = common.humaneval_path("single").is_file() and common.humaneval_path("multi").is_file()
+needs_data = pytest.mark.skipif(not HAVE_DATA, reason="HumanEval infilling data not found")
+
+SOURCE = """\
+class Circle:
+    def area(self) -> float:
+        return math.pi * self.radius ** 2
+
+
+class Square:
+    def area(self) -> float:
+        return self.side * self.side
+"""
+
+
+# -- sampling ----------------------------------------------------------------------------
+
+
+def test_sample_is_seeded_and_stable() -> None:
+    items = list(range(100))
+    assert common.sample(items, 5, 0) == [49, 97, 53, 5, 33]  # pinned: runs stay comparable
+    assert common.sample(items, 5, 0) == common.sample(items, 5, 0)
+    assert common.sample(items, 5, 1) != common.sample(items, 5, 0)
+    assert common.sample(items, None, 0) == items
+    assert common.sample(items[:3], 10, 0) == items[:3]
+
+
+@needs_data
+def test_humaneval_sample_is_pinned() -> None:
+    tasks = common.load_humaneval(common.humaneval_path("multi"))
+    assert len(tasks) == 5815
+    assert [t.task_id for t in common.sample(tasks, 2, 0)] == [
+        "MultiLineInfilling/HumanEval/105/L9_L13",
+        "MultiLineInfilling/HumanEval/110/L2_L5",
+    ]
+
+
+def test_data_dir_override(tmp_path: Path) -> None:
+    assert common.data_dir({"KODE_HUMANEVAL_DIR": str(tmp_path)}) == tmp_path
+
+
+# -- edit-like tasks -----------------------------------------------------------------------
+
+
+def test_shared_run_and_identifier_chars() -> None:
+    line = common.words("return self.width * self.height")
+    earlier = common.words("return self.width + 1")
+    assert common.longest_shared_run(line, earlier) == ["return", "self", ".", "width"]
+    assert common.identifier_chars(["self", ".", "x"]) == 5
+    assert common.longest_shared_run(["a"], ["b"]) == []
+
+
+def test_edit_candidates_cut_at_the_repeated_line() -> None:
+    found = common.edit_candidates(SOURCE, name="shapes.py", min_identifier_chars=10)
+    assert [t.task_id for t in found] == ["shapes.py:7"]
+    task = found[0]
+    assert task.middle == "def area(self) -> float:"
+    assert task.prefix.endswith("\n    ")  # the cut is after the line's indentation
+    assert task.suffix.startswith("\n        return self.side")
+    assert task.shared == "def area ( self ) - > float :"
+    assert task.prefix + task.middle + task.suffix == SOURCE
+
+
+def test_edit_candidates_keep_a_window() -> None:
+    text = "".join(f"value_{i} = compute_something(alpha, beta)\n" for i in range(60))
+    found = common.edit_candidates(text, name="w.py", window=5, suffix_lines=2)
+    middle = next(t for t in found if t.task_id == "w.py:30")
+    assert middle.prefix.count("\n") == 5
+    assert middle.suffix.count("\n") == 3  # its own line break and two lines
+
+
+def test_edit_tasks_are_seeded_and_spread_over_files(tmp_path: Path) -> None:
+    for name in ("a.py", "b.py"):
+        (tmp_path / name).write_text(SOURCE + SOURCE)
+    files = sorted(tmp_path.glob("*.py"))
+    first = common.edit_tasks(files, 4, 7, root=tmp_path)
+    assert first == common.edit_tasks(files, 4, 7, root=tmp_path)
+    assert [t.task_id.split(":")[0] for t in first] == ["a.py", "b.py", "a.py", "b.py"]
+    assert all(isinstance(t, EditTask) for t in first)
+
+
+# -- statistics ----------------------------------------------------------------------------
+
+
+def test_percentile_and_median() -> None:
+    assert common.percentile([1, 2, 3, 4], 50) == 2.5
+    assert common.percentile([5], 95) == 5
+    assert common.percentile([], 50) is None
+    assert common.percentile([1.0, 2.0, 3.0, 4.0, 5.0], 95) == pytest.approx(4.8)
+    assert common.median([3, 1, 2]) == 2
+    assert common.mean([]) is None
+
+
+def test_pairwise_speedups_compare_the_same_prompt() -> None:
+    plain = {"a": 100.0, "b": 60.0, "c": 90.0}
+    method = {"a": 50.0, "b": 60.0, "d": 10.0}
+    assert common.pairwise_speedups(plain, method) == [2.0, 1.0]
+    assert common.median(common.pairwise_speedups(plain, method)) == 1.5
+    assert common.pairwise_speedups({"a": 0.0}, {"a": 1.0}) == []
+
+
+def test_first_divergence_and_rotation() -> None:
+    assert common.first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert common.first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert common.first_divergence([1, 2], [1, 2, 3]) == 2
+    assert common.rotated(["a", "b", "c"], 1) == ["b", "c", "a"]
+    assert common.rotated(["a", "b", "c"], 4) == ["b", "c", "a"]
+    assert common.rotated([], 3) == []
+
+
+# -- reports -------------------------------------------------------------------------------
+
+
+def test_markdown_table() -> None:
+    table = common.markdown_table(["a", "b"], [[1, "x|y"], ["2", None]])
+    assert table == "| a | b |\n|---|---|\n| 1 | x\\|y |\n| 2 | None |\n"
+    with pytest.raises(ValueError, match="cells"):
+        common.markdown_table(["a"], [[1, 2]])
+    assert common.fmt(None) == common.UNKNOWN
+    assert common.fmt(1.234, 2, "x") == "1.23x"
+    assert common.fmt_ratio(3, 4) == "3/4 (75%)"
+    assert common.fmt_ratio(0, 0) == common.UNKNOWN
+
+
+def _run(task: str, method: str, tokens: list[int], ms: float | None) -> speculation.Run:
+    return speculation.Run("w", task, method, tokens, ms, 10.0, 100.0, ran_as=method)
+
+
+def test_speculation_summary_and_near_ties(tmp_path: Path) -> None:
+    runs = [
+        _run("t1", "none", [1, 2, 3], 100.0),
+        _run("t1", "ngram", [1, 2, 3], 50.0),
+        _run("t2", "none", [4, 5, 6], 80.0),
+        _run("t2", "ngram", [4, 9, 6], 80.0),  # diverges at 1: a near tie
+        _run("t1", "draft", [1, 2, 7], 100.0),  # diverges at 2: a real divergence
+        _run("t2", "draft", [4, 5], 40.0),  # diverges at 2, gap unknown (no gap there)
+    ]
+    runs[1].accepted_mean = 2.0
+    runs[3].accepted_mean = 1.0
+    gaps = {"t1": [5.0, 5.0, 5.0], "t2": [3.0, 1e-4]}
+    speculation.classify(runs, gaps.get, 1e-3)
+    assert [r.verdict for r in runs] == [
+        "(plain)",
+        "identical",
+        "(plain)",
+        "near-tie",
+        "diverged",
+        "unknown",
+    ]
+    rows = {r.method: r for r in speculation.summarize(runs, ["none", "ngram", "draft"])}
+    assert rows["ngram"].speedup == 1.5  # median of 100/50 and 80/80
+    assert rows["ngram"].accepted_mean == 1.5
+    assert (rows["ngram"].identical, rows["ngram"].near_ties, rows["ngram"].compared) == (1, 1, 2)
+    assert (rows["draft"].diverged, rows["draft"].unknown) == (1, 1)
+    table = speculation.render_table(list(rows.values()))
+    assert "| w | ngram | ngram | 2 | 65.0 | 1.50x (2) | 1.50 | 1/2 (50%) | 1 | 0 | 0 |" in table
+    speculation.chart(list(rows.values()), tmp_path / "c.png", "t")
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_classify_without_gaps_counts_unknown() -> None:
+    runs = [_run("t", "none", [1, 2], 10.0), _run("t", "pld", [1, 3], 10.0)]
+    speculation.classify(runs, lambda _task: None, 1e-3)
+    assert runs[1].verdict == "unknown"
+    assert runs[1].divergence == 1
+
+
+# -- sandbox -------------------------------------------------------------------------------
+
+
+def test_sandbox_passes_a_good_program() -> None:
+    outcome = sandbox.run_program("assert sum([1, 2]) == 3\n")
+    assert outcome.passed
+    assert outcome.verdict is sandbox.Verdict.PASSED
+
+
+def test_sandbox_fails_a_bad_program() -> None:
+    outcome = sandbox.run_program("def f(:\n")  # a syntax error
+    assert outcome.verdict is sandbox.Verdict.FAILED
+    assert "SyntaxError" in outcome.stderr_tail
+    assert sandbox.run_program("assert 1 == 2\n").verdict is sandbox.Verdict.FAILED
+
+
+def test_sandbox_times_out_an_infinite_loop() -> None:
+    outcome = sandbox.run_program("while True:\n    pass\n", sandbox.Limits(timeout_s=1.0, cpu_s=5))
+    assert outcome.verdict is sandbox.Verdict.TIMEOUT
+    assert outcome.seconds < 5
+
+
+def test_sandbox_caps_cpu_and_memory() -> None:
+    cpu = sandbox.run_program("while True:\n    pass\n", sandbox.Limits(timeout_s=10.0, cpu_s=1))
+    assert cpu.verdict is sandbox.Verdict.TIMEOUT  # SIGXCPU before the wall clock
+    assert cpu.seconds < 5
+    memory = sandbox.run_program("x = bytearray(4 << 30)\n")
+    assert memory.verdict is sandbox.Verdict.FAILED
+    assert "MemoryError" in memory.stderr_tail
+
+
+def test_sandbox_is_isolated(tmp_path: Path) -> None:
+    here = str(Path.cwd())
+    program = f"import os, sys\nassert os.getcwd() != {here!r}\nassert sys.flags.isolated\n"
+    assert sandbox.run_program(program).passed
+
+
+@needs_data
+def test_canonical_solutions_pass_through_the_harness() -> None:
+    for which in ("single", "multi"):
+        tasks = common.sample(common.load_humaneval(common.humaneval_path(which)), 3, 0)
+        for task in tasks:
+            solution = task.canonical_solution.removesuffix("\n")
+            assert sandbox.run_program(task.program(solution)).passed, task.task_id
+            assert not sandbox.run_program(task.program("")).passed or task.task_id
+
+
+def test_quality_program_and_document() -> None:
+    task = HumanEvalTask(
+        "T/0",
+        "def f(x):\n",
+        "    return y\n",
+        "    y = x + 1\n",
+        "def check(c):\n    assert c(1) == 2\n",
+        "f",
+    )
+    assert quality.document_text(task) == "def f(x):\n\n    return y\n"
+    assert sandbox.run_program(task.program("    y = x + 1")).passed
+    assert not sandbox.run_program(task.program("    y = x")).passed
+    assert quality.task_uri(task) == "file:///kode-bench/humaneval/t_0.py"
+
+
+def test_quality_summary() -> None:
+    results = [
+        quality.Result("m", "single", "engine", "a", "passed", "x", 10.0),
+        quality.Result("m", "single", "engine", "b", "timeout", "x", 30.0),
+        quality.Result("m", "single", "raw", "a", "failed", "x", 20.0),
+    ]
+    rows = quality.summarize(results)
+    assert [(r.mode, r.passed, r.total, r.timeouts) for r in rows] == [
+        ("engine", 1, 2, 1),
+        ("raw", 0, 1, 0),
+    ]
+    assert "| m | single | engine | 1/2 (50%) | 1 | 0 | 20 |" in quality.render_table(rows)
+
+
+class _FakeGeneration:
+    def __init__(self) -> None:
+        self.stats = GenerationStats(completion_tokens=1)
+
+    async def __aiter__(self) -> AsyncIterator[TokenChunk]:
+        yield TokenChunk("    y = x + 1\n", (1,))
+
+    async def cancel(self) -> None:
+        return None
+
+    async def wait(self) -> GenerationStats:
+        return self.stats
+
+
+class _FakeBackend:
+    """Records the prompts it is asked to continue."""
+
+    name = "fake"
+    model_name = "fake"
+
+    def __init__(self) -> None:
+        self.prompts: list[str] = []
+
+    def count_tokens(self, text: str) -> int:
+        return len(text) // 3 + 1
+
+    async def generate(self, request: GenerationRequest) -> _FakeGeneration:
+        self.prompts.append(request.prompt)
+        return _FakeGeneration()
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_raw_mode_sends_the_engines_prompt() -> None:
+    from completion.engine import CompletionEngine
+    from completion.settings import parse
+
+    backend = _FakeBackend()
+
+    async def factory(_settings: object) -> _FakeBackend:
+        return backend
+
+    settings, problems = parse({"maxTokens": 16})
+    assert not problems
+    engine = CompletionEngine(factory, settings)
+    task = HumanEvalTask("T/1", "def f(x):\n", "    return y\n", "", "", "f")
+    uri = quality.task_uri(task)
+    engine.documents.open(uri, quality.document_text(task), 0, "python")
+    offset = len(task.prompt)
+    done = await engine.complete(uri, engine.documents.get(uri).position_at(offset))
+    raw, tokens = await quality._raw(engine, backend, uri, offset, 16)
+    assert backend.prompts[0] == backend.prompts[1]
+    assert (
+        "<|fim_prefix|>def f(x):\n<|fim_suffix|>\n    return y\n<|fim_middle|>"
+        in (backend.prompts[0])
+    )
+    assert (done.text, raw, tokens) == ("    y = x + 1", "    y = x + 1\n", 1)
+
+
+# -- latency -------------------------------------------------------------------------------
+
+
+def test_region_scripts_remove_what_is_typed_back() -> None:
+    scripts = latency.region_scripts(Path("shapes.py"), SOURCE, 2, 0, 60)
+    assert len(scripts) == 2
+    for s in scripts:
+        assert s.text[: s.offset] + s.typed + s.text[s.offset :] == SOURCE
+        assert s.typed == s.typed.strip()
+    assert scripts == latency.region_scripts(Path("shapes.py"), SOURCE, 2, 0, 60)
+
+
+def test_accept_proxy_and_latency_summary() -> None:
+    typed = "return x"
+    keys = [
+        latency.Keystroke("s", 0, "r", sent=0.0, next_key=0.12),
+        latency.Keystroke("s", 1, "e", sent=0.12, next_key=0.24),
+        latency.Keystroke("s", 2, "t", sent=0.24, next_key=None),
+    ]
+    keys[0].outcome, keys[0].answered = "cancelled", 0.13
+    keys[1].outcome, keys[1].answered, keys[1].suggestion = "shown", 0.2, "turn x + 1"
+    keys[1].stats = {"completionTokens": 5, "totalMs": 500.0, "ttftMs": 100.0}
+    keys[2].outcome, keys[2].answered, keys[2].partial = "shown", 1.24, 0.74
+    keys[2].suggestion = "urn y"
+    latency.mark_matches(keys, typed)
+    assert [k.matched for k in keys] == [None, True, False]
+    assert keys[1].visible_ms == pytest.approx(80.0)
+    assert keys[2].visible_ms == pytest.approx(500.0)  # the partial came first
+    assert [k.before_next_key for k in keys] == [False, True, True]
+    summary = latency.summarize(keys, {"cancelled": 4, "stepsAfterCancel": 2, "generations": 9})
+    assert summary.shown == 2
+    assert summary.answered_before_next == 2
+    assert summary.ms_per_token == 100.0
+    assert (summary.matched, summary.match_checked) == (1, 2)
+    table = latency.render_table("all", summary, 120)
+    assert "| decode steps after cancel (stepsAfterCancel / cancelled) | 2/4 = 0.50 |" in table
+
+
+# -- command line --------------------------------------------------------------------------
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    cli_bench.register(parser.add_subparsers(dest="command"))
+    return parser.parse_args(argv)
+
+
+def test_cli_parses_each_benchmark() -> None:
+    args = _parse(["bench", "speculation", "--methods", "none,ngram", "--tasks", "1"])
+    assert args.methods == ("none", "ngram")
+    assert args.func is cli_bench.run
+    args = _parse(["bench", "quality", "--model", "default", "--model", "small", "--full"])
+    assert args.model == ["default", "small"]
+    assert args.full
+    args = _parse(["bench", "latency", "--cadence-ms", "80", "--files", "a.py"])
+    assert args.cadence_ms == 80.0
+    assert args.files == [Path("a.py")]
+
+
+# -- end to end, with the real 0.5B --------------------------------------------------------
+
+
+def _small_model_installed() -> bool:
+    from backends import models
+    from backends.errors import ModelError
+
+    try:
+        models.resolve("small", auto_install=False)
+    except ModelError:
+        return False
+    return True
+
+
+@pytest.mark.model
+@needs_data
+def test_speculation_benchmark_smoke(tmp_path: Path) -> None:
+    if not _small_model_installed():
+        pytest.skip("the small model is not installed (kode model install small)")
+    out = tmp_path / "spec"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cli.main",
+            "bench",
+            "speculation",
+            "--model",
+            "small",
+            "--tasks",
+            "1",
+            "--max-tokens",
+            "16",
+            "--methods",
+            "none,ngram",
+            "--out",
+            str(out),
+        ],
+        cwd=common.REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "| humaneval | ngram |" in done.stdout
+    assert "| edit | ngram |" in done.stdout
+    for name in ("report.md", "runs.jsonl", "speedup.png"):
+        assert (out / name).stat().st_size > 0, name
