@@ -76,7 +76,8 @@ class EditTask:
 
 def data_dir(environ: dict[str, str] | None = None) -> Path:
     """Where the HumanEval infilling files are: ``$KODE_HUMANEVAL_DIR``, else
-    ``shared/data/humaneval-infilling`` in or beside the checkout."""
+    ``shared/data/humaneval-infilling`` in or beside the checkout, else the copy in
+    ``bench/data``."""
     env = os.environ if environ is None else environ
     named = env.get("KODE_HUMANEVAL_DIR")
     if named:
@@ -85,7 +86,8 @@ def data_dir(environ: dict[str, str] | None = None) -> Path:
     for base in (REPO_ROOT, REPO_ROOT.parent):
         if (base / tail).is_dir():
             return base / tail
-    return REPO_ROOT.parent / tail
+    # A copy ships with Kode (MIT licence, see its LICENSE file).
+    return Path(__file__).parent / "data" / "humaneval-infilling"
 
 
 def humaneval_path(which: str, folder: Path | None = None) -> Path:
