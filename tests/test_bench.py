@@ -15,9 +15,6 @@ from bench import common, latency, quality, sandbox, speculation
 from bench.common import EditTask, HumanEvalTask
 from cli import bench as cli_bench
 
-# The data ships in bench/data, so it is always there: a missing file fails the test.
-needs_data = pytest.mark.usefixtures()
-
 SOURCE = """\
 class Circle:
     def area(self) -> float:
@@ -42,7 +39,6 @@ def test_sample_is_seeded_and_stable() -> None:
     assert common.sample(items[:3], 10, 0) == items[:3]
 
 
-@needs_data
 def test_humaneval_sample_is_pinned() -> None:
     tasks = common.load_humaneval(common.humaneval_path("multi"))
     assert len(tasks) == 5815
@@ -219,7 +215,6 @@ def test_sandbox_is_isolated(tmp_path: Path) -> None:
     assert sandbox.run_program(program).passed
 
 
-@needs_data
 def test_canonical_solutions_pass_through_the_harness() -> None:
     for which in ("single", "multi"):
         tasks = common.sample(common.load_humaneval(common.humaneval_path(which)), 3, 0)
@@ -392,7 +387,6 @@ def _small_model_installed() -> bool:
 
 
 @pytest.mark.model
-@needs_data
 def test_speculation_benchmark_smoke(tmp_path: Path) -> None:
     if not _small_model_installed():
         pytest.skip("the small model is not installed (kode model install small)")
