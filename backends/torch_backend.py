@@ -40,6 +40,7 @@ from backends.base import (
 )
 from backends.errors import BackendError, ContextOverflow, ModelError
 from backends.llama import BackendCounters
+from backends.llama_spec import CostTracker
 from backends.speculative import AdaptivePolicy, CostCurve, NgramDrafter
 from backends.torch_spec import (
     CausalLM,
@@ -63,12 +64,14 @@ class Vocab:
         if tokenizer.eos_token_id is not None:
             stops.add(int(tokenizer.eos_token_id))
         self.stops = frozenset(stops)
+        self._lock = threading.Lock()  # count_tokens (event loop) vs the worker thread
 
     def tokenize(self, text: str, *, special: bool = True) -> list[int]:
         """Token ids of ``text``; ``special`` parses ``<|fim_prefix|>`` and friends."""
-        ids: list[int] = self.tokenizer.encode(
-            text, add_special_tokens=False, split_special_tokens=not special
-        )
+        with self._lock:
+            ids: list[int] = self.tokenizer.encode(
+                text, add_special_tokens=False, split_special_tokens=not special
+            )
         return ids
 
     def is_stop(self, token: int) -> bool:
@@ -165,7 +168,7 @@ class Loaded:
     """A model and its tokenizer, as loaded from one reference."""
 
     model: PreTrainedModel
-    tokenizer: PreTrainedTokenizerBase
+    tokenizer: PreTrainedTokenizerBase | None
     name: str
 
 
@@ -173,8 +176,10 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def load_pretrained(ref: str | Path, device: torch.device | None = None) -> Loaded:
-    """Load a causal LM and its tokenizer (blocking; call it off the event loop).
+def load_pretrained(
+    ref: str | Path, device: torch.device | None = None, *, tokenizer: bool = True
+) -> Loaded:
+    """Load a causal LM and (unless ``tokenizer`` is false) its tokenizer; blocking.
 
     ``ref``: ``default`` / ``small`` / ``hf:OWNER/REPO/FILE.gguf`` (via ``backends.models``),
     a GGUF file (dequantized), a directory of safetensors weights, or a hub id. float32 on
@@ -200,13 +205,13 @@ def load_pretrained(ref: str | Path, device: torch.device | None = None) -> Load
     else:
         raise ModelError(f"no model at {name!r} (a GGUF file, a model directory or a hub id)")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+        tok = AutoTokenizer.from_pretrained(source, **kwargs) if tokenizer else None
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
     except (OSError, ValueError, ImportError, RuntimeError) as exc:
         raise ModelError(f"transformers could not load {name!r}: {exc}") from exc
     torch.nn.Module.to(model, device)  # (transformers' own ``to`` is typed loosely)
     torch.nn.Module.eval(model)
-    return Loaded(model, tokenizer, path.name if path.exists() else name)
+    return Loaded(model, tok, path.name if path.exists() else name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,8 +258,9 @@ class TorchBackend:
         self._closed = False
         self.counters = BackendCounters()
         self.curve = curve
-        # Learned across generations: acceptance of n-gram drafts in this session.
+        # Learned across generations: acceptance of n-gram drafts and forward costs.
         self.policy = AdaptivePolicy(curve, ["ngram"], max_draft=8)
+        self.costs = CostTracker(curve.ms_by_rows)
         self.drafter = NgramDrafter(min_n=2, max_n=4)
         self.history: deque[list[int]] = deque(maxlen=16)  # earlier completions (tokens)
 
@@ -273,12 +279,11 @@ class TorchBackend:
     ) -> TorchBackend:
         """A backend over models already in memory; measures the cost curve unless given.
 
-        ``n_threads`` sets torch's intra-op threads, which is process-wide (on a busy
-        2-core machine one thread beats two spinning ones by far).
+        ``n_threads`` sets torch's intra-op threads (process-wide).
         """
 
         def models() -> tuple[Loaded, Loaded | None]:
-            small = None if draft is None else Loaded(draft, tokenizer, "")
+            small = None if draft is None else Loaded(draft, None, "")
             return Loaded(model, tokenizer, name), small
 
         return await cls._start(models, draft_options, curve, n_ctx, n_threads)
@@ -302,7 +307,8 @@ class TorchBackend:
 
         def models() -> tuple[Loaded, Loaded | None]:
             target = load_pretrained(model, dev)
-            return target, None if draft is None else load_pretrained(draft, dev)
+            small = None if draft is None else load_pretrained(draft, dev, tokenizer=False)
+            return target, small
 
         return await cls._start(models, draft_options, curve, n_ctx, n_threads)
 
@@ -324,6 +330,8 @@ class TorchBackend:
             target, draft = models()
             if draft is not None:
                 _check_same_vocab(target.model, draft.model)
+            if target.tokenizer is None:
+                raise ModelError(f"no tokenizer for {target.name}")
             measured = curve if curve is not None else calibrate(CausalLM(target.model))
             return cls(
                 target.model,
@@ -510,7 +518,13 @@ class _Run:
             drafter.add_source(src)
         auto = method is SpeculationMethod.AUTO
         return NgramStepper(
-            lm, picker, drafter, backend.policy, allow_plain=auto, method=str(method)
+            lm,
+            picker,
+            drafter,
+            backend.policy,
+            allow_plain=auto,
+            method=str(method),
+            tracker=backend.costs if auto else None,
         )
 
     def _emit(self, token: int) -> None:

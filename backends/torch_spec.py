@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol, overload
+from typing import TYPE_CHECKING, Protocol, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -42,6 +42,9 @@ from backends.speculative import (
     verify,
 )
 from backends.speculative.ngram import common_prefix
+
+if TYPE_CHECKING:
+    from backends.llama_spec import CostTracker
 
 Probs = npt.NDArray[np.float64]
 # (draft tokens [k], q [k, V], p [k + 1, V], rng) -> (accepted, next token)
@@ -150,17 +153,19 @@ class Picker:
         return self.sampling.greedy
 
     def probs(self, logits: torch.Tensor) -> Probs:
-        """Sampling distributions of logit rows. Shapes: [n, V] -> [n, V] float64."""
+        """Sampling distributions of logit rows. Shapes: [n, V] -> [n, V] float64.
+
+        Top-p keeps the most likely tokens up to and including the first that brings the
+        cumulative probability to ``top_p``.
+        """
         s = self.sampling
-        p = torch.softmax(logits.double() / max(s.temperature, 1e-6), dim=-1).cpu().numpy()
+        p = torch.softmax(logits.double() / max(s.temperature, 1e-6), dim=-1)
         if s.top_p < 1.0:
-            for row in p:
-                order = np.argsort(-row)
-                cum = np.cumsum(row[order])
-                drop = order[int(np.searchsorted(cum, s.top_p) + 1) :]
-                row[drop] = 0.0
-                row /= row.sum()
-        out: Probs = p
+            ranked, order = torch.sort(p, dim=-1, descending=True)
+            keep = (torch.cumsum(ranked, dim=-1) - ranked) < s.top_p  # mass before < top_p
+            p = torch.where(torch.zeros_like(keep).scatter(-1, order, keep), p, 0.0)
+            p = p / p.sum(dim=-1, keepdim=True)
+        out: Probs = p.cpu().numpy()
         return out
 
     def pick(self, logits: torch.Tensor) -> int:
@@ -196,8 +201,23 @@ class _LazyPicks(Sequence[int]):
         return value
 
 
+def timed_forward(lm: CausalLM, tokens: Sequence[int], tracker: CostTracker | None) -> torch.Tensor:
+    """``lm.forward`` that reports its wall time by rows to ``tracker`` (when given)."""
+    if tracker is None:
+        return lm.forward(tokens)
+    start = time.perf_counter()
+    logits = lm.forward(tokens)
+    lm.synchronize()
+    tracker.record(len(tokens), (time.perf_counter() - start) * 1000.0)
+    return logits
+
+
 def verify_chain(
-    lm: CausalLM, picker: Picker, root: int, chain: Sequence[int]
+    lm: CausalLM,
+    picker: Picker,
+    root: int,
+    chain: Sequence[int],
+    tracker: CostTracker | None = None,
 ) -> tuple[list[int], int]:
     """Feed ``[root, *chain]`` in one forward; accept by sample-and-match; crop the rest.
 
@@ -205,7 +225,7 @@ def verify_chain(
     ``root`` and the accepted tokens.
     """
     n_past = len(lm.tokens)
-    logits = lm.forward([root, *chain])
+    logits = timed_forward(lm, [root, *chain], tracker)
     tree = build_tree(root, [list(chain)], max_rows=len(chain) + 1)
     result = verify(tree, _LazyPicks(logits, picker))
     lm.crop(n_past + 1 + len(result.accepted_tokens))
@@ -221,12 +241,12 @@ class Stepper(Protocol):
 class PlainStepper:
     """One token per target forward."""
 
-    def __init__(self, lm: CausalLM, picker: Picker) -> None:
-        self.lm, self.picker = lm, picker
+    def __init__(self, lm: CausalLM, picker: Picker, tracker: CostTracker | None = None) -> None:
+        self.lm, self.picker, self.tracker = lm, picker, tracker
         self.stats = SpeculationStats(method="none")
 
     def step(self, root: int) -> list[int]:
-        logits = self.lm.forward([root])
+        logits = timed_forward(self.lm, [root], self.tracker)
         self.stats.steps += 1
         return [self.picker.pick(logits[0])]
 
@@ -236,8 +256,13 @@ class NgramStepper:
     so far) as a chain, verified in one forward by sample-and-match.
 
     ``policy`` picks the draft length from the cost curve and the acceptance seen so far;
-    with ``allow_plain`` (``auto``) it may decode plainly when drafting does not pay.
+    with ``allow_plain`` (``auto``) it may decode plainly when drafting does not pay. With
+    a ``tracker`` (``auto``), every forward's time updates the cost curve the policy uses,
+    and one step in ``PROBE_EVERY`` is plain to keep the 1-row cost current (as on
+    llama.cpp).
     """
+
+    PROBE_EVERY = 12
 
     def __init__(
         self,
@@ -248,16 +273,21 @@ class NgramStepper:
         *,
         allow_plain: bool,
         method: str = "ngram",
+        tracker: CostTracker | None = None,
     ) -> None:
         self.lm, self.picker, self.drafter, self.policy = lm, picker, drafter, policy
         self.allow_plain = allow_plain
+        self.tracker = tracker
         self.stats = SpeculationStats(method=method)
-        self._plain = PlainStepper(lm, picker)
+        self._plain = PlainStepper(lm, picker, tracker)
 
     def step(self, root: int) -> list[int]:
+        if self.tracker is not None and self.tracker.dirty:
+            self.policy.curve = self.tracker.curve()
         history = [*self.lm.tokens, root]
         max_draft = self.policy.max_draft
-        cands = self.drafter.propose(history, max_draft) if max_draft else []
+        probe = self.allow_plain and self.stats.steps % self.PROBE_EVERY == self.PROBE_EVERY - 1
+        cands = self.drafter.propose(history, max_draft) if max_draft and not probe else []
         longest = len(cands[0]) if cands else 0
         k = 0
         if longest:
@@ -268,7 +298,7 @@ class NgramStepper:
         if k == 0:
             self.policy.observe("none", 0, 0)
             return self._plain.step(root)
-        accepted, nxt = verify_chain(self.lm, self.picker, root, cands[0][:k])
+        accepted, nxt = verify_chain(self.lm, self.picker, root, cands[0][:k], self.tracker)
         self.policy.observe("ngram", k, len(accepted))
         self.stats.drafted += k
         self.stats.accepted += len(accepted)

@@ -44,6 +44,9 @@ def _parser() -> argparse.ArgumentParser:
         "--speculation", choices=["auto", "none", "ngram", "lookahead", "draft"], default=None
     )
     complete.add_argument("--multiline", choices=["auto", "always", "never"], default=None)
+    complete.add_argument(
+        "--backend", choices=["llama.cpp", "torch"], default=None, help="local engine"
+    )
     complete.add_argument("--json", action="store_true", help="print one JSON object")
 
     model = sub.add_parser("model", help="manage the default models")
@@ -138,6 +141,8 @@ async def _complete(args: argparse.Namespace, text: str, uri: str) -> int:
         raw["speculation"] = args.speculation
     if args.multiline is not None:
         raw["multiline"] = args.multiline
+    if args.backend is not None:
+        raw["localEngine"] = args.backend
     settings, problems = parse(raw)
     if problems:
         raise KodeError("; ".join(problems))

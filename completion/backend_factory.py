@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 
 from backends.base import Backend, SpeculationMethod
-from backends.errors import SettingsError
+from backends.errors import BackendError, SettingsError
 from backends.remote import OpenAIBackend, RemoteBackend, SGLangBackend
 from backends.router import RouteMode, RoutingBackend
-from completion.settings import BackendKind, RemoteApi, Settings
+from completion.settings import BackendKind, LocalEngine, RemoteApi, Settings
 from completion.templates import TEMPLATES
 
 
@@ -39,7 +39,24 @@ async def load_backend(settings: Settings) -> Backend:
 
 
 async def load_local(settings: Settings) -> Backend:
-    """The local llama.cpp backend for ``settings.model``."""
+    """The local backend for ``settings.model``: llama.cpp, or torch if asked for."""
+    if settings.local_engine is LocalEngine.TORCH:
+        try:
+            from backends.torch_backend import load_torch_backend
+        except ImportError as exc:
+            raise BackendError(
+                f'localEngine "torch" needs PyTorch and transformers: pip install '
+                f"'kode[torch]' ({exc})"
+            ) from exc
+        draft_name = (
+            settings.draft_model if settings.speculation is SpeculationMethod.DRAFT else None
+        )
+        return await load_torch_backend(
+            settings.model,
+            draft_name,
+            n_ctx=settings.context_size,
+            n_threads=settings.threads or None,
+        )
     from backends import models
     from backends.llama import LlamaBackend
 

@@ -421,6 +421,7 @@ class BackendPool:
     async def get(self, settings: Settings) -> Backend:
         key = (
             settings.backend,
+            settings.local_engine,
             settings.model,
             settings.draft_model if settings.speculation is SpeculationMethod.DRAFT else None,
             settings.context_size,

@@ -28,6 +28,11 @@ _Positive = Annotated[int, msgspec.Meta(ge=1)]
 _NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 
 
+class LocalEngine(enum.StrEnum):
+    LLAMA_CPP = "llama.cpp"  # GGUF through llama-cpp-python (the default)
+    TORCH = "torch"  # transformers + PyTorch (pip install 'kode[torch]'); bf16 on a GPU
+
+
 class RemoteApi(enum.StrEnum):
     SGLANG = "sglang"  # native POST /generate (SSE) + /abort_request
     OPENAI = "openai"  # POST /v1/completions (vLLM, TGI, llama.cpp server, kode serve)
@@ -53,6 +58,7 @@ class Settings(
 
     enabled: bool = True
     backend: BackendKind = BackendKind.LOCAL
+    local_engine: LocalEngine = LocalEngine.LLAMA_CPP
     model: str = "default"  # "default" (1.5B), "small" (0.5B), a GGUF path or hf:OWNER/REPO/FILE
     draft_model: str = "small"  # used by speculation = draft
     template: str = "qwen2.5-coder"
