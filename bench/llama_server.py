@@ -68,33 +68,41 @@ class Mode:
 
 
 def spec_types(help_: str) -> list[str]:
-    """The values ``--spec-type`` accepts, as the help lists them (``ngram-*`` and the
-    like), in the order listed; empty for builds without the option."""
-    at = help_.find("--spec-type")
-    if at == -1:
-        return []
-    block = help_[at : at + 600]
-    names = re.findall(r"\b(ngram[-\w]*|none|draft[-\w]*)\b", block)
-    out: list[str] = []
-    for name in names:
-        if name not in out and name.startswith("ngram"):
-            out.append(name)
-    return out
+    """The values ``--spec-type`` accepts, as its help line lists them
+    (``--spec-type none,draft-simple,...,ngram-simple,ngram-cache``); empty for builds
+    without the option."""
+    match = re.search(r"--spec-type\s+([\w,-]+)", help_)
+    return [] if match is None else [v for v in match.group(1).split(",") if v]
+
+
+def draft_max_flag(help_: str) -> str | None:
+    """The option that caps a draft model's draft length in this build: newer builds
+    replaced ``--draft-max`` (now an error) with ``--spec-draft-n-max``."""
+    if "--spec-draft-n-max" in help_:
+        return "--spec-draft-n-max"
+    match = re.search(r"--draft-max[^\n]*\n?[^\n]*", help_)
+    if match is not None and "removed" not in match.group(0):
+        return "--draft-max"
+    return None
 
 
 def speculation_modes(help_: str, draft_model: Path | None, draft_max: int = 8) -> list[Mode]:
     """Plain decoding, then each speculative mode this build offers."""
+    kinds = spec_types(help_)
     modes = [Mode("llama-server/plain", ())]
     if draft_model is not None and "--model-draft" in help_:
-        modes.append(
-            Mode(
-                "llama-server/draft",
-                ("--model-draft", str(draft_model), "--draft-max", str(draft_max)),
-            )
-        )
+        args: tuple[str, ...] = ("--model-draft", str(draft_model))
+        flag = draft_max_flag(help_)
+        if flag is not None:
+            args += (flag, str(draft_max))
+        if "draft-simple" in kinds:  # builds with --spec-type need the type named too
+            args += ("--spec-type", "draft-simple")
+        modes.append(Mode("llama-server/draft", args))
+    # n-gram modes keep the server's own defaults (their options differ per type).
     modes.extend(
-        Mode(f"llama-server/{kind}", ("--spec-type", kind, "--draft-max", str(draft_max)))
-        for kind in spec_types(help_)
+        Mode(f"llama-server/{kind}", ("--spec-type", kind))
+        for kind in kinds
+        if kind.startswith("ngram")
     )
     return modes
 

@@ -351,6 +351,53 @@ def test_accept_proxy_and_latency_summary() -> None:
     assert "| decode steps after cancel (stepsAfterCancel / cancelled) | 2/4 = 0.50 |" in table
 
 
+HELP = """\
+--spec-draft-model, -md, --model-draft FNAME
+                                        draft model for speculative decoding
+--spec-type none,draft-simple,draft-eagle3,ngram-simple,ngram-mod,ngram-cache
+                                        comma-separated list of types (default: none)
+--spec-ngram-mod-n-min N                minimum number of ngram tokens
+--spec-draft-n-max N                    number of tokens to draft (default: 16)
+--draft, --draft-n, --draft-max N       the argument has been removed. use --spec-draft-n-max or
+                                        --spec-ngram-mod-n-max
+"""
+
+
+def test_llama_server_modes_from_help() -> None:
+    from bench import llama_server
+
+    assert llama_server.spec_types(HELP) == [
+        "none",
+        "draft-simple",
+        "draft-eagle3",
+        "ngram-simple",
+        "ngram-mod",
+        "ngram-cache",
+    ]
+    modes = llama_server.speculation_modes(HELP, Path("/m/small.gguf"), draft_max=4)
+    assert [m.name for m in modes] == [
+        "llama-server/plain",
+        "llama-server/draft",
+        "llama-server/ngram-simple",
+        "llama-server/ngram-mod",
+        "llama-server/ngram-cache",
+    ]
+    assert modes[1].args == (
+        "--model-draft",
+        "/m/small.gguf",
+        "--spec-draft-n-max",
+        "4",
+        "--spec-type",
+        "draft-simple",
+    )
+    assert modes[2].args == ("--spec-type", "ngram-simple")
+    assert llama_server.draft_max_flag("--draft-max N   tokens to draft\n") == "--draft-max"
+    assert llama_server.draft_max_flag("--draft-max N   the argument has been removed") is None
+    assert llama_server.speculation_modes("--port N", None) == [
+        llama_server.Mode("llama-server/plain", ())
+    ]
+
+
 # -- command line --------------------------------------------------------------------------
 
 
