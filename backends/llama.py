@@ -88,6 +88,7 @@ class BackendCounters:
                     "method": last.speculation.method,
                     "steps": last.speculation.steps,
                     "drafted": last.speculation.drafted,
+                    "accepted": last.speculation.accepted,
                     "acceptedMean": round(last.speculation.accepted_mean, 3),
                 },
             },

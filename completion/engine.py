@@ -231,7 +231,9 @@ class CompletionEngine:
                 visible = live.visible()
                 if on_partial is not None and len(visible) > shown and "\n" in visible[shown:]:
                     shown = len(visible)  # a line completed: each partial extends the last
-                    on_partial(visible[len(typed) :].rstrip())
+                    partial = visible[len(typed) :].rstrip()
+                    if partial.strip():
+                        on_partial(partial)
                 left = None if deadline is None else deadline - time.perf_counter()
                 if left is not None and left <= 0:
                     break  # answer with what is ready; the generation goes on
