@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import codecs
-import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -28,7 +25,6 @@ import numpy.typing as npt
 from backends.base import (
     FinishReason,
     GenerationRequest,
-    GenerationStats,
     Sampling,
     SpeculationMethod,
     TokenChunk,
@@ -36,7 +32,6 @@ from backends.base import (
 from backends.errors import BackendError, ContextOverflow
 from backends.llama_runtime import LlamaContext, LlamaModel, PrefillAborted
 from backends.llama_spec import (
-    CostTracker,
     DraftModelStepper,
     LookaheadStepper,
     NgramStepper,
@@ -45,54 +40,8 @@ from backends.llama_spec import (
     calibrate,
 )
 from backends.speculative import AdaptivePolicy, CostCurve, Lookahead, NgramDrafter
-
-
-@dataclass(slots=True)
-class BackendCounters:
-    """Totals since the backend started (read by tests, benchmarks and ``kode/stats``)."""
-
-    generations: int = 0
-    cancelled: int = 0
-    decode_calls: int = 0  # every llama_decode on the target, prompt batches included
-    generation_steps: int = 0  # target steps after prompts
-    steps_after_cancel: int = 0
-    prompt_tokens: int = 0
-    prompt_tokens_reused: int = 0
-    prompt_tokens_evaluated: int = 0
-    completion_tokens: int = 0
-    last: GenerationStats = field(default_factory=GenerationStats)
-
-    def as_dict(self) -> dict[str, Any]:
-        last = self.last
-        return {
-            "generations": self.generations,
-            "cancelled": self.cancelled,
-            "decodeCalls": self.decode_calls,
-            "generationSteps": self.generation_steps,
-            "stepsAfterCancel": self.steps_after_cancel,
-            "promptTokens": self.prompt_tokens,
-            "promptTokensReused": self.prompt_tokens_reused,
-            "promptTokensEvaluated": self.prompt_tokens_evaluated,
-            "completionTokens": self.completion_tokens,
-            "last": {
-                "promptTokens": last.prompt_tokens,
-                "reusedPromptTokens": last.reused_prompt_tokens,
-                "evaluatedPromptTokens": last.evaluated_prompt_tokens,
-                "completionTokens": last.completion_tokens,
-                "decodeSteps": last.decode_steps,
-                "stepsAfterCancel": last.steps_after_cancel,
-                "finishReason": None if last.finish_reason is None else str(last.finish_reason),
-                "ttftMs": round(last.ttft_ms, 1),
-                "totalMs": round(last.total_ms, 1),
-                "speculation": {
-                    "method": last.speculation.method,
-                    "steps": last.speculation.steps,
-                    "drafted": last.speculation.drafted,
-                    "accepted": last.speculation.accepted,
-                    "acceptedMean": round(last.speculation.accepted_mean, 3),
-                },
-            },
-        }
+from backends.speculative.policy import CostTracker
+from backends.worker import BackendCounters, Job, WorkerGeneration
 
 
 class Sampler:
@@ -118,57 +67,6 @@ class Sampler:
             q[keep] = p[keep]
             p = q / q.sum()
         return int(self._rng.choice(len(p), p=p))
-
-
-class _Job:
-    """State shared between one generation's worker run and its async consumer."""
-
-    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> None:
-        self.request = request
-        self.loop = loop
-        self.queue: asyncio.Queue[TokenChunk | BaseException | None] = asyncio.Queue()
-        self.cancel_event = threading.Event()
-        self.stats = GenerationStats()
-        self.steps_at_cancel: int | None = None
-
-    def cancelled(self) -> bool:
-        return self.cancel_event.is_set()
-
-    def emit(self, item: TokenChunk | BaseException | None) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-
-
-class LlamaGeneration:
-    """Handle of one running generation on a ``LlamaBackend``."""
-
-    def __init__(self, job: _Job, done: asyncio.Future[None]) -> None:
-        self._job = job
-        self._done = done
-
-    @property
-    def stats(self) -> GenerationStats:
-        return self._job.stats
-
-    async def __aiter__(self) -> AsyncIterator[TokenChunk]:
-        try:
-            while True:
-                item = await self._job.queue.get()
-                if item is None:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            # Leaving the loop early (break, exception, task cancel) stops the worker.
-            self._job.cancel_event.set()
-
-    async def cancel(self) -> None:
-        self._job.cancel_event.set()
-        await asyncio.shield(self._done)
-
-    async def wait(self) -> GenerationStats:
-        await asyncio.shield(self._done)
-        return self._job.stats
 
 
 class LlamaBackend:
@@ -254,14 +152,14 @@ class LlamaBackend:
     def count_tokens(self, text: str) -> int:
         return len(self._model.tokenize(text))
 
-    async def generate(self, request: GenerationRequest) -> LlamaGeneration:
+    async def generate(self, request: GenerationRequest) -> WorkerGeneration:
         if self._closed:
             raise BackendError("backend is closed")
         if request.max_tokens < 1:
             raise BackendError("max_tokens must be at least 1")
         await self._lock.acquire()
         loop = asyncio.get_running_loop()
-        job = _Job(request, loop)
+        job = Job(request, loop)
         try:
             done = loop.run_in_executor(self._executor, self._run, job)
         except BaseException:
@@ -272,7 +170,7 @@ class LlamaBackend:
             self._lock.release()
 
         done.add_done_callback(finished)
-        return LlamaGeneration(job, done)
+        return WorkerGeneration(job, done)
 
     async def aclose(self) -> None:
         if self._closed:
@@ -315,7 +213,7 @@ class LlamaBackend:
 
     # -- worker thread ------------------------------------------------------------------
 
-    def _run(self, job: _Job) -> None:
+    def _run(self, job: Job) -> None:
         run = _Run(self, job)
         try:
             run.execute()
@@ -330,7 +228,7 @@ class LlamaBackend:
 class _Run:
     """One generation, executed on the worker thread."""
 
-    def __init__(self, backend: LlamaBackend, job: _Job) -> None:
+    def __init__(self, backend: LlamaBackend, job: Job) -> None:
         self.backend = backend
         self.job = job
         self.ctx = backend._ctx
@@ -452,3 +350,6 @@ class _Run:
         counters.last = stats
         if len(self.generated) >= 4:
             self.backend.history.append(self.generated)
+
+
+LlamaGeneration = WorkerGeneration  # the name callers used before the split

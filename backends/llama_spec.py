@@ -19,7 +19,7 @@ the accepted path.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, overload
 
 import numpy as np
@@ -36,6 +36,7 @@ from backends.speculative import (
     draft_chain,
     verify,
 )
+from backends.speculative.policy import CostTracker
 
 Pick = Callable[[int], int]  # batch output row -> the target's token there
 
@@ -94,38 +95,6 @@ def calibrate(ctx: LlamaContext, sizes: Sequence[int] = (1, 2, 4, 8), reps: int 
     for n in sorted(ms):
         floor = ms[n] = max(ms[n], floor)
     return CostCurve(ms)
-
-
-class CostTracker:
-    """The batch-cost curve as the machine delivers it now, not only at load time.
-
-    Starts from the calibrated curve; every timed target call updates an exponential
-    moving average of ms per batch size, and ``curve()`` rebuilds the relative curve from
-    them. When other processes compete for the cores, multi-row batches get relatively
-    dearer (llama.cpp's threads wait on each other) and the policy sees it within a few
-    steps.
-    """
-
-    def __init__(self, calibrated: Mapping[int, float], alpha: float = 0.2) -> None:
-        self.ms = dict(calibrated)
-        self.alpha = alpha
-        self._dirty = False
-
-    def record(self, rows: int, ms: float) -> None:
-        old = self.ms.get(rows)
-        self.ms[rows] = ms if old is None else (1 - self.alpha) * old + self.alpha * ms
-        self._dirty = True
-
-    def curve(self) -> CostCurve:
-        floor, smooth = 0.0, {}
-        for n in sorted(self.ms):
-            floor = smooth[n] = max(self.ms[n], floor)
-        self._dirty = False
-        return CostCurve(smooth)
-
-    @property
-    def dirty(self) -> bool:
-        return self._dirty
 
 
 def timed_decode(ctx: LlamaContext, rows: Sequence[Row], tracker: CostTracker | None) -> None:

@@ -20,7 +20,7 @@ import asyncio
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,14 +34,12 @@ from backends.base import (
     Backend,
     FinishReason,
     GenerationRequest,
-    GenerationStats,
     SpeculationMethod,
     TokenChunk,
 )
 from backends.errors import BackendError, ContextOverflow, ModelError
-from backends.llama import BackendCounters
-from backends.llama_spec import CostTracker
 from backends.speculative import AdaptivePolicy, CostCurve, NgramDrafter
+from backends.speculative.policy import CostTracker
 from backends.torch_spec import (
     CausalLM,
     DraftModelStepper,
@@ -52,6 +50,7 @@ from backends.torch_spec import (
     Stepper,
     calibrate,
 )
+from backends.worker import BackendCounters, Job, WorkerGeneration
 
 
 class Vocab:
@@ -111,56 +110,6 @@ class Detokenizer:
             return ""
         self._prefix, self._read = self._read, len(self.ids)
         return text[len(done) :]
-
-
-class _Job:
-    """State shared between one generation's worker run and its async consumer."""
-
-    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> None:
-        self.request = request
-        self.loop = loop
-        self.queue: asyncio.Queue[TokenChunk | BaseException | None] = asyncio.Queue()
-        self.cancel_event = threading.Event()
-        self.stats = GenerationStats()
-
-    def cancelled(self) -> bool:
-        return self.cancel_event.is_set()
-
-    def emit(self, item: TokenChunk | BaseException | None) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-
-
-class TorchGeneration:
-    """Handle of one running generation on a ``TorchBackend``."""
-
-    def __init__(self, job: _Job, done: asyncio.Future[None]) -> None:
-        self._job = job
-        self._done = done
-
-    @property
-    def stats(self) -> GenerationStats:
-        return self._job.stats
-
-    async def __aiter__(self) -> AsyncIterator[TokenChunk]:
-        try:
-            while True:
-                item = await self._job.queue.get()
-                if item is None:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            # Leaving the loop early (break, exception, task cancel) stops the worker.
-            self._job.cancel_event.set()
-
-    async def cancel(self) -> None:
-        self._job.cancel_event.set()
-        await asyncio.shield(self._done)
-
-    async def wait(self) -> GenerationStats:
-        await asyncio.shield(self._done)
-        return self._job.stats
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,7 +312,7 @@ class TorchBackend:
     def count_tokens(self, text: str) -> int:
         return len(self.vocab.tokenize(text))
 
-    async def generate(self, request: GenerationRequest) -> TorchGeneration:
+    async def generate(self, request: GenerationRequest) -> WorkerGeneration:
         if self._closed:
             raise BackendError("backend is closed")
         if request.max_tokens < 1:
@@ -380,7 +329,7 @@ class TorchBackend:
             )
         await self._lock.acquire()
         loop = asyncio.get_running_loop()
-        job = _Job(request, loop)
+        job = Job(request, loop)
         try:
             done = loop.run_in_executor(self._executor, self._run, job)
         except BaseException:
@@ -391,7 +340,7 @@ class TorchBackend:
             self._lock.release()
 
         done.add_done_callback(finished)
-        return TorchGeneration(job, done)
+        return WorkerGeneration(job, done)
 
     async def aclose(self) -> None:
         if self._closed:
@@ -430,7 +379,7 @@ class TorchBackend:
 
     # -- worker thread ------------------------------------------------------------------
 
-    def _run(self, job: _Job) -> None:
+    def _run(self, job: Job) -> None:
         run = _Run(self, job)
         try:
             run.execute()
@@ -445,7 +394,7 @@ class TorchBackend:
 class _Run:
     """One generation, executed on the worker thread."""
 
-    def __init__(self, backend: TorchBackend, job: _Job) -> None:
+    def __init__(self, backend: TorchBackend, job: Job) -> None:
         self.backend = backend
         self.job = job
         self.lm = backend._lm
@@ -574,3 +523,6 @@ async def load_torch_backend(
     return await TorchBackend.load(
         model, draft=draft, device=device, n_ctx=n_ctx, n_threads=n_threads
     )
+
+
+TorchGeneration = WorkerGeneration  # the name callers used before the split

@@ -44,7 +44,7 @@ from backends.speculative import (
 from backends.speculative.ngram import common_prefix
 
 if TYPE_CHECKING:
-    from backends.llama_spec import CostTracker
+    from backends.speculative.policy import CostTracker
 
 Probs = npt.NDArray[np.float64]
 # (draft tokens [k], q [k, V], p [k + 1, V], rng) -> (accepted, next token)

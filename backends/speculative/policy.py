@@ -254,3 +254,35 @@ class AdaptivePolicy:
             if speed > best_speed or best_k == 0:
                 best_k, best_speed = k, speed
         return best_k, best_speed
+
+
+class CostTracker:
+    """The batch-cost curve as the machine delivers it now, not only at load time.
+
+    Starts from the calibrated curve; every timed target call updates an exponential
+    moving average of ms per batch size, and ``curve()`` rebuilds the relative curve from
+    them. When other processes compete for the cores, multi-row batches get relatively
+    dearer (llama.cpp's threads wait on each other) and the policy sees it within a few
+    steps.
+    """
+
+    def __init__(self, calibrated: Mapping[int, float], alpha: float = 0.2) -> None:
+        self.ms = dict(calibrated)
+        self.alpha = alpha
+        self._dirty = False
+
+    def record(self, rows: int, ms: float) -> None:
+        old = self.ms.get(rows)
+        self.ms[rows] = ms if old is None else (1 - self.alpha) * old + self.alpha * ms
+        self._dirty = True
+
+    def curve(self) -> CostCurve:
+        floor, smooth = 0.0, {}
+        for n in sorted(self.ms):
+            floor = smooth[n] = max(self.ms[n], floor)
+        self._dirty = False
+        return CostCurve(smooth)
+
+    @property
+    def dirty(self) -> bool:
+        return self._dirty
