@@ -36,6 +36,10 @@ from completion.templates import TEMPLATES, FimTemplate, render
 log = logging.getLogger("kode.completion")
 
 BackendFactory = Callable[[Settings], Awaitable[Backend]]
+
+# After a request is cancelled, how long to wait for the edit (or new request) that
+# may keep its suggestion alive before stopping the generation.
+_CANCEL_GRACE_S = 0.1
 PartialCallback = Callable[[str], None]
 
 
@@ -219,6 +223,7 @@ class CompletionEngine:
         budget_ms = self._settings.time_budget_ms
         deadline = None if budget_ms == 0 else started + budget_ms / 1000.0
         shown = len(typed)
+        live.waiters += 1
 
         def current() -> bool:
             return self._tickets.get(uri) is ticket and doc.version == version
@@ -239,11 +244,14 @@ class CompletionEngine:
                     break  # answer with what is ready; the generation goes on
                 await live.wait_change(left)
         except asyncio.CancelledError:
-            # The client gave up on this request. Keep generating only if an edit just
-            # typed into the suggestion (typed-ahead); otherwise stop now.
-            if self._live.get(uri) is live and not live.kept_alive(doc.text):
-                await self._drop(uri)
+            # The client gave up on this request. Clients send the cancel before or after
+            # the edit that caused it, so decide a moment later: keep generating only if
+            # the user typed into the suggestion or asked for it again.
+            if self._live.get(uri) is live:
+                self._spawn(self._drop_if_abandoned(uri, live))
             raise
+        finally:
+            live.waiters -= 1
         if not current():
             raise Superseded(uri)
         text = live.final() if live.done.is_set() else live.visible().rstrip()
@@ -279,6 +287,14 @@ class CompletionEngine:
         live.wake()
         if live.done.is_set() and typed and typed == live.final() and self._settings.prefetch:
             self._spawn(self._prefetch(uri, live.start + len(typed)))
+
+    async def _drop_if_abandoned(self, uri: str, live: _Live) -> None:
+        await asyncio.sleep(_CANCEL_GRACE_S)
+        if self._live.get(uri) is not live or live.done.is_set() or live.waiters:
+            return
+        if uri in self.documents and live.kept_alive(self.documents.get(uri).text):
+            return
+        await self._drop(uri)
 
     async def _prefetch(self, uri: str, offset: int) -> None:
         if uri not in self.documents or self._live.get(uri) is None:
@@ -339,6 +355,7 @@ class _Live:
         self.generation = generation
         self.model, self.backend = model, backend
         self.raw = ""
+        self.waiters = 0  # requests waiting on this suggestion now
         self.created = time.perf_counter()
         self.done = asyncio.Event()
         self._changed = asyncio.Event()

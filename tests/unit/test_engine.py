@@ -196,3 +196,19 @@ async def test_cancelled_request_stops_its_generation_unless_typed_into() -> Non
         await task
     stats = await backend.generations[0].wait()
     assert stats.finish_reason is FinishReason.CANCELLED
+
+
+async def test_cancel_before_the_edit_still_keeps_a_typed_into_suggestion() -> None:
+    """Some clients send $/cancelRequest before the didChange that caused it."""
+    backend = ScriptedBackend(["value", " = ", "compute", "(", ")"], delay=0.05)
+    engine = engine_for(backend)
+    engine.documents.open(URI, "x = 1\n", 1)
+    task = asyncio.ensure_future(engine.complete(URI, Position(1, 0)))
+    await asyncio.sleep(0.08)  # "value" is out
+    task.cancel()  # the cancel comes first ...
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    type_text(engine, 2, Position(1, 0), "va")  # ... then the edit
+    result = await engine.complete(URI, Position(1, 2))
+    assert result.text == "lue = compute()"
+    assert len(backend.requests) == 1
