@@ -41,7 +41,7 @@ from backends.llama_spec import (
 )
 from backends.speculative import AdaptivePolicy, CostCurve, Lookahead, NgramDrafter
 from backends.speculative.policy import CostTracker
-from backends.worker import BackendCounters, Job, WorkerGeneration
+from backends.worker import BackendCounters, Job, WorkerGeneration, run_job
 
 
 class Sampler:
@@ -214,15 +214,7 @@ class LlamaBackend:
     # -- worker thread ------------------------------------------------------------------
 
     def _run(self, job: Job) -> None:
-        run = _Run(self, job)
-        try:
-            run.execute()
-        except BaseException as exc:  # reported to the consumer, never lost
-            job.stats.finish_reason = FinishReason.ERROR
-            job.emit(exc if isinstance(exc, BackendError) else BackendError(repr(exc)))
-        finally:
-            run.account()
-            job.emit(None)
+        run_job(job, _Run(self, job))
 
 
 class _Run:

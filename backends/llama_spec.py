@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol, overload
+from typing import Protocol
 
 import numpy as np
 
@@ -29,6 +29,7 @@ from backends.llama_runtime import LlamaContext, Row
 from backends.speculative import (
     AdaptivePolicy,
     CostCurve,
+    LazyPicks,
     Lookahead,
     NgramDrafter,
     TokenTree,
@@ -45,29 +46,6 @@ class Stepper(Protocol):
     stats: SpeculationStats
 
     def step(self, root: int) -> list[int]: ...
-
-
-class _LazyPicks(Sequence[int]):
-    """``picks[i]`` is the target's token after batch row ``i``, computed on first use."""
-
-    def __init__(self, n: int, pick: Pick) -> None:
-        self._cache: list[int | None] = [None] * n
-        self._pick = pick
-
-    def __len__(self) -> int:
-        return len(self._cache)
-
-    @overload
-    def __getitem__(self, i: int) -> int: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[int]: ...
-    def __getitem__(self, i: int | slice) -> int | list[int]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        value = self._cache[i]
-        if value is None:
-            value = self._cache[i] = self._pick(i)
-        return value
 
 
 def calibrate(ctx: LlamaContext, sizes: Sequence[int] = (1, 2, 4, 8), reps: int = 2) -> CostCurve:
@@ -205,7 +183,7 @@ class NgramStepper:
         tree = build_tree(root, cands, max_rows=k + 1 + extra)
         rows = _tree_rows(ctx, tree)
         timed_decode(ctx, rows, self.tracker)
-        picks = _LazyPicks(len(rows), self.pick)
+        picks = LazyPicks(len(rows), self.pick)
         result = verify(tree, picks)
         accepted = len(result.accepted_tokens)
         _commit_tree(ctx, tree, accepted, result.branch)
@@ -261,7 +239,7 @@ class DraftModelStepper:
         chain = draft_chain(self._draft_step_factory(history), root, self.max_draft, self.p_min)
         tree = build_tree(root, [chain] if chain else [], max_rows=len(chain) + 1)
         ctx.decode(_tree_rows(ctx, tree))
-        result = verify(tree, _LazyPicks(tree.n_rows, self.pick))
+        result = verify(tree, LazyPicks(tree.n_rows, self.pick))
         accepted = len(result.accepted_tokens)
         _commit_tree(ctx, tree, accepted, result.branch)
         ctx.tokens.extend([root, *result.accepted_tokens])

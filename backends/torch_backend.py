@@ -50,7 +50,7 @@ from backends.torch_spec import (
     Stepper,
     calibrate,
 )
-from backends.worker import BackendCounters, Job, WorkerGeneration
+from backends.worker import BackendCounters, Job, WorkerGeneration, run_job
 
 
 class Vocab:
@@ -380,15 +380,7 @@ class TorchBackend:
     # -- worker thread ------------------------------------------------------------------
 
     def _run(self, job: Job) -> None:
-        run = _Run(self, job)
-        try:
-            run.execute()
-        except BaseException as exc:  # reported to the consumer, never lost
-            job.stats.finish_reason = FinishReason.ERROR
-            job.emit(exc if isinstance(exc, BackendError) else BackendError(repr(exc)))
-        finally:
-            run.account()
-            job.emit(None)
+        run_job(job, _Run(self, job))
 
 
 class _Run:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol, overload
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -34,6 +34,7 @@ from backends.errors import BackendError
 from backends.speculative import (
     AdaptivePolicy,
     CostCurve,
+    LazyPicks,
     NgramDrafter,
     accept_reject,
     build_tree,
@@ -175,32 +176,6 @@ class Picker:
         return sample_index(self.probs(logits[None])[0], self.rng)
 
 
-class _LazyPicks(Sequence[int]):
-    """``picks[i]`` is the target's token after row ``i``, computed on first use (a sample
-    is drawn only for rows on the accepted path, so the rng sees exactly plain decoding's
-    draws)."""
-
-    def __init__(self, logits: torch.Tensor, picker: Picker) -> None:
-        self._logits = logits
-        self._picker = picker
-        self._cache: list[int | None] = [None] * logits.shape[0]
-
-    def __len__(self) -> int:
-        return len(self._cache)
-
-    @overload
-    def __getitem__(self, i: int) -> int: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[int]: ...
-    def __getitem__(self, i: int | slice) -> int | list[int]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        value = self._cache[i]
-        if value is None:
-            value = self._cache[i] = self._picker.pick(self._logits[i])
-        return value
-
-
 def timed_forward(lm: CausalLM, tokens: Sequence[int], tracker: CostTracker | None) -> torch.Tensor:
     """``lm.forward`` that reports its wall time by rows to ``tracker`` (when given)."""
     if tracker is None:
@@ -227,7 +202,7 @@ def verify_chain(
     n_past = len(lm.tokens)
     logits = timed_forward(lm, [root, *chain], tracker)
     tree = build_tree(root, [list(chain)], max_rows=len(chain) + 1)
-    result = verify(tree, _LazyPicks(logits, picker))
+    result = verify(tree, LazyPicks(len(chain) + 1, lambda i: picker.pick(logits[i])))
     lm.crop(n_past + 1 + len(result.accepted_tokens))
     return list(result.accepted_tokens), result.next_token
 

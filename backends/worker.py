@@ -11,9 +11,10 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from backends.base import GenerationRequest, GenerationStats, TokenChunk
+from backends.base import FinishReason, GenerationRequest, GenerationStats, TokenChunk
+from backends.errors import BackendError
 
 
 @dataclass(slots=True)
@@ -113,3 +114,24 @@ class WorkerGeneration:
     async def wait(self) -> GenerationStats:
         await asyncio.shield(self._done)
         return self._job.stats
+
+
+class Run(Protocol):
+    """One generation as a backend executes it on its worker thread."""
+
+    def execute(self) -> None: ...
+
+    def account(self) -> None: ...
+
+
+def run_job(job: Job, run: Run) -> None:
+    """Execute ``run`` on the worker thread: errors reach the consumer, never get lost;
+    counters are updated and the stream is closed whatever happens."""
+    try:
+        run.execute()
+    except BaseException as exc:
+        job.stats.finish_reason = FinishReason.ERROR
+        job.emit(exc if isinstance(exc, BackendError) else BackendError(repr(exc)))
+    finally:
+        run.account()
+        job.emit(None)

@@ -24,9 +24,11 @@ from backends.speculative.policy import (
     AcceptanceStats,
     AdaptivePolicy,
     CostCurve,
+    CostTracker,
     expected_tokens,
 )
 from backends.speculative.tree import (
+    LazyPicks,
     TokenTree,
     Verification,
     accept_greedy,
@@ -38,6 +40,8 @@ __all__ = [
     "AcceptanceStats",
     "AdaptivePolicy",
     "CostCurve",
+    "CostTracker",
+    "LazyPicks",
     "Lookahead",
     "LookaheadPlan",
     "LookaheadResult",

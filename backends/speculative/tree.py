@@ -22,8 +22,9 @@ this is exact for any sampler, greedy included.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,3 +186,35 @@ def accept_greedy(draft: Sequence[int], target_tokens: Sequence[int]) -> tuple[i
     while a < len(draft) and draft[a] == target_tokens[a]:
         a += 1
     return a, target_tokens[a]
+
+
+class LazyPicks(Sequence[int]):
+    """``picks[i]`` is the target's token after row ``i``, computed by ``pick(i)`` on first
+    use. ``verify`` reads only the rows on the accepted path, so argmax runs (or a sample
+    is drawn) only where needed, and a sampler's rng sees exactly plain decoding's draws.
+
+    Example:
+        >>> calls = []
+        >>> picks = LazyPicks(3, lambda i: calls.append(i) or 10 + i)
+        >>> picks[2], picks[2], calls
+        (12, 12, [2])
+    """
+
+    def __init__(self, n: int, pick: Callable[[int], int]) -> None:
+        self._cache: list[int | None] = [None] * n
+        self._pick = pick
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[int]: ...
+    def __getitem__(self, i: int | slice) -> int | list[int]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        value = self._cache[i]
+        if value is None:
+            value = self._cache[i] = self._pick(i)
+        return value
