@@ -30,7 +30,7 @@ from backends.base import (
     TokenChunk,
 )
 from backends.errors import BackendError, ContextOverflow
-from backends.llama_runtime import LlamaContext, LlamaModel, PrefillAborted
+from backends.llama_runtime import LlamaContext, LlamaModel, PrefillAborted, llama_thread
 from backends.llama_spec import (
     DraftModelStepper,
     LookaheadStepper,
@@ -108,7 +108,7 @@ class LlamaBackend:
     ) -> LlamaBackend:
         """Load ``path`` (and a draft model for ``speculation=draft``), then measure the
         target's batch-cost curve on this machine unless ``curve`` is given."""
-        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kode-llama")
+        executor = llama_thread()
         loop = asyncio.get_running_loop()
         opened: list[LlamaModel | LlamaContext] = []
 
@@ -132,7 +132,6 @@ class LlamaBackend:
         except BaseException:
             for thing in reversed(opened):
                 thing.close()
-            executor.shutdown(wait=False)
             raise
 
     # -- Backend protocol -------------------------------------------------------------
@@ -179,7 +178,6 @@ class LlamaBackend:
         async with self._lock:
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(self._executor, self._free)
-        self._executor.shutdown(wait=True)
 
     def _free(self) -> None:
         if self._draft is not None:

@@ -13,6 +13,7 @@ import ctypes
 import os
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +45,30 @@ def _quiet_llama() -> None:
             llama_cpp.llama_log_set(_ignore, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
         _backend_initialised = True
+
+
+_THREAD_LOCK = threading.Lock()
+_thread: ThreadPoolExecutor | None = None
+
+
+def llama_thread() -> ThreadPoolExecutor:
+    """The one OS thread on which this process runs every llama.cpp call that computes.
+
+    llama-cpp-python's wheels are built with OpenMP (libgomp), which gives each calling
+    thread its own team of worker threads, and those teams spin-wait. Once a second
+    thread has run a graph, the first one decodes slower for the rest of the process,
+    even after the second context is freed: measured on the 2-core dev machine, the
+    1.5B's plain decode went from 31.5 to 41-44 ms per token after one
+    ``Llama.generate`` on another thread, and stayed at 34 ms when that generate ran
+    on this thread instead. So every model, context and generation goes through here;
+    work for different models queues up, which on a few cores costs nothing it would
+    not cost anyway.
+    """
+    global _thread
+    with _THREAD_LOCK:
+        if _thread is None:
+            _thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kode-llama")
+        return _thread
 
 
 def _never() -> bool:

@@ -83,6 +83,7 @@ class Run:
     divergence: int | None = None  # first index differing from plain greedy
     gap: float | None = None  # plain's top-2 logit gap there, when known
     verdict: str = ""  # identical | near-tie | diverged | unknown | (plain)
+    ceiling: float | None = None  # plain runs: the n-gram oracle ceiling (oracle_ceiling)
 
 
 @dataclass(slots=True)
@@ -153,6 +154,89 @@ def classify(runs: list[Run], gaps: Callable[[str], list[float] | None], near_ti
             run.verdict = "near-tie" if known[at] < near_tie else "diverged"
         else:
             run.verdict = "unknown"
+
+
+def oracle_ceiling(
+    prompt: Sequence[int],
+    output: Sequence[int],
+    propose: Callable[[list[int]], list[list[int]]],
+    cost: Callable[[int], float],
+    max_draft: int,
+) -> float | None:
+    """The best speedup any draft-length policy could get from these drafts on this cost
+    curve: an oracle that knows the output drafts exactly the part of a candidate that
+    will be accepted, never more, and decodes plainly where that does not pay.
+
+    Each step decodes ``[root, d1..dk]`` (cost ``cost(k + 1)`` single steps) and yields
+    ``k + 1`` tokens when all k drafts are right; plain decoding yields one token per step.
+    ``propose(context)`` gives the drafter's candidates for ``prompt + output[:i + 1]``.
+    The minimum total cost over all policies is a dynamic programme from the end. The first
+    output token comes from the prompt pass, as in the measured runs, so ``len(output) - 1``
+    tokens are decoded; None when that is zero.
+
+    Example: the output ``[5, 6, 7, 8]`` after the prompt ``[5, 6, 7, 8, 5]``: at every
+    step the drafter repeats what followed the last occurrence. One 3-row batch ``[5, 6, 7]``
+    (cost 1.8) yields the three tokens ``6 7 8`` plain decoding needs three steps for.
+        >>> def propose(ctx):
+        ...     i = len(ctx) - 1 - ctx[::-1][1:].index(ctx[-1])  # last earlier occurrence
+        ...     return [ctx[i:i + 8]]
+        >>> curve = {1: 1.0, 2: 1.6, 3: 1.8, 4: 2.0}
+        >>> round(oracle_ceiling([5, 6, 7, 8], [5, 6, 7, 8], propose, curve.__getitem__, 8), 3)
+        1.667
+    """
+    steps = len(output) - 1
+    if steps <= 0:
+        return None
+    agree = []
+    for i in range(steps):
+        context = [*prompt, *output[: i + 1]]
+        truth = output[i + 1 :]
+        best = 0
+        for cand in propose(context):
+            n = 0
+            while n < min(len(cand), len(truth), max_draft) and cand[n] == truth[n]:
+                n += 1
+            best = max(best, n)
+        agree.append(best)
+    # least[i]: minimal cost to produce output[i + 1:] with output[i] as the root.
+    least = [0.0] * (steps + 1)
+    for i in range(steps - 1, -1, -1):
+        drafts = range(1, min(agree[i], steps - 1 - i) + 1)
+        least[i] = min([1.0 + least[i + 1], *(cost(k + 1) + least[i + k + 1] for k in drafts)])
+    return steps / least[0]
+
+
+def ngram_ceiling(
+    backend: Any, prompt: list[int], output: list[int], sources: Sequence[str]
+) -> float | None:
+    """``oracle_ceiling`` for Kode's n-gram drafter (fed as the backend feeds it) on the
+    backend's calibrated cost curve, up to its policy's longest draft."""
+    from backends.speculative import NgramDrafter
+
+    template = backend.drafter
+    drafter = NgramDrafter(min_n=template.min_n, max_n=template.max_n)
+    for text in sources:
+        if text:
+            drafter.add_source(backend.model.tokenize(text, special=False))
+    kmax = backend.policy.max_draft
+    return oracle_ceiling(
+        prompt, output, lambda ctx: drafter.propose(ctx, kmax, 3), backend.curve.cost, kmax
+    )
+
+
+def ceiling_table(runs: Sequence[Run]) -> str:
+    """Per workload: the median n-gram oracle ceiling next to ``auto``'s median speedup."""
+    body = []
+    for workload in dict.fromkeys(r.workload for r in runs):
+        ceilings = [r.ceiling for r in runs if r.workload == workload and r.ceiling]
+        if not ceilings:
+            continue
+        median, best = common.median(ceilings), max(ceilings)
+        body.append([workload, len(ceilings), fmt(median, 2, "x"), fmt(best, 2, "x")])
+    if not body:
+        return ""
+    headers = ["workload", "prompts", "median n-gram oracle ceiling", "best prompt"]
+    return markdown_table(headers, body)
 
 
 def summarize(runs: list[Run], methods: Sequence[str]) -> list[Row]:
@@ -248,6 +332,15 @@ def chart(rows: Sequence[Row], path: Path, title: str) -> None:
 
 
 # -- running ----------------------------------------------------------------------------
+
+
+async def on_llama_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run ``fn`` on the thread that runs Kode's own llama.cpp work (see
+    ``backends.llama_runtime.llama_thread``): a peer computing on another thread would
+    slow Kode's plain decoding by a third for the rest of the run and skew every ratio."""
+    from backends.llama_runtime import llama_thread
+
+    return await asyncio.get_running_loop().run_in_executor(llama_thread(), fn, *args)
 
 
 async def _maybe_await(value: Any) -> Any:
@@ -422,7 +515,7 @@ async def measure(options: Options) -> tuple[list[Run], dict[str, Any]]:
             n_ctx = -(-(longest + options.max_tokens + options.pld_tokens + 16) // 256) * 256
             from backends.llama_runtime import default_threads
 
-            pld = await asyncio.to_thread(
+            pld = await on_llama_thread(
                 PldPeer, model_path, n_ctx, options.pld_tokens, options.threads or default_threads()
             )
             stack.callback(pld.close)
@@ -434,7 +527,7 @@ async def measure(options: Options) -> tuple[list[Run], dict[str, Any]]:
         for method in kode_methods:
             await run_kode(backend, warm, method, 8)
         if pld is not None:
-            await asyncio.to_thread(pld.generate, backend.model.tokenize(warm.text), 8, is_stop)
+            await on_llama_thread(pld.generate, backend.model.tokenize(warm.text), 8, is_stop)
         for server in servers:
             await server.completion(backend.model.tokenize(warm.text), 8)
 
@@ -451,7 +544,7 @@ async def measure(options: Options) -> tuple[list[Run], dict[str, Any]]:
                     if entry in KODE_METHODS:
                         run = await run_kode(backend, prompt, entry, options.max_tokens)
                     elif entry == PLD_NAME and pld is not None:
-                        toks, per, ttft, total = await asyncio.to_thread(
+                        toks, per, ttft, total = await on_llama_thread(
                             pld.generate, token_ids[prompt.task_id], options.max_tokens, is_stop
                         )
                         run = Run(prompt.workload, prompt.task_id, PLD_NAME, toks, per, ttft, total)
@@ -481,6 +574,14 @@ async def measure(options: Options) -> tuple[list[Run], dict[str, Any]]:
                 )
                 gap_cache[task_id] = [float(g) for g in result]
         classify(runs, lambda task_id: gap_cache.get(task_id), options.near_tie)
+        if hasattr(backend, "curve") and hasattr(backend, "policy"):
+            facts["curve"] = {n: round(ms, 1) for n, ms in backend.curve.ms_by_rows.items()}
+            sources = {p.task_id: p.draft_sources for p in prompts}
+            for run in runs:
+                if run.method == PLAIN:
+                    run.ceiling = ngram_ceiling(
+                        backend, token_ids[run.task_id], run.tokens, sources[run.task_id]
+                    )
     facts["machine_after"] = common.machine_note()
     return runs, facts
 
@@ -546,6 +647,18 @@ def report(options: Options, runs: list[Run], facts: dict[str, Any]) -> str:
         "run's noise floor\n"
         f"- machine: before {facts['machine_before']}; after {facts['machine_after']}\n\n" + table
     )
+    ceilings = ceiling_table(runs)
+    if ceilings:
+        text += (
+            "\n\n## What n-gram drafting could reach on this machine\n\n"
+            f"Target batch cost, ms by rows (calibrated at load): `{facts.get('curve')}`. "
+            "The ceiling is the speedup of an oracle that drafts, at every step, exactly "
+            "the part of Kode's best n-gram candidate that plain greedy decoding goes on "
+            "to produce (never a wasted row), and decodes plainly where a batch would not "
+            "pay: no draft-length policy over these drafts can beat it on this cost curve.\n\n"
+            + ceilings
+        )
+        table += "\n\n" + ceilings
     (out / "report.md").write_text(text, encoding="utf-8")
     common.write_jsonl(out / "runs.jsonl", (asdict(r) for r in runs))
     if rows:

@@ -467,3 +467,29 @@ def test_speculation_benchmark_smoke(tmp_path: Path) -> None:
     assert "| edit | ngram |" in done.stdout
     for name in ("report.md", "runs.jsonl", "speedup.png"):
         assert (out / name).stat().st_size > 0, name
+
+
+def _repeat_last(ctx: list[int]) -> list[list[int]]:
+    """Draft what followed the previous occurrence of the last token."""
+    for i in range(len(ctx) - 2, -1, -1):
+        if ctx[i] == ctx[-1]:
+            return [ctx[i + 1 : i + 9]]
+    return []
+
+
+def test_oracle_ceiling_drafts_only_what_pays() -> None:
+    # A linear curve: a batch of k rows costs k steps, so no draft ever pays.
+    linear = float
+    out = [1, 2, 3, 4, 5, 6]
+    assert speculation.oracle_ceiling([1, 2, 3, 4, 5, 6], out, _repeat_last, linear, 8) == 1.0
+    # Cheap batches and a perfect repeat: the 5 decoded tokens come in one 6-row batch.
+    curve = {n: 1.0 + 0.1 * (n - 1) for n in range(1, 10)}
+    cost = curve.__getitem__
+    ceiling = speculation.oracle_ceiling([1, 2, 3, 4, 5, 6], out, _repeat_last, cost, 8)
+    assert ceiling == pytest.approx(5 / 1.4)
+    # max_draft caps a draft; drafts that are wrong count for nothing.
+    capped = speculation.oracle_ceiling([1, 2, 3, 4, 5, 6], out, _repeat_last, curve.__getitem__, 2)
+    assert capped == pytest.approx(5 / (1.2 + 1.1))  # a 3-row batch, then a 2-row one
+    wrong = speculation.oracle_ceiling([9, 9], out, _repeat_last, curve.__getitem__, 8)
+    assert wrong == 1.0
+    assert speculation.oracle_ceiling([1], [1], _repeat_last, curve.__getitem__, 8) is None

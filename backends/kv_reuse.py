@@ -1,0 +1,107 @@
+"""Which cached prompt tokens a new prompt can reuse (pure; no model).
+
+In the PSM fill-in-the-middle order a keystroke edits the end of the prefix, and the
+suffix after it only *moves*: ``<|fim_prefix|>…typed<|fim_suffix|>…<|fim_middle|>``.
+Reusing the longest common prefix alone re-evaluates the whole suffix on every
+keystroke (64 tokens: about 0.7 s on the 2-core dev machine). ``plan_moved_tail``
+finds the tail that only moved, so a runtime can keep its KV entries, shift their
+positions (``llama_memory_seq_add``) and evaluate just the inserted tokens and the
+prompt's last token. The moved entries were computed before the edit (they did not see
+the typed text): an approximation, bounded by ``max_drift`` tokens of change since
+they were last evaluated exactly and judged by the quality benchmark
+(``kode bench quality --modes engine,moved``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class MovedTail:
+    """A reuse plan: ``old[:keep]`` stays in place, ``old[old_tail:old_tail + length]``
+    moves to ``new_tail`` (same tokens), ``new[keep:new_tail]`` and ``new[-1]`` are
+    evaluated.
+
+    Shapes: positions are token indices; ``delta = new_tail - old_tail`` is the shift.
+    """
+
+    keep: int
+    old_tail: int
+    new_tail: int
+    length: int
+
+    @property
+    def delta(self) -> int:
+        return self.new_tail - self.old_tail
+
+    @property
+    def inserted(self) -> int:
+        """Tokens evaluated before the tail (the edit)."""
+        return self.new_tail - self.keep
+
+    @property
+    def removed(self) -> int:
+        """Cached tokens dropped before the tail."""
+        return self.old_tail - self.keep
+
+    @property
+    def drift(self) -> int:
+        """Tokens of change the moved entries did not see."""
+        return self.inserted + self.removed
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def plan_moved_tail(
+    old: Sequence[int], new: Sequence[int], *, min_tail: int = 8, max_insert: int = 32
+) -> MovedTail | None:
+    """How to reuse ``old`` (the cached prompt) for ``new`` by moving its tail, or None
+    when plain prefix reuse is as good (nothing moved, too little to move, too much new).
+
+    Both prompts end with a token that is always evaluated again (its logits start the
+    generation), so tails are compared without it. The tail is the longest common
+    suffix of ``old[keep:-1]`` and ``new[keep:-1]``, where ``keep`` is their common prefix.
+
+    Example: a character typed at the end of the prefix (``9`` inserted before the
+    suffix ``5 6 7``; ``0`` is ``<|fim_middle|>``):
+        >>> p = plan_moved_tail([1, 2, 5, 6, 7, 0], [1, 2, 9, 5, 6, 7, 0], min_tail=2)
+        >>> p
+        MovedTail(keep=2, old_tail=2, new_tail=3, length=3)
+        >>> p.delta, p.inserted, p.removed
+        (1, 1, 0)
+
+        A backspace moves the tail left; an unchanged prompt needs no move:
+        >>> plan_moved_tail([1, 2, 9, 5, 6, 7, 0], [1, 2, 5, 6, 7, 0], min_tail=2).delta
+        -1
+        >>> plan_moved_tail([1, 2, 5, 6, 7, 0], [1, 2, 5, 6, 7, 0], min_tail=2) is None
+        True
+    """
+    if min_tail < 1 or max_insert < 0:
+        raise ValueError(f"need min_tail >= 1 and max_insert >= 0: {min_tail=} {max_insert=}")
+    if len(old) < 2 or len(new) < 2:
+        return None
+    old_body, new_body = old[:-1], new[:-1]
+    keep = common_prefix_len(old_body, new_body)
+    if keep == len(old_body) or keep == len(new_body):
+        return None  # one is a prefix of the other: prefix reuse already covers it
+    room = min(len(old_body), len(new_body)) - keep
+    length = 0
+    while length < room and old_body[-1 - length] == new_body[-1 - length]:
+        length += 1
+    if length < min_tail:
+        return None
+    plan = MovedTail(keep, len(old_body) - length, len(new_body) - length, length)
+    if plan.delta == 0 and plan.inserted == 0:
+        return None
+    if plan.inserted > max_insert:
+        return None
+    return plan

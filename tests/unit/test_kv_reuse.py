@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import doctest
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from backends import kv_reuse
+from backends.kv_reuse import plan_moved_tail
+
+MIDDLE = 0  # stands for <|fim_middle|>, the last token, always evaluated again
+
+
+def test_docstring_examples() -> None:
+    assert doctest.testmod(kv_reuse).failed == 0
+
+
+def test_typing_mid_prefix_moves_the_suffix() -> None:
+    old = [1, 2, 3, 50, 51, 52, 53, MIDDLE]
+    new = [1, 2, 3, 7, 8, 50, 51, 52, 53, MIDDLE]
+    plan = plan_moved_tail(old, new, min_tail=4)
+    assert plan is not None
+    assert (plan.keep, plan.old_tail, plan.new_tail, plan.length) == (3, 3, 5, 4)
+    assert plan.drift == 2
+
+
+def test_refuses_small_tails_and_big_inserts() -> None:
+    old = [1, 2, 50, 51, MIDDLE]
+    new = [1, 2, 9, 50, 51, MIDDLE]
+    assert plan_moved_tail(old, new, min_tail=3) is None
+    assert plan_moved_tail(old, new, min_tail=2) is not None
+    big = [1, 2, *range(100, 140), 50, 51, MIDDLE]
+    assert plan_moved_tail(old, big, min_tail=2, max_insert=32) is None
+    assert plan_moved_tail(old, big, min_tail=2, max_insert=40) is not None
+
+
+def test_appending_is_left_to_prefix_reuse() -> None:
+    assert plan_moved_tail([1, 2, 3, MIDDLE], [1, 2, 3, 4, 5, MIDDLE]) is None
+    with pytest.raises(ValueError, match="min_tail"):
+        plan_moved_tail([1], [1], min_tail=0)
+
+
+@given(
+    head=st.lists(st.integers(1, 6), max_size=12),
+    cut=st.lists(st.integers(1, 6), max_size=6),
+    insert=st.lists(st.integers(1, 6), max_size=6),
+    tail=st.lists(st.integers(1, 6), max_size=12),
+)
+def test_plan_rebuilds_the_new_prompt(
+    head: list[int], cut: list[int], insert: list[int], tail: list[int]
+) -> None:
+    old = [*head, *cut, *tail, MIDDLE]
+    new = [*head, *insert, *tail, MIDDLE]
+    plan = plan_moved_tail(old, new, min_tail=1, max_insert=64)
+    if plan is None:
+        return
+    # What the runtime does: keep old[:keep], evaluate new[keep:new_tail], move the tail.
+    rebuilt = [*old[: plan.keep], *new[plan.keep : plan.new_tail]]
+    rebuilt += old[plan.old_tail : plan.old_tail + plan.length]
+    assert [*rebuilt, new[-1]] == new
+    assert plan.old_tail + plan.length == len(old) - 1
+    assert plan.length >= 1 and plan.keep <= plan.old_tail and plan.keep <= plan.new_tail
