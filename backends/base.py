@@ -53,6 +53,9 @@ class GenerationRequest:
     ``prompt`` is the full prompt text, special tokens included (they are parsed).
     ``draft_sources`` are extra texts in which n-gram drafting may look for
     continuations (the suffix, other open documents, earlier completions).
+    ``moved_kv_drift``: the local llama.cpp engine may reuse cached prompt entries that
+    only moved after an edit (the FIM suffix after a keystroke) while at most this many
+    edited tokens went unseen by them; 0 evaluates every changed position exactly.
     """
 
     prompt: str
@@ -60,6 +63,7 @@ class GenerationRequest:
     sampling: Sampling = Sampling()
     speculation: SpeculationMethod = SpeculationMethod.AUTO
     draft_sources: Sequence[str] = ()
+    moved_kv_drift: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +96,7 @@ class GenerationStats:
     prompt_tokens: int = 0
     reused_prompt_tokens: int = 0  # prompt tokens whose KV entries were reused
     evaluated_prompt_tokens: int = 0  # prompt tokens actually evaluated
+    moved_prompt_tokens: int = 0  # of the reused: entries moved after an edit (approximate)
     completion_tokens: int = 0
     prefill_ms: float = 0.0
     ttft_ms: float = 0.0  # start -> first generated token available

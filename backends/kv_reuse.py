@@ -5,7 +5,8 @@ suffix after it only *moves*: ``<|fim_prefix|>…typed<|fim_suffix|>…<|fim_mid
 Reusing the longest common prefix alone re-evaluates the whole suffix on every
 keystroke (64 tokens: about 0.7 s on the 2-core dev machine). ``plan_moved_tail``
 finds the tail that only moved, so a runtime can keep its KV entries, shift their
-positions (``llama_memory_seq_add``) and evaluate just the inserted tokens and the
+positions (``llama_memory_seq_add``) and evaluate just the inserted tokens, the first
+``refresh`` tokens of the tail (``<|fim_suffix|>`` and what follows the cursor) and the
 prompt's last token. The moved entries were computed before the edit (they did not see
 the typed text): an approximation, bounded by ``max_drift`` tokens of change since
 they were last evaluated exactly and judged by the quality benchmark
@@ -31,6 +32,7 @@ class MovedTail:
     old_tail: int
     new_tail: int
     length: int
+    refreshed: int = 0  # of the evaluated tokens: unchanged ones re-evaluated (refresh)
 
     @property
     def delta(self) -> int:
@@ -48,8 +50,8 @@ class MovedTail:
 
     @property
     def drift(self) -> int:
-        """Tokens of change the moved entries did not see."""
-        return self.inserted + self.removed
+        """Tokens of change (the edit itself) the moved entries did not see."""
+        return self.inserted + self.removed - 2 * self.refreshed
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
@@ -62,20 +64,26 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def plan_moved_tail(
-    old: Sequence[int], new: Sequence[int], *, min_tail: int = 8, max_insert: int = 32
+    old: Sequence[int],
+    new: Sequence[int],
+    *,
+    min_tail: int = 8,
+    max_insert: int = 32,
+    refresh: int = 0,
 ) -> MovedTail | None:
     """How to reuse ``old`` (the cached prompt) for ``new`` by moving its tail, or None
     when plain prefix reuse is as good (nothing moved, too little to move, too much new).
 
     Both prompts end with a token that is always evaluated again (its logits start the
     generation), so tails are compared without it. The tail is the longest common
-    suffix of ``old[keep:-1]`` and ``new[keep:-1]``, where ``keep`` is their common prefix.
+    suffix of ``old[keep:-1]`` and ``new[keep:-1]``, where ``keep`` is their common prefix,
+    less its first ``refresh`` tokens (those are evaluated again, as part of the edit).
 
     Example: a character typed at the end of the prefix (``9`` inserted before the
     suffix ``5 6 7``; ``0`` is ``<|fim_middle|>``):
         >>> p = plan_moved_tail([1, 2, 5, 6, 7, 0], [1, 2, 9, 5, 6, 7, 0], min_tail=2)
         >>> p
-        MovedTail(keep=2, old_tail=2, new_tail=3, length=3)
+        MovedTail(keep=2, old_tail=2, new_tail=3, length=3, refreshed=0)
         >>> p.delta, p.inserted, p.removed
         (1, 1, 0)
 
@@ -97,9 +105,11 @@ def plan_moved_tail(
     length = 0
     while length < room and old_body[-1 - length] == new_body[-1 - length]:
         length += 1
+    refreshed = min(refresh, length)  # the tail's first tokens are evaluated again
+    length -= refreshed
     if length < min_tail:
         return None
-    plan = MovedTail(keep, len(old_body) - length, len(new_body) - length, length)
+    plan = MovedTail(keep, len(old_body) - length, len(new_body) - length, length, refreshed)
     if plan.delta == 0 and plan.inserted == 0:
         return None
     if plan.inserted > max_insert:

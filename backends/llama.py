@@ -91,6 +91,9 @@ class LlamaBackend:
         self.curve = curve
         # Learned across generations: acceptance of n-gram drafts and batch costs.
         self.policy = AdaptivePolicy(curve, ["ngram"], max_draft=8)
+        # speculation=ngram drafts whenever it can; its hits and misses must not teach
+        # `auto` (which decides when drafting pays), so it keeps its own estimates.
+        self.forced_policy = AdaptivePolicy(curve, ["ngram"], max_draft=8)
         self.costs = CostTracker(curve.ms_by_rows)
         self.drafter = NgramDrafter(min_n=2, max_n=4)
         self.history: deque[list[int]] = deque(maxlen=16)  # earlier completions (tokens)
@@ -240,7 +243,10 @@ class _Run:
                 f"context window ({ctx.n_ctx})"
             )
         try:
-            stats.reused_prompt_tokens = ctx.prefill(prompt, self.job.cancelled)
+            stats.reused_prompt_tokens = ctx.prefill(
+                prompt, self.job.cancelled, max_drift=req.moved_kv_drift
+            )
+            stats.moved_prompt_tokens = 0 if ctx.last_move is None else ctx.last_move.length
         except PrefillAborted as aborted:
             stats.reused_prompt_tokens = aborted.reused
             stats.evaluated_prompt_tokens = max(0, len(ctx.tokens) - aborted.reused)
@@ -301,7 +307,7 @@ class _Run:
             ctx,
             pick,
             drafter,
-            backend.policy,
+            backend.policy if auto else backend.forced_policy,
             allow_plain=auto,
             method=str(method),
             tracker=backend.costs if auto else None,

@@ -209,6 +209,9 @@ class TorchBackend:
         self.curve = curve
         # Learned across generations: acceptance of n-gram drafts and forward costs.
         self.policy = AdaptivePolicy(curve, ["ngram"], max_draft=8)
+        # speculation=ngram drafts whenever it can; its hits and misses must not teach
+        # `auto` (which decides when drafting pays), so it keeps its own estimates.
+        self.forced_policy = AdaptivePolicy(curve, ["ngram"], max_draft=8)
         self.costs = CostTracker(curve.ms_by_rows)
         self.drafter = NgramDrafter(min_n=2, max_n=4)
         self.history: deque[list[int]] = deque(maxlen=16)  # earlier completions (tokens)
@@ -462,7 +465,7 @@ class _Run:
             lm,
             picker,
             drafter,
-            backend.policy,
+            backend.policy if auto else backend.forced_policy,
             allow_plain=auto,
             method=str(method),
             tracker=backend.costs if auto else None,

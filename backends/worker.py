@@ -48,6 +48,7 @@ class BackendCounters:
                 "promptTokens": last.prompt_tokens,
                 "reusedPromptTokens": last.reused_prompt_tokens,
                 "evaluatedPromptTokens": last.evaluated_prompt_tokens,
+                "movedPromptTokens": last.moved_prompt_tokens,
                 "completionTokens": last.completion_tokens,
                 "decodeSteps": last.decode_steps,
                 "stepsAfterCancel": last.steps_after_cancel,

@@ -262,6 +262,8 @@ def percentile(values: Iterable[float], q: float) -> float | None:
     rank = (len(data) - 1) * q / 100.0
     lo = math.floor(rank)
     hi = min(lo + 1, len(data) - 1)
+    if rank == lo or math.isinf(data[hi]):  # inf marks "never": no interpolating into it
+        return data[lo] if rank == lo else data[hi]
     return data[lo] + (data[hi] - data[lo]) * (rank - lo)
 
 

@@ -9,7 +9,16 @@ sample per task is pass@1.
 
 Modes:
 
-- ``engine``: what the editor would show.
+- ``engine``: what the editor would show, every prompt token evaluated exactly
+  (``movedSuffixDrift = 0``).
+- ``moved``: the keystroke path. The cache first holds the prompt for the same document
+  with the last ``MOVED_CHARS`` characters before the hole not yet typed; then they are
+  typed and the engine completes with ``movedSuffixDrift`` at its default, so the
+  cached suffix entries are moved, not evaluated again (``backends/kv_reuse.py``).
+  The result's ``moved`` field says how many prompt tokens were moved (0: the shortcut
+  did not apply and the prompt was evaluated exactly).
+- ``spm``: ``engine`` with the suffix-first template (``qwen2.5-coder-spm``), to decide
+  the prompt order from a measurement.
 - ``raw``: the model's own output for the very same prompt (rebuilt with
   ``completion.context.gather`` + ``render`` exactly as the engine does), up to its end
   token or ``max_tokens``, with no stop rules and no trimming: the difference to
@@ -29,10 +38,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from bench import common, sandbox
 from bench.common import HumanEvalTask, fmt, fmt_ratio, markdown_table
 
-MODES = ("engine", "raw", "llama-server")
+MODES = ("engine", "raw", "moved", "spm", "llama-server")
+DEFAULT_MODES = ("engine", "raw", "llama-server")
+MOVED_CHARS = 12  # characters typed between the cached prompt and the measured one
 SETS = ("single", "multi")
 
 
@@ -42,7 +55,7 @@ class Options:
     sets: tuple[str, ...] = SETS
     tasks: int | None = 8  # per set; None: all
     max_tokens: int | None = None  # None: the settings' default
-    modes: tuple[str, ...] = MODES
+    modes: tuple[str, ...] = DEFAULT_MODES
     speculation: str = "auto"
     seed: int = 0
     timeout_s: float = 10.0
@@ -61,6 +74,7 @@ class Result:
     ms: float
     tokens: int | None = None
     error: str = ""
+    moved: int | None = None  # mode moved: prompt tokens moved, not evaluated again
 
     @property
     def passed(self) -> bool:
@@ -198,6 +212,22 @@ async def _raw(
     return text, stats.completion_tokens
 
 
+async def _moved(
+    engine: Any, backend: Any, task: HumanEvalTask, settings: Any, max_tokens: int
+) -> Any:
+    """Complete ``task`` the way a keystroke does: the cache holds the prompt from
+    ``MOVED_CHARS`` characters earlier, then those characters are typed."""
+    uri = task_uri(task)
+    cut = max(0, len(task.prompt) - MOVED_CHARS)
+    engine.update_settings(settings)
+    engine.documents.open(uri, task.prompt[:cut] + "\n" + task.suffix, 0, "python")
+    await _raw(engine, backend, uri, cut, 1)  # leaves the earlier prompt in the cache
+    engine.documents.close(uri)
+    engine.documents.open(uri, document_text(task), 1, "python")
+    position = engine.documents.get(uri).position_at(len(task.prompt))
+    return await engine.complete(uri, position, max_tokens=max_tokens)
+
+
 async def _one_model(
     options: Options,
     model: str,
@@ -213,58 +243,94 @@ async def _one_model(
     settings, problems = parse({"model": model, "speculation": options.speculation})
     if problems:
         raise ValueError("; ".join(problems))
+    moved_settings = settings
+    exact = msgspec.structs.replace(settings, moved_suffix_drift=0)
+    spm = msgspec.structs.replace(exact, template="qwen2.5-coder-spm")
+    settings = exact
     max_tokens = options.max_tokens or settings.max_tokens
     limits = sandbox.Limits(timeout_s=options.timeout_s, cpu_s=max(1, int(options.timeout_s)))
     pool = BackendPool(load_backend)
     engine = CompletionEngine(pool.get, settings)
+    # The template is part of the backend's identity (BackendPool), so SPM runs as a
+    # second pass rather than switching (and reloading) per task.
+    passes = [
+        (exact, [m for m in options.modes if m != "spm"]),
+        (spm, [m for m in options.modes if m == "spm"]),
+    ]
     try:
-        backend = await engine.backend()
-        for set_, chosen in tasks.items():
-            for task in chosen:
-                uri = task_uri(task)
-                text = document_text(task)
-                engine.documents.open(uri, text, 0, "python")
-                offset = len(task.prompt)
-                position = engine.documents.get(uri).position_at(offset)
-                for mode in options.modes:
-                    if mode == "llama-server" and server is None:
-                        continue
-                    bar.set_postfix_str(f"{model} {task.task_id} {mode}", refresh=False)
-                    started = time.perf_counter()
-                    tokens: int | None = None
-                    error = ""
-                    try:
-                        if mode == "engine":
-                            done = await engine.complete(uri, position, max_tokens=max_tokens)
-                            completion, tokens = done.text, done.stats.completion_tokens
-                        elif mode == "raw":
-                            completion, tokens = await _raw(
-                                engine, backend, uri, offset, max_tokens
+        for pass_settings, modes in passes:
+            if not modes:
+                continue
+            engine.update_settings(pass_settings)
+            backend = await engine.backend()
+            for set_, chosen in tasks.items():
+                for task in chosen:
+                    for mode in modes:
+                        if mode == "llama-server" and server is None:
+                            continue
+                        bar.set_postfix_str(f"{model} {task.task_id} {mode}", refresh=False)
+                        result = await _one_task(
+                            engine, backend, server, task, mode, moved_settings, max_tokens
+                        )
+                        if not result.error:
+                            outcome = await asyncio.to_thread(
+                                sandbox.run_program, task.program(result.completion), limits
                             )
-                        else:
-                            data = await server.infill(task.prompt, "\n" + task.suffix, max_tokens)
-                            completion = str(data.get("content", ""))
-                            tokens = (data.get("timings") or {}).get("predicted_n")
-                    except Exception as exc:  # one broken task must not end the run
-                        completion, error = "", f"{type(exc).__name__}: {exc}"
-                    ms = (time.perf_counter() - started) * 1000.0
-                    if error:
-                        verdict = "error"
-                    else:
-                        outcome = await asyncio.to_thread(
-                            sandbox.run_program, task.program(completion), limits
-                        )
-                        verdict = str(outcome.verdict)
-                    results.append(
-                        Result(
-                            model, set_, mode, task.task_id, verdict, completion, ms, tokens, error
-                        )
-                    )
-                    bar.update(1)
-                engine.documents.close(uri)
+                            result.verdict = str(outcome.verdict)
+                        result.model, result.set = model, set_
+                        results.append(result)
+                        bar.update(1)
     finally:
         await engine.aclose()
         await pool.aclose()
+
+
+async def _one_task(
+    engine: Any,
+    backend: Any,
+    server: Any,
+    task: HumanEvalTask,
+    mode: str,
+    moved_settings: Any,
+    max_tokens: int,
+) -> Result:
+    """One completion of ``task`` in ``mode`` (verdict still to be judged). The document
+    is opened fresh and the engine holds no suggestion for it, so nothing is served
+    from an earlier mode's work."""
+    uri = task_uri(task)
+    exact = engine.settings
+    started = time.perf_counter()
+    tokens: int | None = None
+    moved: int | None = None
+    completion, error = "", ""
+    try:
+        if mode == "moved":
+            done = await _moved(engine, backend, task, moved_settings, max_tokens)
+            completion, tokens = done.text, done.stats.completion_tokens
+            moved = done.stats.moved_prompt_tokens
+        elif mode == "llama-server":
+            data = await server.infill(task.prompt, "\n" + task.suffix, max_tokens)
+            completion = str(data.get("content", ""))
+            tokens = (data.get("timings") or {}).get("predicted_n")
+        else:
+            engine.documents.open(uri, document_text(task), 0, "python")
+            offset = len(task.prompt)
+            if mode == "raw":
+                completion, tokens = await _raw(engine, backend, uri, offset, max_tokens)
+            else:  # engine, spm
+                position = engine.documents.get(uri).position_at(offset)
+                done = await engine.complete(uri, position, max_tokens=max_tokens)
+                completion, tokens = done.text, done.stats.completion_tokens
+    except Exception as exc:  # one broken task must not end the run
+        completion, error = "", f"{type(exc).__name__}: {exc}"
+    finally:
+        await engine.cancel(uri)  # no live suggestion may serve the next mode
+        if uri in engine.documents:
+            engine.documents.close(uri)
+        engine.update_settings(exact)
+    ms = (time.perf_counter() - started) * 1000.0
+    verdict = "error" if error else "pending"
+    return Result("", "", mode, task.task_id, verdict, completion, ms, tokens, error, moved)
 
 
 async def measure(options: Options) -> tuple[list[Result], dict[str, str]]:

@@ -11,6 +11,7 @@ Only argument parsing lives here; the benchmark modules are imported when one ru
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,7 @@ def register(subparsers: Any) -> None:
         "--modes",
         type=_csv,
         default=("engine", "raw", "llama-server"),
-        help="engine,raw,llama-server",
+        help="comma list of engine,raw,moved,spm,llama-server (default engine,raw,llama-server)",
     )
     quality.add_argument("--speculation", default="auto")
     quality.add_argument("--seed", type=int, default=0)
@@ -80,6 +81,13 @@ def register(subparsers: Any) -> None:
     latency.add_argument("--max-chars", type=int, default=60, help="longest region typed")
     latency.add_argument("--speculation", default=None, help="speculation setting for the server")
     latency.add_argument("--seed", type=int, default=0)
+    latency.add_argument(
+        "--place-pause",
+        type=float,
+        default=1.0,
+        help="seconds between placing the cursor (one answered request) and the first key; "
+        "0: type at once into the file just opened (default 1)",
+    )
     latency.add_argument("--out", type=Path, default=Path("results/latency"))
 
 
@@ -105,6 +113,14 @@ def run(args: argparse.Namespace) -> int:
         from bench import quality
 
         names = [*(args.model or []), *(args.models or [])] or ["default"]
+        unknown = [m for m in args.modes if m not in quality.MODES]
+        if unknown:
+            known = ", ".join(quality.MODES)
+            print(
+                f"kode bench quality: unknown mode(s) {', '.join(unknown)}; known: {known}",
+                file=sys.stderr,
+            )
+            return 2
         return quality.main(
             quality.Options(
                 models=tuple(dict.fromkeys(names)),
@@ -132,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
                 speculation=args.speculation,
                 seed=args.seed,
                 out=args.out,
+                place_pause_s=args.place_pause,
             )
         )
     return 2

@@ -29,7 +29,7 @@ from backends.base import (
 from backends.errors import SettingsError
 from completion import context as ctxmod
 from completion.documents import Document, DocumentStore, Position
-from completion.settings import DEFAULT, Settings
+from completion.settings import DEFAULT, BackendKind, Settings
 from completion.stops import StopRules
 from completion.templates import TEMPLATES, FimTemplate, render
 
@@ -40,6 +40,8 @@ BackendFactory = Callable[[Settings], Awaitable[Backend]]
 # After a request is cancelled, how long to wait for the edit (or new request) that
 # may keep its suggestion alive before stopping the generation.
 _CANCEL_GRACE_S = 0.1
+# A document opened and left within this long (tabs flicked past) is not read ahead.
+_READ_AHEAD_DELAY_S = 0.3
 PartialCallback = Callable[[str], None]
 
 
@@ -80,6 +82,7 @@ class CompletionEngine:
         self._tickets: dict[str, object] = {}
         self.typed_ahead_hits = 0
         self.prefetches = 0
+        self.read_aheads = 0
         self._counter: Callable[[str], int] | None = None
         self._counter_owner: Backend | None = None
         self._background: set[asyncio.Future[None]] = set()
@@ -193,6 +196,7 @@ class CompletionEngine:
             sampling=Sampling(settings.temperature, settings.top_p, settings.seed),
             speculation=settings.speculation,
             draft_sources=(ctx.suffix, *(s.text for s in ctx.snippets)),
+            moved_kv_drift=settings.moved_suffix_drift,
         )
         generation = await backend.generate(request)
         live = _Live(
@@ -268,6 +272,38 @@ class CompletionEngine:
             single_line=live.rules.single_line,
             from_cache=bool(typed) or live.started_before(started),
         )
+
+    def document_opened(self, uri: str) -> None:
+        """Read a newly opened document into the model's cache before the first
+        keystroke (setting ``readAhead``), so that keystroke evaluates only what is
+        after the cursor instead of the whole file (seconds on a small CPU)."""
+        if not self._settings.read_ahead or self._settings.backend is not BackendKind.LOCAL:
+            return
+        self._spawn(self._read_ahead(uri, self.documents.get(uri).version))
+
+    async def _read_ahead(self, uri: str, version: int) -> None:
+        """Start a one-token suggestion at the end of the document, as its own live
+        suggestion: the first request or edit elsewhere cancels it, and the prompt
+        entries it evaluated by then stay in the cache for that request. Only when the
+        whole document fits the prefix window (its anchor is then line 0, right for any
+        cursor); never while another suggestion is being generated."""
+        await asyncio.sleep(_READ_AHEAD_DELAY_S)
+        if uri not in self.documents or uri in self._live or uri in self._tickets:
+            return
+        doc = self.documents.get(uri)
+        if doc.version != version or any(not live.done.is_set() for live in self._live.values()):
+            return
+        try:
+            backend = await self.backend()
+            counter = self._count_tokens(backend)
+            budget = ctxmod.Budget(self._settings.prefix_tokens, 0, 0)
+            ctx = ctxmod.gather(doc, len(doc.text), counter, budget, anchor=None)
+            if ctx.prefix_start_line != 0 or uri in self._live or uri in self._tickets:
+                return
+            await self._start(uri, doc, len(doc.text), backend, 1)
+            self.read_aheads += 1
+        except Exception as exc:  # best effort; the first request will do the work
+            log.debug("read-ahead failed: %s", exc)
 
     def document_changed(self, uri: str) -> None:
         """After an edit: keep the live suggestion if the user typed into it, else stop it.

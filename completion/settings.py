@@ -71,6 +71,10 @@ class Settings(
     max_lines: _Positive = 32
     prefix_tokens: _Positive = 1024
     suffix_tokens: _NonNegative = 64
+    # llama.cpp: after a keystroke, reuse the cached suffix at its new position while at
+    # most this many edited tokens went unseen by it (kode bench quality, mode `moved`);
+    # 0: re-evaluate the suffix on every keystroke.
+    moved_suffix_drift: _NonNegative = 32
     snippet_tokens: _NonNegative = 512
     context_size: Annotated[int, msgspec.Meta(ge=512)] = 4096
     threads: _NonNegative = 0  # 0: every core
@@ -78,6 +82,7 @@ class Settings(
     partial_completions: bool = False  # send kode/inlineCompletionPartial while text grows
     time_budget_ms: _NonNegative = 0  # 0: no budget; else answer with what is ready by then
     prefetch: bool = True  # after a suggestion is accepted, start the next one
+    read_ahead: bool = True  # local engine: evaluate a newly opened document's prompt early
     remote: RemoteSettings = RemoteSettings()
 
 

@@ -115,6 +115,7 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
     def did_open(params: types.DidOpenTextDocumentParams) -> None:
         doc = params.text_document
         server.engine.documents.open(doc.uri, doc.text, doc.version, doc.language_id)
+        server.engine.document_opened(doc.uri)
 
     @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
     def did_change(params: types.DidChangeTextDocumentParams) -> None:
@@ -191,6 +192,11 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
             "backend": None if backend is None else backend.name,
             "model": None if backend is None else backend.model_name,
             "counters": None if counters is None else counters.as_dict(),
+            "engine": {
+                "typedAheadHits": server.engine.typed_ahead_hits,
+                "prefetches": server.engine.prefetches,
+                "readAheads": server.engine.read_aheads,
+            },
             "settings": msgspec.to_builtins(server.engine.settings),
         }
 

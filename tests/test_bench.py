@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -347,8 +348,17 @@ def test_accept_proxy_and_latency_summary() -> None:
     assert summary.answered_before_next == 2
     assert summary.ms_per_token == 100.0
     assert (summary.matched, summary.match_checked) == (1, 2)
+    # Over all keys, the cancelled one counts as never answered.
+    assert [latency.answer_ms(k) for k in keys] == [
+        math.inf,
+        pytest.approx(80.0),
+        pytest.approx(500.0),
+    ]
+    assert summary.answer_p50 == pytest.approx(500.0)
+    assert summary.answer_p95 == math.inf
     table = latency.render_table("all", summary, 120)
     assert "| decode steps after cancel (stepsAfterCancel / cancelled) | 2/4 = 0.50 |" in table
+    assert "never (superseded before an answer)" in table
 
 
 HELP = """\

@@ -241,3 +241,92 @@ async def test_bad_input_gets_clear_errors_and_the_server_keeps_serving(
     async with asyncio.timeout(TIMEOUT):
         result = await client.text_document_inline_completion_async(inline_params(5, 4))
     assert result is not None and result.items
+
+
+def type_char(client: LanguageClient, version: int, line: int, character: int, text: str) -> None:
+    client.text_document_did_change(
+        types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=URI, version=version),
+            content_changes=[
+                types.TextDocumentContentChangePartial(
+                    range=types.Range(
+                        types.Position(line, character), types.Position(line, character)
+                    ),
+                    text=text,
+                )
+            ],
+        )
+    )
+
+
+KEYSTROKE_DOC = (
+    SOURCE
+    + """    \n\n\ndef mul(a, b):
+    \"\"\"Return the product of a and b.\"\"\"
+    return a * b
+
+
+def div(a, b):
+    \"\"\"Return a divided by b; b must not be zero.\"\"\"
+    return a / b
+"""
+)
+
+
+async def keystroke(client: LanguageClient, version: int, character: int) -> dict[str, Any]:
+    """Type "#" at line 5 (no suggestion of the model can start with it), complete after
+    it, and return the backend's counters for that completion."""
+    type_char(client, version, 5, character, "#")
+    async with asyncio.timeout(TIMEOUT):
+        await client.text_document_inline_completion_async(inline_params(5, character + 1))
+    last: dict[str, Any] = (await stats(client))["counters"]["last"]
+    return last
+
+
+async def test_a_keystroke_re_evaluates_only_what_changed(client: LanguageClient) -> None:
+    # Read-ahead off: the first request pays for the whole prompt.
+    options = {**SETTINGS, "maxTokens": 4, "readAhead": False, "movedSuffixDrift": 0}
+    await start(client, "visual-studio-code", options)
+    open_doc(client, KEYSTROKE_DOC)
+    async with asyncio.timeout(TIMEOUT):
+        await client.text_document_inline_completion_async(inline_params(5, 4))
+    first = (await stats(client))["counters"]["last"]
+    assert first["reusedPromptTokens"] == 0
+    # Exact: everything before the keystroke is reused; the typed token and all that
+    # follows it (<|fim_suffix|>, the suffix, <|fim_middle|>) is evaluated again.
+    exact = await keystroke(client, 2, 4)
+    assert exact["movedPromptTokens"] == 0
+    assert exact["reusedPromptTokens"] + exact["evaluatedPromptTokens"] == exact["promptTokens"]
+    assert exact["evaluatedPromptTokens"] > 25
+    # Moved suffix: only the typed token, the 8 tokens from <|fim_suffix|> on and
+    # <|fim_middle|> are evaluated; the rest of the suffix keeps its entries.
+    client.workspace_did_change_configuration(
+        types.DidChangeConfigurationParams(settings={"kode": {**options, "movedSuffixDrift": 32}})
+    )
+    moved = await keystroke(client, 3, 5)
+    assert moved["movedPromptTokens"] >= 10
+    assert moved["evaluatedPromptTokens"] <= 8 + 4
+    assert moved["reusedPromptTokens"] + moved["evaluatedPromptTokens"] == moved["promptTokens"]
+    assert moved["evaluatedPromptTokens"] < exact["evaluatedPromptTokens"] - 10
+
+
+async def test_read_ahead_evaluates_a_new_document_before_the_first_keystroke(
+    client: LanguageClient,
+) -> None:
+    await start(client, "visual-studio-code", {**SETTINGS, "maxTokens": 4})
+    open_doc(client, KEYSTROKE_DOC)
+    for _ in range(200):
+        report = await stats(client)
+        if report["engine"]["readAheads"] == 1 and report["counters"]["generations"] == 1:
+            break
+        await asyncio.sleep(0.1)
+    assert report["engine"]["readAheads"] == 1
+    assert report["counters"]["generations"] == 1
+    async with asyncio.timeout(TIMEOUT):
+        await client.text_document_inline_completion_async(inline_params(5, 4))
+    last = (await stats(client))["counters"]["last"]
+    # The file was read ahead: the first request reuses everything before the cursor
+    # (about 30 tokens here; without read-ahead it reuses nothing, see the test above)
+    # and evaluates only what follows it.
+    assert last["reusedPromptTokens"] >= 25
+    assert last["reusedPromptTokens"] + last["evaluatedPromptTokens"] == last["promptTokens"]

@@ -212,3 +212,45 @@ async def test_cancel_before_the_edit_still_keeps_a_typed_into_suggestion() -> N
     result = await engine.complete(URI, Position(1, 2))
     assert result.text == "lue = compute()"
     assert len(backend.requests) == 1
+
+
+async def test_read_ahead_evaluates_a_new_document_and_yields_to_the_first_request() -> None:
+    backend = ScriptedBackend(["x"] * 40, delay=0.02)
+    engine = engine_for(backend)
+    text = "def f(a):\n    return a\n\n\ndef g(b):\n    \n"
+    engine.documents.open(URI, text, 1)
+    engine.document_opened(URI)
+    await asyncio.sleep(0.4)
+    assert engine.read_aheads == 1
+    (warm,) = backend.requests
+    assert warm.max_tokens == 1
+    assert "def g(b):\n    \n<|fim_suffix|><|fim_middle|>" in warm.prompt  # cursor at the end
+    result = await engine.complete(URI, Position(5, 4))
+    assert result.text
+    assert backend.generations[0].cancelled or backend.generations[0].stats.completion_tokens == 1
+    # The real request's prompt starts like the read-ahead's: its cache entries are reused.
+    real = backend.requests[1].prompt
+    head = real.split("<|fim_prefix|>")[0] + "<|fim_prefix|>def f(a):"
+    assert warm.prompt.startswith(head)
+
+
+async def test_read_ahead_is_skipped_when_off_too_big_or_already_requested() -> None:
+    backend = ScriptedBackend(["x"], delay=0.01)
+    engine = engine_for(backend, readAhead=False)
+    engine.documents.open(URI, "a = 1\n", 1)
+    engine.document_opened(URI)
+    await asyncio.sleep(0.4)
+    assert backend.requests == []
+    # A document longer than the prefix window: its anchor depends on the cursor.
+    engine = engine_for(backend, prefixTokens=8)
+    engine.documents.open(URI, "".join(f"x{i} = {i}\n" for i in range(50)), 1)
+    engine.document_opened(URI)
+    await asyncio.sleep(0.4)
+    assert backend.requests == []
+    # The user asked before the delay was over: nothing to read ahead.
+    engine = engine_for(backend)
+    engine.documents.open(URI, "a = 1\nb = ", 1)
+    engine.document_opened(URI)
+    await engine.complete(URI, Position(1, 4))
+    await asyncio.sleep(0.4)
+    assert len(backend.requests) == 1 and engine.read_aheads == 0

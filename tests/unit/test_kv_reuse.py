@@ -22,6 +22,7 @@ def test_typing_mid_prefix_moves_the_suffix() -> None:
     plan = plan_moved_tail(old, new, min_tail=4)
     assert plan is not None
     assert (plan.keep, plan.old_tail, plan.new_tail, plan.length) == (3, 3, 5, 4)
+    assert plan.refreshed == 0
     assert plan.drift == 2
 
 
@@ -61,3 +62,14 @@ def test_plan_rebuilds_the_new_prompt(
     assert [*rebuilt, new[-1]] == new
     assert plan.old_tail + plan.length == len(old) - 1
     assert plan.length >= 1 and plan.keep <= plan.old_tail and plan.keep <= plan.new_tail
+
+
+def test_refresh_re_evaluates_the_head_of_the_tail() -> None:
+    old = [1, 2, 50, 51, 52, 53, 54, MIDDLE]
+    new = [1, 2, 9, 50, 51, 52, 53, 54, MIDDLE]
+    plan = plan_moved_tail(old, new, min_tail=2, refresh=2)
+    assert plan is not None
+    assert (plan.keep, plan.old_tail, plan.new_tail, plan.length) == (2, 4, 5, 3)
+    assert plan.inserted == 3  # the typed token and the two refreshed ones
+    assert plan.drift == 1  # only the typed token went unseen
+    assert plan_moved_tail(old, new, min_tail=4, refresh=2) is None  # too little left
