@@ -10,6 +10,7 @@
 export const SERVER_KEYS = [
   "enabled",
   "backend",
+  "localEngine",
   "model",
   "draftModel",
   "template",
@@ -22,12 +23,15 @@ export const SERVER_KEYS = [
   "maxLines",
   "prefixTokens",
   "suffixTokens",
+  "movedSuffixDrift",
   "snippetTokens",
   "contextSize",
   "threads",
   "logPrompts",
   "partialCompletions",
   "timeBudgetMs",
+  "prefetch",
+  "readAhead",
 ] as const;
 
 /** Keys of the nested `remote` object. */
