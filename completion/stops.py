@@ -4,12 +4,9 @@
   tokens, and ``stop_texts`` catch them should they appear as text.
 - Single-line mode (the cursor sits before other text on its line): the first line
   break ends it.
-- Multi-line mode: it ends at the end of the block (a line indented less than both the
-  cursor's block and the code that follows the cursor: a hole may be filled down to the
-  indentation the suffix continues at, but not out of an indented top-level block),
-  after two blank lines, after ``max_lines``, or
-  when a generated line repeats the next line of the suffix (the model ran into the
-  existing code).
+- Multi-line mode: it ends at the end of the block (a line indented less than the
+  cursor's block), after two blank lines, after ``max_lines``, or when a generated
+  line repeats the next line of the suffix (the model ran into the existing code).
 - Finally, text that duplicates what already follows the cursor is trimmed.
 """
 
@@ -55,7 +52,6 @@ class StopRules:
     line_prefix: str
     line_suffix: str
     next_suffix_line: str  # first non-blank suffix line after the cursor line, stripped
-    suffix_indent: int | None = None  # that line's indentation (None: no such line)
     stop_texts: tuple[str, ...] = ()
     max_lines: int = 64
 
@@ -79,8 +75,7 @@ class StopRules:
         mid_line = line_suffix.strip() != ""
         single = mode is MultilineMode.NEVER or (mode is MultilineMode.AUTO and mid_line)
         rest = suffix.split("\n")[1:] if "\n" in suffix else []
-        raw_next = next((line for line in rest if line.strip()), None)
-        next_line = "" if raw_next is None else raw_next.strip()
+        next_line = next((line.strip() for line in rest if line.strip()), "")
         base = indent_width(line_prefix)
         if line_prefix.rstrip().endswith((":", "{", "(", "[")):
             base += 1  # the cursor opens a block: its body is deeper
@@ -90,7 +85,6 @@ class StopRules:
             line_prefix=line_prefix,
             line_suffix=line_suffix,
             next_suffix_line=next_line,
-            suffix_indent=None if raw_next is None else indent_width(raw_next),
             stop_texts=stop_texts,
             max_lines=max_lines,
         )
@@ -111,10 +105,6 @@ class StopRules:
         if not self.line_prefix.strip() and lines[0].strip():
             # Cursor on a blank line: the block is where the completion starts.
             base = indent_width(self.line_prefix + lines[0])
-        if self.suffix_indent is not None and base > 0:
-            # The hole may be filled down to where the suffix goes on, but a completion
-            # that starts indented stays inside its top-level block.
-            base = min(base, max(self.suffix_indent, 1))
         offset = len(lines[0]) + 1
         blank_run, blank_start = 0, 0
         for number, line in enumerate(lines[1:], start=1):

@@ -99,18 +99,3 @@ def test_trimming_text_that_duplicates_the_suffix(
 def test_indent_width_counts_tabs() -> None:
     assert indent_width("\t  x") == 6
     assert indent_width("") == 0
-
-
-def test_a_hole_is_filled_down_to_where_the_suffix_goes_on() -> None:
-    # The cursor is in an inner block (8 spaces); the code after the hole is at 4.
-    suffix = "\n    except ValueError:\n        return False\n"
-    r = rules("", suffix=suffix)
-    text = "            return False\n        if day < 1:\n            return False\n"
-    text += "    except ValueError:\n"  # ran into the suffix, at its indentation
-    assert text[: r.scan(text).keep] == (
-        "            return False\n        if day < 1:\n            return False"
-    )
-    # Never out of the top-level block, even when the suffix is at column 0.
-    r = rules("        ", suffix="\n\ndef other():\n    pass\n")
-    text = "x += 1\n    return x\ndef helper():"
-    assert text[: r.scan(text).keep] == "x += 1\n    return x"
