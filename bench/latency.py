@@ -45,6 +45,7 @@ class Options:
     humaneval: int = 2
     max_chars: int = 60
     speculation: str | None = None
+    settings: tuple[tuple[str, Any], ...] = ()  # more server settings (camelCase key, value)
     seed: int = 0
     out: Path = Path("results/latency")
     settle_s: float = 30.0  # wait for the last answer after the last key
@@ -332,6 +333,7 @@ class Replay:
         init: dict[str, Any] = {"model": self.options.model, "partialCompletions": True}
         if self.options.speculation:
             init["speculation"] = self.options.speculation
+        init.update(dict(self.options.settings))
         await self.client.initialize_async(
             types.InitializeParams(
                 capabilities=types.ClientCapabilities(),
@@ -582,7 +584,8 @@ def report(
     text = (
         "# Keystroke latency: replay through `kode lsp`\n\n"
         f"- model: `{options.model}`; cadence {options.cadence_ms:g} ms; "
-        f"{len(scripts)} regions, {len(keys)} keystrokes; "
+        + "".join(f"`{k}`={v!r}; " for k, v in options.settings)
+        + f"{len(scripts)} regions, {len(keys)} keystrokes; "
         "client: pygls over stdio, VS Code-like (didChange + inlineCompletion per key, "
         "$/cancelRequest for the one in flight)\n"
         "- regions: "

@@ -11,6 +11,7 @@ Only argument parsing lives here; the benchmark modules are imported when one ru
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,13 @@ def register(subparsers: Any) -> None:
     latency.add_argument("--speculation", default=None, help="speculation setting for the server")
     latency.add_argument("--seed", type=int, default=0)
     latency.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="a server setting for the replay, e.g. movedSuffixDrift=0 (repeatable)",
+    )
+    latency.add_argument(
         "--place-pause",
         type=float,
         default=1.0,
@@ -89,6 +97,17 @@ def register(subparsers: Any) -> None:
         "0: type at once into the file just opened (default 1)",
     )
     latency.add_argument("--out", type=Path, default=Path("results/latency"))
+
+
+def _setting(item: str) -> tuple[str, object]:
+    """``KEY=JSON`` (a bare word that is not JSON is taken as a string)."""
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise SystemExit(f"kode bench latency: --setting wants KEY=VALUE, got {item!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -149,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
                 seed=args.seed,
                 out=args.out,
                 place_pause_s=args.place_pause,
+                settings=tuple(_setting(item) for item in args.setting),
             )
         )
     return 2
