@@ -254,3 +254,29 @@ async def test_read_ahead_is_skipped_when_off_too_big_or_already_requested() -> 
     await engine.complete(URI, Position(1, 4))
     await asyncio.sleep(0.4)
     assert len(backend.requests) == 1 and engine.read_aheads == 0
+
+
+async def test_partials_grow_by_lines_and_stop_once_the_document_changes() -> None:
+    lines = ["a = 1\n", "    b = 2\n", "    c = 3\n", "    d = 4\n", "    e = 5\n"]
+    backend = ScriptedBackend(lines * 4, delay=0.03)
+    engine = engine_for(backend, multiline="always", maxLines=64)
+    engine.documents.open(URI, "def f():\n    \n", 1)
+    partials: list[tuple[int, str]] = []
+
+    def on_partial(text: str) -> None:
+        partials.append((engine.documents.get(URI).version, text))
+
+    request = asyncio.ensure_future(engine.complete(URI, Position(1, 4), on_partial=on_partial))
+    while len(partials) < 2:
+        await asyncio.sleep(0.01)
+    type_text(engine, 2, Position(1, 4), "#")  # not what was suggested: the answer is stale
+    with pytest.raises(Superseded):
+        await request
+    await asyncio.sleep(0.1)
+    # Every partial extends the one before, and none was sent for the old version after
+    # the edit made it stale.
+    assert all(
+        b.startswith(a) and len(b) > len(a) for (_, a), (_, b) in itertools.pairwise(partials)
+    )
+    assert {version for version, _ in partials} == {1}
+    assert all(text.endswith(("1", "2", "3", "4", "5")) for _, text in partials)  # whole lines
