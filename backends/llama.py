@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import codecs
-import time
-from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,7 +25,6 @@ from backends.base import (
     GenerationRequest,
     Sampling,
     SpeculationMethod,
-    TokenChunk,
 )
 from backends.errors import BackendError, ContextOverflow
 from backends.llama_runtime import LlamaContext, LlamaModel, PrefillAborted, llama_thread
@@ -36,12 +33,18 @@ from backends.llama_spec import (
     LookaheadStepper,
     NgramStepper,
     PlainStepper,
-    Stepper,
     calibrate,
 )
-from backends.speculative import AdaptivePolicy, CostCurve, Lookahead, NgramDrafter
-from backends.speculative.policy import CostTracker
-from backends.worker import BackendCounters, Job, WorkerGeneration, run_job
+from backends.speculative import CostCurve, Lookahead
+from backends.worker import (
+    BackendCounters,
+    Job,
+    NgramLearning,
+    Stepper,
+    WorkerGeneration,
+    WorkerRun,
+    run_job,
+)
 
 
 class Sampler:
@@ -89,14 +92,7 @@ class LlamaBackend:
         self.counters = BackendCounters()
         self._closed = False
         self.curve = curve
-        # Learned across generations: acceptance of n-gram drafts and batch costs.
-        self.policy = AdaptivePolicy(curve, ["ngram"], max_draft=8)
-        # speculation=ngram drafts whenever it can; its hits and misses must not teach
-        # `auto` (which decides when drafting pays), so it keeps its own estimates.
-        self.forced_policy = AdaptivePolicy(curve, ["ngram"], max_draft=8)
-        self.costs = CostTracker(curve.ms_by_rows)
-        self.drafter = NgramDrafter(min_n=2, max_n=4)
-        self.history: deque[list[int]] = deque(maxlen=16)  # earlier completions (tokens)
+        self.learning = NgramLearning(curve)
 
     @classmethod
     async def load(
@@ -218,20 +214,17 @@ class LlamaBackend:
         run_job(job, _Run(self, job))
 
 
-class _Run:
+class _Run(WorkerRun):
     """One generation, executed on the worker thread."""
 
     def __init__(self, backend: LlamaBackend, job: Job) -> None:
+        super().__init__(job)
         self.backend = backend
-        self.job = job
         self.ctx = backend._ctx
         self.model = backend._model
         self.sampler = Sampler(job.request.sampling)
-        self.stats = job.stats
-        self.start = time.perf_counter()
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.calls_at_start = self.ctx.decode_calls
-        self.generated: list[int] = []
 
     def execute(self) -> None:
         req, stats, ctx = self.job.request, self.stats, self.ctx
@@ -250,31 +243,12 @@ class _Run:
         except PrefillAborted as aborted:
             stats.reused_prompt_tokens = aborted.reused
             stats.evaluated_prompt_tokens = max(0, len(ctx.tokens) - aborted.reused)
-            self._finish(FinishReason.CANCELLED)
+            self.finish(FinishReason.CANCELLED)
             return
         stats.evaluated_prompt_tokens = len(prompt) - stats.reused_prompt_tokens
-        stats.prefill_ms = self._elapsed_ms()
+        stats.prefill_ms = self.elapsed_ms()
         stepper = self._stepper(req)
-        pending = [self.sampler(ctx.logits(-1))]
-        produced = 0
-        while True:
-            for token in pending:
-                if self.model.is_stop(token):
-                    self._finish(FinishReason.END)
-                    return
-                self._emit(token)
-                produced += 1
-                if produced >= req.max_tokens:
-                    self._finish(FinishReason.LENGTH)
-                    return
-            if self.job.cancelled():
-                self._finish(FinishReason.CANCELLED)
-                return
-            stats.decode_steps += 1
-            pending = stepper.step(pending[-1])
-            stats.speculation = stepper.stats
-            if self.job.cancelled():  # the step that was in flight when cancel arrived
-                stats.steps_after_cancel += 1
+        self.decode(self.sampler(ctx.logits(-1)), stepper, self.model.is_stop)
 
     def _stepper(self, req: GenerationRequest) -> Stepper:
         ctx, backend, method = self.ctx, self.backend, req.speculation
@@ -284,11 +258,11 @@ class _Run:
 
         if method is SpeculationMethod.NONE:
             return PlainStepper(ctx, pick)
+        learning = backend.learning
         sources = [self.model.tokenize(text, special=False) for text in req.draft_sources if text]
-        sources.extend(backend.history)
         if method is SpeculationMethod.LOOKAHEAD:
             la = Lookahead(window=3, ngram=3, pool_size=8, max_verify=2)
-            for src in sources:
+            for src in (*sources, *learning.history):
                 la.add_source(src)
             return LookaheadStepper(ctx, pick, la)
         if method is SpeculationMethod.DRAFT:
@@ -298,54 +272,27 @@ class _Run:
                     "with the target"
                 )
             return DraftModelStepper(ctx, pick, backend._draft[1])
-        drafter = backend.drafter
-        drafter.clear_sources()
-        for src in sources:
-            drafter.add_source(src)
         auto = method is SpeculationMethod.AUTO
         return NgramStepper(
             ctx,
             pick,
-            drafter,
-            backend.policy if auto else backend.forced_policy,
+            learning.drafter_for(sources),
+            learning.policy_for(auto),
             allow_plain=auto,
             method=str(method),
-            tracker=backend.costs if auto else None,
+            tracker=learning.costs if auto else None,
         )
 
-    def _emit(self, token: int) -> None:
-        stats = self.stats
-        if stats.completion_tokens == 0:
-            stats.ttft_ms = self._elapsed_ms()
-        stats.completion_tokens += 1
-        self.generated.append(token)
-        text = self.decoder.decode(self.model.piece(token))
-        self.job.emit(TokenChunk(text, (token,)))
+    def text_of(self, token: int) -> str:
+        return self.decoder.decode(self.model.piece(token))
 
-    def _finish(self, reason: FinishReason) -> None:
-        tail = self.decoder.decode(b"", final=True)
-        if tail:
-            self.job.emit(TokenChunk(tail, ()))
-        self.stats.finish_reason = reason
-
-    def _elapsed_ms(self) -> float:
-        return (time.perf_counter() - self.start) * 1000.0
+    def text_tail(self) -> str:
+        return self.decoder.decode(b"", final=True)
 
     def account(self) -> None:
-        stats, counters = self.stats, self.backend.counters
-        stats.total_ms = self._elapsed_ms()
-        counters.generations += 1
-        counters.cancelled += stats.finish_reason is FinishReason.CANCELLED
-        counters.decode_calls += self.ctx.decode_calls - self.calls_at_start
-        counters.generation_steps += stats.decode_steps
-        counters.steps_after_cancel += stats.steps_after_cancel
-        counters.prompt_tokens += stats.prompt_tokens
-        counters.prompt_tokens_reused += stats.reused_prompt_tokens
-        counters.prompt_tokens_evaluated += stats.evaluated_prompt_tokens
-        counters.completion_tokens += stats.completion_tokens
-        counters.last = stats
-        if len(self.generated) >= 4:
-            self.backend.history.append(self.generated)
+        self.stats.total_ms = self.elapsed_ms()
+        self.backend.counters.record(self.stats, self.ctx.decode_calls - self.calls_at_start)
+        self.backend.learning.remember(self.generated)
 
 
 LlamaGeneration = WorkerGeneration  # the name callers used before the split

@@ -203,9 +203,8 @@ class LlamaContext:
         # KV entries from here on were computed before an edit and moved (see
         # ``kv_reuse``); ``drift`` counts the edit tokens they did not see.
         self.stale_from: int | None = None
-        self.drift = 0
+        self.drift = 0  # always 0 while stale_from is None
         self.last_move: MovedTail | None = None  # what the last prefill moved
-        self.refresh_tail = MOVED_REFRESH
         self.can_shift = bool(llama_cpp.llama_memory_can_shift(self.mem))
         self._abort_fn: Callable[[], bool] = _never
         # Called by ggml between graph nodes, only while a prefill runs (it takes the GIL).
@@ -336,14 +335,14 @@ class LlamaContext:
             self.tokens[:n_old],
             tokens,
             min_tail=8,
-            max_insert=min(32 + self.refresh_tail, self.n_batch - 1),
-            refresh=self.refresh_tail,
+            max_insert=min(32 + MOVED_REFRESH, self.n_batch - 1),
+            refresh=MOVED_REFRESH,
         )
         if plan is None:
             return None
         if self.stale_from is not None and self.stale_from < plan.keep:
             return None  # the edit is past entries that are already approximate
-        drift = (self.drift if self.stale_from is not None else 0) + plan.drift
+        drift = self.drift + plan.drift  # 0 while nothing is stale
         if drift > max_drift:
             return None
         mem = self.mem
@@ -367,10 +366,7 @@ class LlamaContext:
         except BackendError:
             # Leave only what is certainly right: the untouched prefix.
             self.clear_seqs(range(1, 2))
-            llama_cpp.llama_memory_seq_rm(mem, 0, plan.keep, -1)
-            del self.tokens[plan.keep :]
-            self.prompt_len = min(self.prompt_len, plan.keep)
-            self.stale_from, self.drift = None, 0
+            self.truncate(plan.keep)
             raise
         self.tokens = list(tokens)
         self.prompt_len = len(tokens)

@@ -1,6 +1,6 @@
 """Speculative decoding on a llama.cpp context: the runtime half of ``backends/speculative``.
 
-Each ``Stepper`` advances a generation by one *target* call. The contract, shared by
+Each ``Stepper`` (``backends.worker.Stepper``) advances a generation by one *target* call. The contract, shared by
 every method (the KV cache of sequence 0 holds ``ctx.tokens``; ``root`` is the last
 emitted token, not yet evaluated)::
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
 
 import numpy as np
 
@@ -40,12 +39,6 @@ from backends.speculative import (
 from backends.speculative.policy import CostTracker
 
 Pick = Callable[[int], int]  # batch output row -> the target's token there
-
-
-class Stepper(Protocol):
-    stats: SpeculationStats
-
-    def step(self, root: int) -> list[int]: ...
 
 
 def calibrate(ctx: LlamaContext, sizes: Sequence[int] = (1, 2, 4, 8), reps: int = 2) -> CostCurve:

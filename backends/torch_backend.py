@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,11 +33,9 @@ from backends.base import (
     FinishReason,
     GenerationRequest,
     SpeculationMethod,
-    TokenChunk,
 )
 from backends.errors import BackendError, ContextOverflow, ModelError
-from backends.speculative import AdaptivePolicy, CostCurve, NgramDrafter
-from backends.speculative.policy import CostTracker
+from backends.speculative import CostCurve
 from backends.torch_spec import (
     CausalLM,
     DraftModelStepper,
@@ -47,10 +43,17 @@ from backends.torch_spec import (
     Picker,
     PlainStepper,
     PrefillAborted,
-    Stepper,
     calibrate,
 )
-from backends.worker import BackendCounters, Job, WorkerGeneration, run_job
+from backends.worker import (
+    BackendCounters,
+    Job,
+    NgramLearning,
+    Stepper,
+    WorkerGeneration,
+    WorkerRun,
+    run_job,
+)
 
 
 class Vocab:
@@ -207,14 +210,7 @@ class TorchBackend:
         self._closed = False
         self.counters = BackendCounters()
         self.curve = curve
-        # Learned across generations: acceptance of n-gram drafts and forward costs.
-        self.policy = AdaptivePolicy(curve, ["ngram"], max_draft=8)
-        # speculation=ngram drafts whenever it can; its hits and misses must not teach
-        # `auto` (which decides when drafting pays), so it keeps its own estimates.
-        self.forced_policy = AdaptivePolicy(curve, ["ngram"], max_draft=8)
-        self.costs = CostTracker(curve.ms_by_rows)
-        self.drafter = NgramDrafter(min_n=2, max_n=4)
-        self.history: deque[list[int]] = deque(maxlen=16)  # earlier completions (tokens)
+        self.learning = NgramLearning(curve)
 
     @classmethod
     async def create(
@@ -386,20 +382,17 @@ class TorchBackend:
         run_job(job, _Run(self, job))
 
 
-class _Run:
+class _Run(WorkerRun):
     """One generation, executed on the worker thread."""
 
     def __init__(self, backend: TorchBackend, job: Job) -> None:
+        super().__init__(job)
         self.backend = backend
-        self.job = job
         self.lm = backend._lm
         self.vocab = backend.vocab
         self.picker = Picker(job.request.sampling)
-        self.stats = job.stats
-        self.start = time.perf_counter()
         self.detok = Detokenizer(self.vocab)
         self.calls_at_start = self.lm.calls
-        self.generated: list[int] = []
 
     def execute(self) -> None:
         req, stats, lm = self.job.request, self.stats, self.lm
@@ -417,31 +410,12 @@ class _Run:
         except PrefillAborted as aborted:
             stats.reused_prompt_tokens = aborted.reused
             stats.evaluated_prompt_tokens = max(0, len(lm.tokens) - aborted.reused)
-            self._finish(FinishReason.CANCELLED)
+            self.finish(FinishReason.CANCELLED)
             return
         stats.evaluated_prompt_tokens = len(prompt) - stats.reused_prompt_tokens
-        stats.prefill_ms = self._elapsed_ms()
+        stats.prefill_ms = self.elapsed_ms()
         stepper = self._stepper(req)
-        pending = [self.picker.pick(logits)]
-        produced = 0
-        while True:
-            for token in pending:
-                if self.vocab.is_stop(token):
-                    self._finish(FinishReason.END)
-                    return
-                self._emit(token)
-                produced += 1
-                if produced >= req.max_tokens:
-                    self._finish(FinishReason.LENGTH)
-                    return
-            if self.job.cancelled():
-                self._finish(FinishReason.CANCELLED)
-                return
-            stats.decode_steps += 1
-            pending = stepper.step(pending[-1])
-            stats.speculation = stepper.stats
-            if self.job.cancelled():  # the step that was in flight when cancel arrived
-                stats.steps_after_cancel += 1
+        self.decode(self.picker.pick(logits), stepper, self.vocab.is_stop)
 
     def _stepper(self, req: GenerationRequest) -> Stepper:
         backend, method, lm, picker = self.backend, req.speculation, self.lm, self.picker
@@ -453,56 +427,29 @@ class _Run:
             return DraftModelStepper(
                 lm, picker, backend._draft, max_draft=opts.max_draft, p_min=opts.p_min
             )
-        drafter = backend.drafter
-        drafter.clear_sources()
-        for text in req.draft_sources:
-            if text:
-                drafter.add_source(self.vocab.tokenize(text, special=False))
-        for src in backend.history:
-            drafter.add_source(src)
+        learning = backend.learning
+        sources = [self.vocab.tokenize(text, special=False) for text in req.draft_sources if text]
         auto = method is SpeculationMethod.AUTO
         return NgramStepper(
             lm,
             picker,
-            drafter,
-            backend.policy if auto else backend.forced_policy,
+            learning.drafter_for(sources),
+            learning.policy_for(auto),
             allow_plain=auto,
             method=str(method),
-            tracker=backend.costs if auto else None,
+            tracker=learning.costs if auto else None,
         )
 
-    def _emit(self, token: int) -> None:
-        stats = self.stats
-        if stats.completion_tokens == 0:
-            stats.ttft_ms = self._elapsed_ms()
-        stats.completion_tokens += 1
-        self.generated.append(token)
-        self.job.emit(TokenChunk(self.detok.push(token), (token,)))
+    def text_of(self, token: int) -> str:
+        return self.detok.push(token)
 
-    def _finish(self, reason: FinishReason) -> None:
-        tail = self.detok.flush()
-        if tail:
-            self.job.emit(TokenChunk(tail, ()))
-        self.stats.finish_reason = reason
-
-    def _elapsed_ms(self) -> float:
-        return (time.perf_counter() - self.start) * 1000.0
+    def text_tail(self) -> str:
+        return self.detok.flush()
 
     def account(self) -> None:
-        stats, counters = self.stats, self.backend.counters
-        stats.total_ms = self._elapsed_ms()
-        counters.generations += 1
-        counters.cancelled += stats.finish_reason is FinishReason.CANCELLED
-        counters.decode_calls += self.lm.calls - self.calls_at_start
-        counters.generation_steps += stats.decode_steps
-        counters.steps_after_cancel += stats.steps_after_cancel
-        counters.prompt_tokens += stats.prompt_tokens
-        counters.prompt_tokens_reused += stats.reused_prompt_tokens
-        counters.prompt_tokens_evaluated += stats.evaluated_prompt_tokens
-        counters.completion_tokens += stats.completion_tokens
-        counters.last = stats
-        if len(self.generated) >= 4:
-            self.backend.history.append(self.generated)
+        self.stats.total_ms = self.elapsed_ms()
+        self.backend.counters.record(self.stats, self.lm.calls - self.calls_at_start)
+        self.backend.learning.remember(self.generated)
 
 
 async def load_torch_backend(

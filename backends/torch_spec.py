@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -205,12 +205,6 @@ def verify_chain(
     result = verify(tree, LazyPicks(len(chain) + 1, lambda i: picker.pick(logits[i])))
     lm.crop(n_past + 1 + len(result.accepted_tokens))
     return list(result.accepted_tokens), result.next_token
-
-
-class Stepper(Protocol):
-    stats: SpeculationStats
-
-    def step(self, root: int) -> list[int]: ...
 
 
 class PlainStepper:

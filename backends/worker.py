@@ -9,12 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from backends.base import FinishReason, GenerationRequest, GenerationStats, TokenChunk
+from backends.base import (
+    FinishReason,
+    GenerationRequest,
+    GenerationStats,
+    SpeculationStats,
+    TokenChunk,
+)
 from backends.errors import BackendError
+from backends.speculative import AdaptivePolicy, CostCurve, NgramDrafter
+from backends.speculative.policy import CostTracker
 
 
 @dataclass(slots=True)
@@ -31,6 +41,19 @@ class BackendCounters:
     prompt_tokens_evaluated: int = 0
     completion_tokens: int = 0
     last: GenerationStats = field(default_factory=GenerationStats)
+
+    def record(self, stats: GenerationStats, decode_calls: int) -> None:
+        """Add one finished generation (``decode_calls``: target calls it made)."""
+        self.generations += 1
+        self.cancelled += stats.finish_reason is FinishReason.CANCELLED
+        self.decode_calls += decode_calls
+        self.generation_steps += stats.decode_steps
+        self.steps_after_cancel += stats.steps_after_cancel
+        self.prompt_tokens += stats.prompt_tokens
+        self.prompt_tokens_reused += stats.reused_prompt_tokens
+        self.prompt_tokens_evaluated += stats.evaluated_prompt_tokens
+        self.completion_tokens += stats.completion_tokens
+        self.last = stats
 
     def as_dict(self) -> dict[str, Any]:
         last = self.last
@@ -64,6 +87,35 @@ class BackendCounters:
                 },
             },
         }
+
+
+class NgramLearning:
+    """What n-gram speculation learns across one backend's generations: acceptance
+    (``auto``'s policy, and a separate one for ``speculation=ngram``, which drafts
+    whenever it can and must not teach ``auto``), batch costs as the machine delivers
+    them, the drafter's index, and earlier completions as draft sources."""
+
+    def __init__(self, curve: CostCurve) -> None:
+        self.policy = AdaptivePolicy(curve, ["ngram"], max_draft=8)
+        self.forced_policy = AdaptivePolicy(curve, ["ngram"], max_draft=8)
+        self.costs = CostTracker(curve.ms_by_rows)
+        self.drafter = NgramDrafter(min_n=2, max_n=4)
+        self.history: deque[list[int]] = deque(maxlen=16)  # earlier completions (tokens)
+
+    def drafter_for(self, sources: Iterable[Sequence[int]]) -> NgramDrafter:
+        """The drafter, its sources set to ``sources`` and the earlier completions."""
+        self.drafter.clear_sources()
+        for src in (*sources, *self.history):
+            self.drafter.add_source(src)
+        return self.drafter
+
+    def policy_for(self, auto: bool) -> AdaptivePolicy:
+        return self.policy if auto else self.forced_policy
+
+    def remember(self, generated: list[int]) -> None:
+        """Keep a finished completion as a draft source for the next ones."""
+        if len(generated) >= 4:
+            self.history.append(generated)
 
 
 class Job:
@@ -123,6 +175,76 @@ class Run(Protocol):
     def execute(self) -> None: ...
 
     def account(self) -> None: ...
+
+
+class Stepper(Protocol):
+    """One target step of a decoding method: from the last token, the tokens it yields."""
+
+    stats: SpeculationStats
+
+    def step(self, root: int) -> list[int]: ...
+
+
+class WorkerRun:
+    """What the local backends' runs share once the prompt is in: streaming tokens out
+    as text, the decode loop (stop token, ``max_tokens``, cancel before every step) and
+    the timing. A subclass turns tokens into text (``text_of``, ``text_tail``)."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.stats = job.stats
+        self.start = time.perf_counter()
+        self.generated: list[int] = []
+
+    def text_of(self, token: int) -> str:
+        raise NotImplementedError
+
+    def text_tail(self) -> str:
+        """Text still held back (an incomplete UTF-8 sequence) when generation ends."""
+        raise NotImplementedError
+
+    def elapsed_ms(self) -> float:
+        return (time.perf_counter() - self.start) * 1000.0
+
+    def emit(self, token: int) -> None:
+        stats = self.stats
+        if stats.completion_tokens == 0:
+            stats.ttft_ms = self.elapsed_ms()
+        stats.completion_tokens += 1
+        self.generated.append(token)
+        self.job.emit(TokenChunk(self.text_of(token), (token,)))
+
+    def finish(self, reason: FinishReason) -> None:
+        tail = self.text_tail()
+        if tail:
+            self.job.emit(TokenChunk(tail, ()))
+        self.stats.finish_reason = reason
+
+    def decode(self, first: int, stepper: Stepper, is_stop: Callable[[int], bool]) -> None:
+        """Emit ``first`` (from the prompt's logits), then step until a stop token,
+        ``max_tokens`` or a cancel; a step in flight when the cancel came is counted."""
+        stats, job = self.stats, self.job
+        max_tokens = job.request.max_tokens
+        pending = [first]
+        produced = 0
+        while True:
+            for token in pending:
+                if is_stop(token):
+                    self.finish(FinishReason.END)
+                    return
+                self.emit(token)
+                produced += 1
+                if produced >= max_tokens:
+                    self.finish(FinishReason.LENGTH)
+                    return
+            if job.cancelled():
+                self.finish(FinishReason.CANCELLED)
+                return
+            stats.decode_steps += 1
+            pending = stepper.step(pending[-1])
+            stats.speculation = stepper.stats
+            if job.cancelled():
+                stats.steps_after_cancel += 1
 
 
 def run_job(job: Job, run: Run) -> None:

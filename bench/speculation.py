@@ -213,12 +213,12 @@ def ngram_ceiling(
     backend's calibrated cost curve, up to its policy's longest draft."""
     from backends.speculative import NgramDrafter
 
-    template = backend.drafter
+    template = backend.learning.drafter
     drafter = NgramDrafter(min_n=template.min_n, max_n=template.max_n)
     for text in sources:
         if text:
             drafter.add_source(backend.model.tokenize(text, special=False))
-    kmax = backend.policy.max_draft
+    kmax = backend.learning.policy.max_draft
     return oracle_ceiling(
         prompt, output, lambda ctx: drafter.propose(ctx, kmax, 3), backend.curve.cost, kmax
     )
