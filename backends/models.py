@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import IO
 
 import platformdirs
-
-from backends.errors import ModelError, ModelPartMissing
+from kode.backends.errors import ModelError, ModelPartMissing
 
 GGUF_MAGIC = b"GGUF"
 _CHUNK = 8 << 20

@@ -26,9 +26,9 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
-from backends.base import Backend, Generation, GenerationRequest, GenerationStats, TokenChunk
-from backends.errors import BackendError, RemoteError
-from backends.remote import estimate_tokens
+from kode.backends.base import Backend, Generation, GenerationRequest, GenerationStats, TokenChunk
+from kode.backends.errors import BackendError, RemoteError
+from kode.backends.remote.clients import estimate_tokens
 
 log = logging.getLogger("kode.router")
 

@@ -15,16 +15,16 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from backends.base import (
+from kode.backends.base import (
     FinishReason,
     GenerationRequest,
     GenerationStats,
     SpeculationStats,
     TokenChunk,
 )
-from backends.errors import BackendError
-from backends.speculative import AdaptivePolicy, CostCurve, NgramDrafter
-from backends.speculative.policy import CostTracker
+from kode.backends.errors import BackendError
+from kode.backends.speculative import AdaptivePolicy, CostCurve, NgramDrafter
+from kode.backends.speculative.policy import CostTracker
 
 
 @dataclass(slots=True)

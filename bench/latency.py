@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import common
-from bench.common import fmt, fmt_ratio, markdown_table
+from kode.bench import common
+from kode.bench.common import fmt, fmt_ratio, markdown_table
 
 PARTIAL_METHOD = "kode/inlineCompletionPartial"
 STATS_METHOD = "kode/stats"
@@ -324,7 +324,7 @@ class Replay:
         await self.client.start_io(
             sys.executable,
             "-m",
-            "cli.main",
+            "kode.cli.main",
             "lsp",
             "--log-file",
             str((out / "lsp.log").resolve()),
@@ -395,9 +395,8 @@ class Replay:
         )
 
     async def replay(self, script: Script, counter: list[int], bar: Any) -> list[Keystroke]:
+        from kode.completion.documents import Document, Range
         from lsprotocol import types
-
-        from completion.documents import Document, Range
 
         opts = self.options
         doc = Document(script.uri, script.text, 1, "python")

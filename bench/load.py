@@ -1,7 +1,8 @@
 """Load test for ``kode serve``: simulated users typing into their own documents.
 
-    python -m bench.load --users 20 --seconds 30 --spawn-server --model small
-    python -m bench.load --users 20 --seconds 30 --url http://127.0.0.1:8080 --keys-file keys.txt
+    python -m kode.bench.load --users 20 --seconds 30 --spawn-server --model small
+    python -m kode.bench.load --users 20 --seconds 30 \
+        --url http://127.0.0.1:8080 --keys-file keys.txt
 
 Each user types into a source file of this repository: bursts of keystrokes 50-200 ms
 apart, then a pause of 0.5-2 s. Every keystroke sends a new streaming ``/generate``
@@ -35,10 +36,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-from backends.sse import SSEDecoder
-from completion.templates import QWEN25_CODER, render
-from serve.metrics import parse_text
+from kode.backends.remote.sse import SSEDecoder
+from kode.completion.templates import QWEN25_CODER, render
+from kode.serve.metrics import parse_text
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("backends", "completion", "serve", "lsp", "cli")
@@ -246,7 +246,7 @@ def spawn_server(
     keyfile = workdir / "keys.txt"
     keyfile.write_text("".join(f"user{i}:{k}\n" for i, k in enumerate(keys)))
     cmd = [
-        sys.executable, "-m", "cli.main", "serve", "--host", "127.0.0.1", "--port", "0",
+        sys.executable, "-m", "kode.cli.main", "serve", "--host", "127.0.0.1", "--port", "0",
         "--api-keys", str(keyfile), "--model", args.model, "--threads", str(args.threads),
     ]  # fmt: skip
     proc = subprocess.Popen(
@@ -269,7 +269,9 @@ def spawn_server(
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m kode.bench.load", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--users", type=int, default=20)
     p.add_argument("--seconds", type=float, default=30.0)
     p.add_argument("--url", help="a running kode serve (else --spawn-server)")

@@ -39,9 +39,8 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-
-from bench import common, sandbox
-from bench.common import HumanEvalTask, fmt, fmt_ratio, markdown_table
+from kode.bench import common, sandbox
+from kode.bench.common import HumanEvalTask, fmt, fmt_ratio, markdown_table
 
 MODES = ("engine", "raw", "moved", "spm", "llama-server")
 DEFAULT_MODES = ("engine", "raw", "llama-server")
@@ -178,9 +177,9 @@ async def _raw(
     engine: Any, backend: Any, uri: str, offset: int, max_tokens: int
 ) -> tuple[str, int]:
     """The model's unfiltered output for the prompt the engine builds at ``offset``."""
-    from backends.base import GenerationRequest, Sampling
-    from completion import context as ctxmod
-    from completion.templates import render
+    from kode.backends.base import GenerationRequest, Sampling
+    from kode.completion import context as ctxmod
+    from kode.completion.templates import render
 
     settings = engine.settings
     doc = engine.documents.get(uri)
@@ -236,9 +235,9 @@ async def _one_model(
     bar: Any,
     results: list[Result],
 ) -> None:
-    from completion.backend_factory import load_backend
-    from completion.engine import BackendPool, CompletionEngine
-    from completion.settings import parse
+    from kode.completion.backend_factory import load_backend
+    from kode.completion.engine import BackendPool, CompletionEngine
+    from kode.completion.settings import parse
 
     settings, problems = parse({"model": model, "speculation": options.speculation})
     if problems:
@@ -334,7 +333,7 @@ async def _one_task(
 
 
 async def measure(options: Options) -> tuple[list[Result], dict[str, str]]:
-    from backends import models
+    from kode.backends import models
 
     tasks = {
         s: common.sample(
@@ -348,7 +347,7 @@ async def measure(options: Options) -> tuple[list[Result], dict[str, str]]:
     facts = {"machine_before": common.machine_note()}
     binary = None
     if "llama-server" in options.modes:
-        from bench import llama_server
+        from kode.bench import llama_server
 
         binary = llama_server.find_binary()
     per_model = sum(len(v) for v in tasks.values())
@@ -359,7 +358,7 @@ async def measure(options: Options) -> tuple[list[Result], dict[str, str]]:
             async with contextlib.AsyncExitStack() as stack:
                 server = None
                 if binary is not None:
-                    from bench import llama_server
+                    from kode.bench import llama_server
 
                     server = await stack.enter_async_context(
                         llama_server.serve(

@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import common
-from bench.common import fmt, fmt_ratio, markdown_table
+from kode.bench import common
+from kode.bench.common import fmt, fmt_ratio, markdown_table
 
 KODE_METHODS = ("none", "ngram", "lookahead", "draft", "auto")
 PEER_PLD = "pld"
@@ -109,7 +109,7 @@ class Row:
 
 
 def humaneval_prompts(n: int, seed: int, data_dir: Path | None = None) -> list[Prompt]:
-    from completion.templates import QWEN25_CODER, render
+    from kode.completion.templates import QWEN25_CODER, render
 
     tasks = common.sample(common.load_humaneval(common.humaneval_path("multi", data_dir)), n, seed)
     return [
@@ -119,7 +119,7 @@ def humaneval_prompts(n: int, seed: int, data_dir: Path | None = None) -> list[P
 
 
 def edit_prompts(n: int, seed: int, root: Path = common.REPO_ROOT) -> list[Prompt]:
-    from completion.templates import QWEN25_CODER, render
+    from kode.completion.templates import QWEN25_CODER, render
 
     tasks = common.edit_tasks(common.source_files(root), n, seed, root)
     return [
@@ -211,7 +211,7 @@ def ngram_ceiling(
 ) -> float | None:
     """``oracle_ceiling`` for Kode's n-gram drafter (fed as the backend feeds it) on the
     backend's calibrated cost curve, up to its policy's longest draft."""
-    from backends.speculative import NgramDrafter
+    from kode.backends.speculative import NgramDrafter
 
     template = backend.learning.drafter
     drafter = NgramDrafter(min_n=template.min_n, max_n=template.max_n)
@@ -336,9 +336,9 @@ def chart(rows: Sequence[Row], path: Path, title: str) -> None:
 
 async def on_llama_thread(fn: Callable[..., Any], *args: Any) -> Any:
     """Run ``fn`` on the thread that runs Kode's own llama.cpp work (see
-    ``backends.llama_runtime.llama_thread``): a peer computing on another thread would
+    ``backends.llama.runtime.llama_thread``): a peer computing on another thread would
     slow Kode's plain decoding by a third for the rest of the run and skew every ratio."""
-    from backends.llama_runtime import llama_thread
+    from kode.backends.llama.runtime import llama_thread
 
     return await asyncio.get_running_loop().run_in_executor(llama_thread(), fn, *args)
 
@@ -349,7 +349,7 @@ async def _maybe_await(value: Any) -> Any:
 
 async def load_backend(model: Path, draft: Path | None, threads: int | None) -> Any:
     """``LlamaBackend.load``, passing the draft model if this version takes one."""
-    from backends.llama import LlamaBackend
+    from kode.backends.llama.backend import LlamaBackend
 
     kwargs: dict[str, Any] = {"n_threads": threads}
     params = inspect.signature(LlamaBackend.load).parameters
@@ -360,7 +360,7 @@ async def load_backend(model: Path, draft: Path | None, threads: int | None) -> 
 
 
 async def run_kode(backend: Any, prompt: Prompt, method: str, max_tokens: int) -> Run:
-    from backends.base import GenerationRequest, SpeculationMethod
+    from kode.backends.base import GenerationRequest, SpeculationMethod
 
     request = GenerationRequest(
         prompt=prompt.text,
@@ -481,8 +481,8 @@ def _server_run(
 
 async def measure(options: Options) -> tuple[list[Run], dict[str, Any]]:
     """Run every method on every prompt; the runs and facts about the setup."""
-    from backends import models
-    from completion.templates import QWEN25_CODER, render
+    from kode.backends import models
+    from kode.completion.templates import QWEN25_CODER, render
 
     prompts: list[Prompt] = []
     if "humaneval" in options.workloads:
@@ -513,7 +513,7 @@ async def measure(options: Options) -> tuple[list[Run], dict[str, Any]]:
         if PEER_PLD in options.methods and prompts:
             longest = max(len(t) for t in token_ids.values())
             n_ctx = -(-(longest + options.max_tokens + options.pld_tokens + 16) // 256) * 256
-            from backends.llama_runtime import default_threads
+            from kode.backends.llama.runtime import default_threads
 
             pld = await on_llama_thread(
                 PldPeer, model_path, n_ctx, options.pld_tokens, options.threads or default_threads()
@@ -593,7 +593,7 @@ async def _start_servers(
     draft: Path | None,
     facts: dict[str, Any],
 ) -> list[Any]:
-    from bench import llama_server
+    from kode.bench import llama_server
 
     if PEER_SERVER not in options.methods:
         return []
@@ -603,7 +603,7 @@ async def _start_servers(
         return []
     small = draft
     if small is None:
-        from backends import models
+        from kode.backends import models
 
         small = models.resolve(options.draft_model)
     modes = llama_server.speculation_modes(llama_server.help_text(binary), small)

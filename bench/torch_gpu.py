@@ -14,8 +14,8 @@ and overhead); and the speedup those costs *project* for per-token acceptance 0.
 (``E(k) / ((k * draft + target(k + 1)) / target(1))``, best k), the number to compare
 with a real draft model's measured acceptance.
 
-    python -m bench.torch_gpu                      # CUDA, 0.5B target, 0.1B draft
-    python -m bench.torch_gpu --device cpu --small # smoke run (tiny models, seconds)
+    python -m kode.bench.torch_gpu                      # CUDA, 0.5B target, 0.1B draft
+    python -m kode.bench.torch_gpu --device cpu --small # smoke run (tiny models, seconds)
 """
 
 from __future__ import annotations
@@ -27,14 +27,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from kode.backends.base import GenerationRequest, SpeculationMethod
+from kode.backends.speculative import CostCurve, expected_tokens
+from kode.backends.torch.backend import DraftOptions, TorchBackend
+from kode.backends.torch.steppers import CausalLM
 from tokenizers import Tokenizer, decoders, pre_tokenizers
 from tokenizers import models as tok_models
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
-
-from backends.base import GenerationRequest, SpeculationMethod
-from backends.speculative import CostCurve, expected_tokens
-from backends.torch_backend import DraftOptions, TorchBackend
-from backends.torch_spec import CausalLM
 
 METHODS = (
     SpeculationMethod.NONE,

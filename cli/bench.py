@@ -112,7 +112,7 @@ def _setting(item: str) -> tuple[str, object]:
 
 def run(args: argparse.Namespace) -> int:
     if args.bench_command == "speculation":
-        from bench import speculation
+        from kode.bench import speculation
 
         return speculation.main(
             speculation.Options(
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
             )
         )
     if args.bench_command == "quality":
-        from bench import quality
+        from kode.bench import quality
 
         names = [*(args.model or []), *(args.models or [])] or ["default"]
         unknown = [m for m in args.modes if m not in quality.MODES]
@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
             )
         )
     if args.bench_command == "latency":
-        from bench import latency
+        from kode.bench import latency
 
         return latency.main(
             latency.Options(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import json
 import logging
 import sys
@@ -18,7 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from backends.errors import KodeError
+from kode.backends.errors import KodeError
+from kode.cli import bench as bench_cli
+from kode.cli import serve as serve_cli
+from kode.cli import sglang as sglang_cli
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -58,20 +60,11 @@ def _parser() -> argparse.ArgumentParser:
     info.add_argument("--verify", action="store_true", help="re-hash the files (slow)")
     info.add_argument("--json", action="store_true")
 
-    for name in _PLUGINS:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            continue
+    # Further subcommands live in their own modules: each has ``register(subparsers)``,
+    # which adds its parser with ``set_defaults(func=...)``; ``func(args) -> int`` runs it.
+    for module in (bench_cli, serve_cli, sglang_cli):
         module.register(sub)
     return parser
-
-
-# Further subcommands live in their own modules: each has ``register(subparsers)``, which
-# adds its parser with ``set_defaults(func=...)``; ``func(args) -> int`` runs it.
-_PLUGINS = ("cli.bench", "cli.serve", "cli.sglang")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -102,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _lsp(args: argparse.Namespace) -> int:
-    from lsp.server import build_server
+    from kode.lsp.server import build_server
 
     if args.verbose == 0:
         logging.getLogger("kode").setLevel(logging.INFO)
@@ -128,10 +121,10 @@ def _read_source(path: Path) -> tuple[str, str]:
 
 
 async def _complete(args: argparse.Namespace, text: str, uri: str) -> int:
-    from completion.backend_factory import load_backend
-    from completion.documents import Position
-    from completion.engine import BackendPool, CompletionEngine
-    from completion.settings import parse
+    from kode.completion.backend_factory import load_backend
+    from kode.completion.documents import Position
+    from kode.completion.engine import BackendPool, CompletionEngine
+    from kode.completion.settings import parse
 
     path: Path = args.file
     raw: dict[str, Any] = {"model": args.model}
@@ -190,7 +183,7 @@ async def _complete(args: argparse.Namespace, text: str, uri: str) -> int:
 
 
 def _model(args: argparse.Namespace) -> int:
-    from backends import models
+    from kode.backends import models
 
     if args.model_command == "install":
         which = list(models.DEFAULT_MODELS) if args.which == "all" else [args.which]

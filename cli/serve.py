@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from backends.errors import KodeError
+from kode.backends.errors import KodeError
 
 log = logging.getLogger("kode.serve")
 
@@ -99,10 +99,9 @@ def run(args: argparse.Namespace) -> int:
 
 async def _serve(args: argparse.Namespace) -> int:
     import uvicorn
-
-    from serve.app import ServeConfig, build_app
-    from serve.auth import KeyRing
-    from serve.service import CompletionService, Policy, Workers
+    from kode.serve.app import ServeConfig, build_app
+    from kode.serve.auth import KeyRing
+    from kode.serve.service import CompletionService, Policy, Workers
 
     keys = KeyRing.load(args.api_keys) if args.api_keys is not None else None
     sock = _bind(args.host, args.port)
@@ -154,7 +153,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 async def _backends(args: argparse.Namespace) -> list[Any]:
     if args.upstream:
-        from backends.remote import SGLangBackend
+        from kode.backends.remote.clients import SGLangBackend
 
         return [
             SGLangBackend(
@@ -164,8 +163,8 @@ async def _backends(args: argparse.Namespace) -> list[Any]:
             )
             for url in args.upstream
         ]
-    from backends import models
-    from backends.llama import LlamaBackend
+    from kode.backends import models
+    from kode.backends.llama.backend import LlamaBackend
 
     path = await asyncio.to_thread(models.resolve, args.model)
     log.info("loading %s", path)

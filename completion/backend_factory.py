@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import asyncio
 
-from backends.base import Backend, SpeculationMethod
-from backends.errors import BackendError, SettingsError
-from backends.remote import OpenAIBackend, RemoteBackend, SGLangBackend
-from backends.router import RouteMode, RoutingBackend
-from completion.settings import BackendKind, LocalEngine, RemoteApi, Settings
-from completion.templates import TEMPLATES
+from kode.backends.base import Backend, SpeculationMethod
+from kode.backends.errors import BackendError, SettingsError
+from kode.backends.remote.clients import OpenAIBackend, RemoteBackend, SGLangBackend
+from kode.backends.router import RouteMode, RoutingBackend
+from kode.completion.settings import BackendKind, LocalEngine, RemoteApi, Settings
+from kode.completion.templates import TEMPLATES
 
 
 async def load_backend(settings: Settings) -> Backend:
@@ -42,7 +42,7 @@ async def load_local(settings: Settings) -> Backend:
     """The local backend for ``settings.model``: llama.cpp, or torch if asked for."""
     if settings.local_engine is LocalEngine.TORCH:
         try:
-            from backends.torch_backend import load_torch_backend
+            from kode.backends.torch.backend import load_torch_backend
         except ImportError as exc:
             raise BackendError(
                 f'localEngine "torch" needs PyTorch and transformers: pip install '
@@ -57,8 +57,8 @@ async def load_local(settings: Settings) -> Backend:
             n_ctx=settings.context_size,
             n_threads=settings.threads or None,
         )
-    from backends import models
-    from backends.llama import LlamaBackend
+    from kode.backends import models
+    from kode.backends.llama.backend import LlamaBackend
 
     path = await asyncio.to_thread(models.resolve, settings.model)
     draft = None

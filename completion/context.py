@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
 
-from completion.documents import Document, split_lines
-from completion.templates import Snippet
+from kode.completion.documents import Document, split_lines
+from kode.completion.templates import Snippet
 
 CountTokens = Callable[[str], int]
 

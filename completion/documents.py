@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from backends.errors import DocumentError
+from kode.backends.errors import DocumentError
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 

@@ -18,7 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from backends.base import (
+from kode.backends.base import (
     Backend,
     Generation,
     GenerationRequest,
@@ -26,12 +26,12 @@ from backends.base import (
     Sampling,
     SpeculationMethod,
 )
-from backends.errors import SettingsError
-from completion import context as ctxmod
-from completion.documents import Document, DocumentStore, Position
-from completion.settings import DEFAULT, BackendKind, Settings
-from completion.stops import StopRules
-from completion.templates import TEMPLATES, FimTemplate, render
+from kode.backends.errors import SettingsError
+from kode.completion import context as ctxmod
+from kode.completion.documents import Document, DocumentStore, Position
+from kode.completion.settings import DEFAULT, BackendKind, Settings
+from kode.completion.stops import StopRules
+from kode.completion.templates import TEMPLATES, FimTemplate, render
 
 log = logging.getLogger("kode.completion")
 

@@ -13,9 +13,8 @@ import re
 from typing import Annotated, Any
 
 import msgspec
-
-from backends.base import SpeculationMethod
-from completion.stops import MultilineMode
+from kode.backends.base import SpeculationMethod
+from kode.completion.stops import MultilineMode
 
 
 class BackendKind(enum.StrEnum):

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+from kode.backends.errors import BackendError, DocumentError, KodeError, ModelError, SettingsError
 from pygls.exceptions import JsonRpcException, JsonRpcInternalError, JsonRpcInvalidParams
-
-from backends.errors import BackendError, DocumentError, KodeError, ModelError, SettingsError
 
 REQUEST_FAILED = -32803  # LSP 3.17 ErrorCodes.RequestFailed
 

@@ -18,22 +18,21 @@ import logging
 from typing import Any
 
 import msgspec
-from lsprotocol import types
-from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
-from pygls.lsp.server import LanguageServer
-from pygls.protocol import LanguageServerProtocol
-
-from completion import settings as settings_mod
-from completion.backend_factory import load_backend
-from completion.documents import Position, Range
-from completion.engine import (
+from kode.completion import settings as settings_mod
+from kode.completion.backend_factory import load_backend
+from kode.completion.documents import Position, Range
+from kode.completion.engine import (
     BackendFactory,
     BackendPool,
     CompletionEngine,
     PartialCallback,
     Superseded,
 )
-from lsp.errors import to_lsp_error
+from kode.lsp.errors import to_lsp_error
+from lsprotocol import types
+from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
+from pygls.lsp.server import LanguageServer
+from pygls.protocol import LanguageServerProtocol
 
 log = logging.getLogger("kode.lsp")
 

@@ -29,17 +29,16 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import msgspec
+from kode.backends.base import GenerationRequest, Sampling
+from kode.serve.auth import ANONYMOUS, KeyRing
+from kode.serve.metrics import CONTENT_TYPE, Counter, Gauge
+from kode.serve.service import CompletionService, Delta, Ended, Failed, Job, ServeError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from backends.base import GenerationRequest, Sampling
-from serve.auth import ANONYMOUS, KeyRing
-from serve.metrics import CONTENT_TYPE, Counter, Gauge
-from serve.service import CompletionService, Delta, Ended, Failed, Job, ServeError
 
 log = logging.getLogger("kode.serve")
 

@@ -14,7 +14,7 @@ import hmac
 from dataclasses import dataclass
 from pathlib import Path
 
-from backends.errors import SettingsError
+from kode.backends.errors import SettingsError
 
 ANONYMOUS = "anonymous"  # the caller's name when the server runs without keys
 MIN_KEY_LENGTH = 16

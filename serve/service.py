@@ -29,9 +29,9 @@ import uuid
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 
-from backends.base import Backend, FinishReason, GenerationRequest, GenerationStats
-from backends.errors import ContextOverflow, KodeError, RemoteError
-from serve.metrics import Metrics
+from kode.backends.base import Backend, FinishReason, GenerationRequest, GenerationStats
+from kode.backends.errors import ContextOverflow, KodeError, RemoteError
+from kode.serve.metrics import Metrics
 
 log = logging.getLogger("kode.serve")
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backends.base import FinishReason, GenerationRequest, GenerationStats, TokenChunk
-from serve.metrics import parse_text
+from kode.backends.base import FinishReason, GenerationRequest, GenerationStats, TokenChunk
+from kode.serve.metrics import parse_text
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -55,7 +55,7 @@ class ServeProcess:
 def run_kode(args: Sequence[str], timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
     """``kode ARGS`` to completion (for commands that exit)."""
     return subprocess.run(
-        [sys.executable, "-m", "cli.main", *args],
+        [sys.executable, "-m", "kode.cli.main", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -72,7 +72,7 @@ def start_kode_serve(args: Sequence[str], *, timeout: float = 90.0) -> ServeProc
             [
                 sys.executable,
                 "-m",
-                "cli.main",
+                "kode.cli.main",
                 "serve",
                 "--host",
                 "127.0.0.1",

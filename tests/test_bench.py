@@ -10,11 +10,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-
-from backends.base import GenerationRequest, GenerationStats, TokenChunk
-from bench import common, latency, quality, sandbox, speculation
-from bench.common import EditTask, HumanEvalTask
-from cli import bench as cli_bench
+from kode.backends.base import GenerationRequest, GenerationStats, TokenChunk
+from kode.bench import common, latency, quality, sandbox, speculation
+from kode.bench.common import EditTask, HumanEvalTask
+from kode.cli import bench as cli_bench
 
 SOURCE = """\
 class Circle:
@@ -289,8 +288,8 @@ class _FakeBackend:
 
 
 async def test_raw_mode_sends_the_engines_prompt() -> None:
-    from completion.engine import CompletionEngine
-    from completion.settings import parse
+    from kode.completion.engine import CompletionEngine
+    from kode.completion.settings import parse
 
     backend = _FakeBackend()
 
@@ -374,7 +373,7 @@ HELP = """\
 
 
 def test_llama_server_modes_from_help() -> None:
-    from bench import llama_server
+    from kode.bench import llama_server
 
     assert llama_server.spec_types(HELP) == [
         "none",
@@ -433,8 +432,8 @@ def test_cli_parses_each_benchmark() -> None:
 
 
 def _small_model_installed() -> bool:
-    from backends import models
-    from backends.errors import ModelError
+    from kode.backends import models
+    from kode.backends.errors import ModelError
 
     try:
         models.resolve("small", auto_install=False)
@@ -452,7 +451,7 @@ def test_speculation_benchmark_smoke(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "cli.main",
+            "kode.cli.main",
             "bench",
             "speculation",
             "--model",

@@ -15,6 +15,11 @@ from typing import Any
 
 import httpx
 import pytest
+from kode.backends.base import FinishReason, GenerationRequest
+from kode.backends.errors import RemoteAuthError, RemoteBusyError, RemoteError, RemoteTimeout
+from kode.backends.remote.clients import OpenAIBackend, SGLangBackend
+from kode.backends.remote.sse import SSEDecoder
+from kode.backends.router import RouteMode, RoutingBackend
 from kode_servers import (
     FakeRequest,
     FakeUpstream,
@@ -29,12 +34,6 @@ from kode_servers import (
     start_sse,
     wait_metrics,
 )
-
-from backends.base import FinishReason, GenerationRequest
-from backends.errors import RemoteAuthError, RemoteBusyError, RemoteError, RemoteTimeout
-from backends.remote import OpenAIBackend, SGLangBackend
-from backends.router import RouteMode, RoutingBackend
-from backends.sse import SSEDecoder
 
 TIMEOUT_MS = 500
 

@@ -11,12 +11,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
-
-from backends import models
-from backends.base import GenerationRequest, GenerationStats, SpeculationMethod
-from backends.llama import LlamaBackend
-from backends.llama_runtime import MOVED_REFRESH
-from backends.speculative import CostCurve
+from kode.backends import models
+from kode.backends.base import GenerationRequest, GenerationStats, SpeculationMethod
+from kode.backends.llama.backend import LlamaBackend
+from kode.backends.llama.runtime import MOVED_REFRESH
+from kode.backends.speculative import CostCurve
 
 pytestmark = [pytest.mark.model, pytest.mark.asyncio(loop_scope="module")]
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from bench import load
+from kode.bench import load
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 

@@ -17,7 +17,7 @@ from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
 
 pytestmark = [pytest.mark.model]
 
-SERVER = [sys.executable, "-m", "cli.main", "lsp"]
+SERVER = [sys.executable, "-m", "kode.cli.main", "lsp"]
 TIMEOUT = 120  # seconds for any one step, generous for a loaded 2-core CI machine
 SETTINGS: dict[str, Any] = {"model": "small", "maxTokens": 48, "snippetTokens": 0}
 URI = "file:///tmp/kode-e2e/project/mathutils.py"

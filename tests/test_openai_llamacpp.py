@@ -16,11 +16,10 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from kode.backends.base import FinishReason, GenerationRequest
+from kode.backends.remote.clients import OpenAIBackend
+from kode.backends.router import RouteMode, RoutingBackend
 from kode_servers import LocalFactory
-
-from backends.base import FinishReason, GenerationRequest
-from backends.remote import OpenAIBackend
-from backends.router import RouteMode, RoutingBackend
 
 pytestmark = pytest.mark.model
 
@@ -40,7 +39,7 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     pytest.importorskip("fastapi", reason="needs llama-cpp-python[server]")
     pytest.importorskip("starlette_context", reason="needs llama-cpp-python[server]")
     pytest.importorskip("pydantic_settings", reason="needs llama-cpp-python[server]")
-    from backends import models
+    from kode.backends import models
 
     model = models.resolve("small")
     port = free_port()

@@ -11,6 +11,10 @@ from typing import Any
 
 import httpx
 import pytest
+from kode.backends.base import FinishReason, GenerationRequest
+from kode.backends.errors import RemoteAuthError, RemoteBusyError
+from kode.backends.remote.clients import OpenAIBackend, SGLangBackend
+from kode.backends.remote.sse import SSEDecoder
 from kode_servers import (
     ServeProcess,
     generate_text,
@@ -19,11 +23,6 @@ from kode_servers import (
     wait_metrics,
     write_keys,
 )
-
-from backends.base import FinishReason, GenerationRequest
-from backends.errors import RemoteAuthError, RemoteBusyError
-from backends.remote import OpenAIBackend, SGLangBackend
-from backends.sse import SSEDecoder
 
 pytestmark = pytest.mark.model
 

@@ -8,11 +8,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
+from kode.backends.base import GenerationRequest, GenerationStats, TokenChunk
+from kode.backends.errors import BackendError, RemoteBusyError, RemoteError
+from kode.backends.router import BreakerState, CircuitBreaker, RouteMode, RoutingBackend
 from kode_servers import FakeGeneration, LocalFactory
-
-from backends.base import GenerationRequest, GenerationStats, TokenChunk
-from backends.errors import BackendError, RemoteBusyError, RemoteError
-from backends.router import BreakerState, CircuitBreaker, RouteMode, RoutingBackend
 
 SECRET_PROMPT = "def secret_function_name():"
 REQUEST = GenerationRequest(SECRET_PROMPT, 8)

@@ -9,18 +9,17 @@ import hashlib
 from pathlib import Path
 
 import pytest
+from kode.backends.base import GenerationRequest
+from kode.backends.errors import SettingsError
+from kode.backends.remote.clients import OpenAIBackend, SGLangBackend
+from kode.backends.router import RoutingBackend
+from kode.cli import sglang as sglang_cli
+from kode.completion.backend_factory import build_remote, load_backend
+from kode.completion.settings import parse
+from kode.serve.auth import KeyRing
+from kode.serve.metrics import Counter, Histogram, Metrics, parse_text
+from kode.serve.service import CompletionService, Job, Policy, Workers, find_stop, held_back
 from kode_servers import FakeLocal, run_kode
-
-from backends.base import GenerationRequest
-from backends.errors import SettingsError
-from backends.remote import OpenAIBackend, SGLangBackend
-from backends.router import RoutingBackend
-from cli import sglang as sglang_cli
-from completion.backend_factory import build_remote, load_backend
-from completion.settings import parse
-from serve.auth import KeyRing
-from serve.metrics import Counter, Histogram, Metrics, parse_text
-from serve.service import CompletionService, Job, Policy, Workers, find_stop, held_back
 
 # -- keys -----------------------------------------------------------------------------
 

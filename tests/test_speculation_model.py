@@ -16,11 +16,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
-
-from backends import models
-from backends.base import FinishReason, GenerationRequest, SpeculationMethod
-from backends.llama import LlamaBackend
-from backends.speculative import CostCurve
+from kode.backends import models
+from kode.backends.base import FinishReason, GenerationRequest, SpeculationMethod
+from kode.backends.llama.backend import LlamaBackend
+from kode.backends.speculative import CostCurve
 
 pytestmark = [pytest.mark.model, pytest.mark.asyncio(loop_scope="module")]
 

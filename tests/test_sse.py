@@ -8,9 +8,8 @@ import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from backends.errors import RemoteAuthError, RemoteBusyError, RemoteError
-from backends.sse import (
+from kode.backends.errors import RemoteAuthError, RemoteBusyError, RemoteError
+from kode.backends.remote.sse import (
     Payload,
     SSEDecoder,
     SSEEvent,

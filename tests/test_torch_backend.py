@@ -25,17 +25,16 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import pytest
 import torch
+from kode.backends import models
+from kode.backends.base import FinishReason, GenerationRequest, Sampling, SpeculationMethod
+from kode.backends.errors import BackendError
+from kode.backends.llama.backend import LlamaBackend
+from kode.backends.speculative import CostCurve, accept_reject, sample_index
+from kode.backends.torch.backend import Detokenizer, DraftOptions, TorchBackend
+from kode.backends.torch.steppers import AcceptRule, CausalLM, DraftModelStepper, Picker, Probs
 from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers
 from tokenizers import models as tok_models
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
-
-from backends import models
-from backends.base import FinishReason, GenerationRequest, Sampling, SpeculationMethod
-from backends.errors import BackendError
-from backends.llama import LlamaBackend
-from backends.speculative import CostCurve, accept_reject, sample_index
-from backends.torch_backend import Detokenizer, DraftOptions, TorchBackend
-from backends.torch_spec import AcceptRule, CausalLM, DraftModelStepper, Picker, Probs
 
 CHARS = "abcdefghijklmnopqrstuvwxyz0123456789 \n()=:+-*/.,_[]{}'\"<>#!?;&|"  # 63 + <eos>
 CURVE = CostCurve({1: 1.0, 2: 1.1, 4: 1.3, 8: 1.8})  # fixed: choices independent of load

@@ -12,22 +12,22 @@ choices; everything here is exact (lossless) whatever the drafts contain.
 
 from __future__ import annotations
 
-from backends.speculative.draft import accept_reject, draft_chain, sample_index
-from backends.speculative.lookahead import (
+from kode.backends.speculative.draft import accept_reject, draft_chain, sample_index
+from kode.backends.speculative.lookahead import (
     Lookahead,
     LookaheadPlan,
     LookaheadResult,
     LookaheadRow,
 )
-from backends.speculative.ngram import NgramDrafter, index_ngrams, merge_distinct
-from backends.speculative.policy import (
+from kode.backends.speculative.ngram import NgramDrafter, index_ngrams, merge_distinct
+from kode.backends.speculative.policy import (
     AcceptanceStats,
     AdaptivePolicy,
     CostCurve,
     CostTracker,
     expected_tokens,
 )
-from backends.speculative.tree import (
+from kode.backends.speculative.tree import (
     LazyPicks,
     TokenTree,
     Verification,

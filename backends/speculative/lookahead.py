@@ -66,8 +66,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from backends.speculative.ngram import NgramDrafter, merge_distinct
-from backends.speculative.tree import TokenTree, build_tree, verify
+from kode.backends.speculative.ngram import NgramDrafter, merge_distinct
+from kode.backends.speculative.tree import TokenTree, build_tree, verify
 
 
 @dataclass(frozen=True, slots=True)

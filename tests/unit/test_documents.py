@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from backends.errors import DocumentError
-from completion.documents import (
+from kode.backends.errors import DocumentError
+from kode.completion.documents import (
     Document,
     DocumentStore,
     Position,

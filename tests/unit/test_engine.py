@@ -8,16 +8,15 @@ import itertools
 from collections.abc import AsyncIterator
 
 import pytest
-
-from backends.base import (
+from kode.backends.base import (
     FinishReason,
     GenerationRequest,
     GenerationStats,
     TokenChunk,
 )
-from completion.documents import Position, Range
-from completion.engine import CompletionEngine, Superseded
-from completion.settings import parse
+from kode.completion.documents import Position, Range
+from kode.completion.engine import CompletionEngine, Superseded
+from kode.completion.settings import parse
 
 
 class ScriptedGeneration:

@@ -5,9 +5,8 @@ import doctest
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from backends import kv_reuse
-from backends.kv_reuse import plan_moved_tail
+from kode.backends import kv_reuse
+from kode.backends.kv_reuse import plan_moved_tail
 
 MIDDLE = 0  # stands for <|fim_middle|>, the last token, always evaluated again
 

@@ -10,9 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from backends import models
-from backends.errors import ModelError, ModelPartMissing
+from kode.backends import models
+from kode.backends.errors import ModelError, ModelPartMissing
 
 PARTS = [b"GGUF" + b"a" * 1000, b"b" * 700, b"c" * 33]
 WHOLE = b"".join(PARTS)
@@ -145,7 +144,7 @@ def test_cli_reports_a_missing_model_file_in_one_line(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "cli.main",
+            "kode.cli.main",
             "complete",
             str(src),
             "--line",

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from completion.context import Budget, gather, uri_to_path
-from completion.documents import Document, Position
-from completion.templates import QWEN25_CODER, FimOrder, FimTemplate, Snippet, render
+from kode.completion.context import Budget, gather, uri_to_path
+from kode.completion.documents import Document, Position
+from kode.completion.templates import QWEN25_CODER, FimOrder, FimTemplate, Snippet, render
 
 
 def words(text: str) -> int:

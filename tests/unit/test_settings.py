@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from backends.base import SpeculationMethod
-from completion.settings import DEFAULT, BackendKind, RemoteApi, parse
+from kode.backends.base import SpeculationMethod
+from kode.completion.settings import DEFAULT, BackendKind, RemoteApi, parse
 
 
 def test_none_gives_defaults() -> None:

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from backends.speculative.lookahead import Lookahead, LookaheadPlan, LookaheadRow
+from kode.backends.speculative.lookahead import Lookahead, LookaheadPlan, LookaheadRow
 
 Target = Callable[[Sequence[int]], int]
 

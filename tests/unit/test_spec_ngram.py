@@ -7,9 +7,8 @@ from collections.abc import Sequence
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from backends.speculative import ngram
-from backends.speculative.ngram import NgramDrafter, index_ngrams, merge_distinct
+from kode.backends.speculative import ngram
+from kode.backends.speculative.ngram import NgramDrafter, index_ngrams, merge_distinct
 
 
 def reference_propose(

@@ -7,8 +7,7 @@ import itertools
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from backends.speculative.policy import (
+from kode.backends.speculative.policy import (
     AcceptanceStats,
     AdaptivePolicy,
     CostCurve,

@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from backends.speculative.draft import accept_reject, draft_chain, sample_index
-from backends.speculative.tree import TokenTree, accept_greedy, build_tree, verify
+from kode.backends.speculative.draft import accept_reject, draft_chain, sample_index
+from kode.backends.speculative.tree import TokenTree, accept_greedy, build_tree, verify
 
 Target = Callable[[Sequence[int]], int]
 
@@ -55,7 +54,7 @@ def path_tokens(tree: TokenTree, row: int) -> list[int]:
     ["ngram", "tree", "lookahead", "draft", "policy"],
 )
 def test_docstring_examples(module: str) -> None:
-    mod = importlib.import_module(f"backends.speculative.{module}")
+    mod = importlib.import_module(f"kode.backends.speculative.{module}")
     result = doctest.testmod(mod)
     assert result.attempted > 0
     assert result.failed == 0

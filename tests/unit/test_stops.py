@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from completion.stops import MultilineMode, StopRules, indent_width
-from completion.templates import QWEN25_CODER
+from kode.completion.stops import MultilineMode, StopRules, indent_width
+from kode.completion.templates import QWEN25_CODER
 
 
 def rules(line_prefix: str, line_suffix: str = "", suffix: str = "", **kw: object) -> StopRules:

@@ -19,24 +19,23 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
-
-from backends.base import (
+from kode.backends.base import (
     FinishReason,
     GenerationRequest,
     Sampling,
     SpeculationMethod,
 )
-from backends.errors import BackendError, ContextOverflow
-from backends.llama_runtime import LlamaContext, LlamaModel, PrefillAborted, llama_thread
-from backends.llama_spec import (
+from kode.backends.errors import BackendError, ContextOverflow
+from kode.backends.llama.runtime import LlamaContext, LlamaModel, PrefillAborted, llama_thread
+from kode.backends.llama.steppers import (
     DraftModelStepper,
     LookaheadStepper,
     NgramStepper,
     PlainStepper,
     calibrate,
 )
-from backends.speculative import CostCurve, Lookahead
-from backends.worker import (
+from kode.backends.speculative import CostCurve, Lookahead
+from kode.backends.worker import (
     BackendCounters,
     Job,
     NgramLearning,

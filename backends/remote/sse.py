@@ -26,8 +26,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import msgspec
-
-from backends.errors import RemoteAuthError, RemoteBusyError, RemoteError
+from kode.backends.errors import RemoteAuthError, RemoteBusyError, RemoteError
 
 MAX_LINE_BYTES = 4 << 20  # a line longer than this is not a completion stream
 DONE = "[DONE]"

@@ -27,11 +27,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 import torch
-from transformers import DynamicCache, PreTrainedModel
-
-from backends.base import Sampling, SpeculationStats
-from backends.errors import BackendError
-from backends.speculative import (
+from kode.backends.base import Sampling, SpeculationStats
+from kode.backends.errors import BackendError
+from kode.backends.speculative import (
     AdaptivePolicy,
     CostCurve,
     LazyPicks,
@@ -42,10 +40,11 @@ from backends.speculative import (
     sample_index,
     verify,
 )
-from backends.speculative.ngram import common_prefix
+from kode.backends.speculative.ngram import common_prefix
+from transformers import DynamicCache, PreTrainedModel
 
 if TYPE_CHECKING:
-    from backends.speculative.policy import CostTracker
+    from kode.backends.speculative.policy import CostTracker
 
 Probs = npt.NDArray[np.float64]
 # (draft tokens [k], q [k, V], p [k + 1, V], rng) -> (accepted, next token)

@@ -20,9 +20,8 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 import numpy.typing as npt
-
-from backends.errors import BackendError, ContextOverflow, ModelError
-from backends.kv_reuse import MovedTail, common_prefix_len, plan_moved_tail
+from kode.backends.errors import BackendError, ContextOverflow, ModelError
+from kode.backends.kv_reuse import MovedTail, common_prefix_len, plan_moved_tail
 
 _NO_ABORT = llama_cpp.ggml_abort_callback(0)
 _LOG_CALLBACK: object = None  # keep the ctypes callback alive

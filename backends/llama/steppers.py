@@ -1,8 +1,8 @@
 """Speculative decoding on a llama.cpp context: the runtime half of ``backends/speculative``.
 
-Each ``Stepper`` (``backends.worker.Stepper``) advances a generation by one *target* call. The contract, shared by
-every method (the KV cache of sequence 0 holds ``ctx.tokens``; ``root`` is the last
-emitted token, not yet evaluated)::
+Each ``Stepper`` (``backends.worker.Stepper``) advances a generation by one *target*
+call. The contract, shared by every method (the KV cache of sequence 0 holds
+``ctx.tokens``; ``root`` is the last emitted token, not yet evaluated)::
 
     new = stepper.step(root)   # evaluate root (+ drafts) in ONE target batch
     # afterwards: ctx.tokens == old tokens + [root] + new[:-1]   (KV of seq 0 matches)
@@ -22,10 +22,9 @@ import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
-
-from backends.base import SpeculationStats
-from backends.llama_runtime import LlamaContext, Row
-from backends.speculative import (
+from kode.backends.base import SpeculationStats
+from kode.backends.llama.runtime import LlamaContext, Row
+from kode.backends.speculative import (
     AdaptivePolicy,
     CostCurve,
     LazyPicks,
@@ -36,7 +35,7 @@ from backends.speculative import (
     draft_chain,
     verify,
 )
-from backends.speculative.policy import CostTracker
+from kode.backends.speculative.policy import CostTracker
 
 Pick = Callable[[int], int]  # batch output row -> the target's token there
 

@@ -28,16 +28,15 @@ from typing import Any, ClassVar
 
 import httpx
 import msgspec
-
-from backends.base import (
+from kode.backends.base import (
     FinishReason,
     GenerationRequest,
     GenerationStats,
     SpeculationStats,
     TokenChunk,
 )
-from backends.errors import BackendError, RemoteError, RemoteTimeout
-from backends.sse import (
+from kode.backends.errors import BackendError, RemoteError, RemoteTimeout
+from kode.backends.remote.sse import (
     Payload,
     SSEEvent,
     StreamError,

@@ -25,18 +25,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
-from transformers.tokenization_utils_base import PreTrainedTokenizerBase
-
-from backends.base import (
+from kode.backends.base import (
     Backend,
     FinishReason,
     GenerationRequest,
     SpeculationMethod,
 )
-from backends.errors import BackendError, ContextOverflow, ModelError
-from backends.speculative import CostCurve
-from backends.torch_spec import (
+from kode.backends.errors import BackendError, ContextOverflow, ModelError
+from kode.backends.speculative import CostCurve
+from kode.backends.torch.steppers import (
     CausalLM,
     DraftModelStepper,
     NgramStepper,
@@ -45,7 +42,7 @@ from backends.torch_spec import (
     PrefillAborted,
     calibrate,
 )
-from backends.worker import (
+from kode.backends.worker import (
     BackendCounters,
     Job,
     NgramLearning,
@@ -54,6 +51,8 @@ from backends.worker import (
     WorkerRun,
     run_job,
 )
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 
 class Vocab:
@@ -137,7 +136,7 @@ def load_pretrained(
     a GGUF file (dequantized), a directory of safetensors weights, or a hub id. float32 on
     CPU, bfloat16 on CUDA.
     """
-    from backends import models
+    from kode.backends import models
 
     device = device or default_device()
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
