@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 class SpeculationMethod(enum.StrEnum):
@@ -157,4 +157,26 @@ class Backend(Protocol):
 
     async def aclose(self) -> None:
         """Release the model and every context."""
+        ...
+
+
+@runtime_checkable
+class PromptCache(Protocol):
+    """A backend that keeps evaluated prompts (KV cache, saved states) and can say how
+    much of a prompt it would not need to evaluate again."""
+
+    def cached_prefix(self, prompt: str) -> tuple[int, int]:
+        """``(tokens of prompt already evaluated, tokens in prompt)``; an estimate, read
+        without waiting for a running generation."""
+        ...
+
+
+@runtime_checkable
+class KvMemoryReport(Protocol):
+    """A backend that keeps evaluated prompts of other places in host memory."""
+
+    @property
+    def kv_memory(self) -> dict[str, int]:
+        """``states``, ``bytes``, ``budgetBytes``, ``tokens``, ``saves``, ``restores``,
+        ``evictions``."""
         ...

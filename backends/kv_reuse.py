@@ -115,3 +115,51 @@ def plan_moved_tail(
     if plan.inserted > max_insert:
         return None
     return plan
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A KV state that could serve a new prompt: ``index`` in the caller's list, and how
+    many leading prompt tokens its entries hold exactly."""
+
+    index: int
+    common: int
+
+
+def prefix_reach(cached: Sequence[int], prompt: Sequence[int], stale_from: int | None) -> int:
+    """How many leading tokens of ``prompt`` a state holding ``cached`` serves exactly
+    (entries from ``stale_from`` on were moved after an edit and are not exact)."""
+    n = common_prefix_len(cached, prompt)
+    return n if stale_from is None else min(n, stale_from)
+
+
+def choose_state(current: int, saved: Sequence[int], *, min_gain: int = 32) -> Candidate | None:
+    """Which saved state to bring back before evaluating a prompt, or None to keep the
+    current one. ``current`` and ``saved[i]`` are how many leading prompt tokens each
+    serves exactly (``prefix_reach``); a restore costs a copy of the state, so it must
+    save at least ``min_gain`` tokens of evaluation.
+
+        >>> choose_state(10, [5, 400, 380])
+        Candidate(index=1, common=400)
+        >>> choose_state(390, [5, 400]) is None   # only 10 tokens better: keep
+        True
+    """
+    best: Candidate | None = None
+    for i, common in enumerate(saved):
+        if common >= current + min_gain and (best is None or common > best.common):
+            best = Candidate(i, common)
+    return best
+
+
+def worth_saving(current_len: int, reach: int, prompt_len: int, *, min_tokens: int = 64) -> bool:
+    """Whether the state in sequence 0 (``current_len`` tokens, ``prompt_len`` of them the
+    last prompt) should be kept before a prompt that reuses only ``reach`` of them: when
+    at least ``min_tokens`` would be lost and the new prompt keeps less than half of the
+    old one (a switch of place or document, not a keystroke, whose suffix only moves).
+
+        >>> worth_saving(1200, 40, 1150)    # another document
+        True
+        >>> worth_saving(1200, 900, 1150)   # a keystroke near the cursor
+        False
+    """
+    return current_len - reach >= min_tokens and reach * 2 < prompt_len

@@ -96,6 +96,16 @@ def register(subparsers: Any) -> None:
         help="seconds between placing the cursor (one answered request) and the first key; "
         "0: type at once into the file just opened (default 1)",
     )
+    latency.add_argument(
+        "--scenario",
+        choices=["regions", "places"],
+        default="regions",
+        help="regions: retype lines of small files (examples/, HumanEval); places: large real "
+        "files (default: argparse.py and tarfile.py of the standard library) as a person "
+        "works: open, jump 200+ lines, switch file and back, with and without "
+        "kode/didMoveCursor, after --place-pause seconds (use 3)",
+    )
+    latency.add_argument("--rounds", type=int, default=2, help="places: rounds of 4 places")
     latency.add_argument("--out", type=Path, default=Path("results/latency"))
 
 
@@ -156,19 +166,22 @@ def run(args: argparse.Namespace) -> int:
     if args.bench_command == "latency":
         from kode.bench import latency
 
-        return latency.main(
-            latency.Options(
-                model=args.model,
-                cadence_ms=args.cadence_ms,
-                files=tuple(args.files) if args.files is not None else None,
-                regions=args.regions,
-                humaneval=args.humaneval,
-                max_chars=args.max_chars,
-                speculation=args.speculation,
-                seed=args.seed,
-                out=args.out,
-                place_pause_s=args.place_pause,
-                settings=tuple(_setting(item) for item in args.setting),
-            )
+        options = latency.Options(
+            model=args.model,
+            cadence_ms=args.cadence_ms,
+            files=tuple(args.files) if args.files is not None else None,
+            regions=args.regions,
+            humaneval=args.humaneval,
+            max_chars=args.max_chars,
+            speculation=args.speculation,
+            seed=args.seed,
+            out=args.out,
+            place_pause_s=args.place_pause,
+            settings=tuple(_setting(item) for item in args.setting),
         )
+        if args.scenario == "places":
+            from kode.bench import places
+
+            return places.main(options, args.files, args.rounds)
+        return latency.main(options)
     return 2

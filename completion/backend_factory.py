@@ -65,7 +65,11 @@ async def load_local(settings: Settings) -> Backend:
     if settings.speculation is SpeculationMethod.DRAFT:
         draft = await asyncio.to_thread(models.resolve, settings.draft_model)
     return await LlamaBackend.load(
-        path, n_ctx=settings.context_size, n_threads=settings.threads or None, draft_path=draft
+        path,
+        n_ctx=settings.context_size,
+        n_threads=settings.threads or None,
+        draft_path=draft,
+        kv_memory_mb=settings.kv_memory_mb,
     )
 
 

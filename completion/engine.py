@@ -20,13 +20,15 @@ from typing import Any
 
 from kode.backends.base import (
     Backend,
+    FinishReason,
     Generation,
     GenerationRequest,
     GenerationStats,
+    PromptCache,
     Sampling,
     SpeculationMethod,
 )
-from kode.backends.errors import SettingsError
+from kode.backends.errors import DocumentError, SettingsError
 from kode.completion import context as ctxmod
 from kode.completion.documents import Document, DocumentStore, Position
 from kode.completion.settings import DEFAULT, BackendKind, Settings
@@ -42,7 +44,38 @@ BackendFactory = Callable[[Settings], Awaitable[Backend]]
 _CANCEL_GRACE_S = 0.1
 # A document opened and left within this long (tabs flicked past) is not read ahead.
 _READ_AHEAD_DELAY_S = 0.3
+# Background preparation starts only after this long without a request or an edit.
+_PREPARE_QUIET_S = 0.25
+# What a person reading before typing gives the machine: a prepared window is sized to be
+# evaluated within this (3 s of reading buys ~300 tokens of the 1.5B on 2 cores).
+_PREPARE_HORIZON_S = 2.5
+# Short windows remembered per document (their KV states are kept by the backend).
+_SHORT_WINDOWS = 3
+# The synthetic prompt the engine times at start-up (no user code) to learn prefill speed.
+_CALIBRATION_TEXT = "".join(
+    f"def step_{i}(value, scale={i}):\n    return value * scale + {i}\n\n" for i in range(12)
+)
 PartialCallback = Callable[[str], None]
+
+
+class PrefillRate:
+    """Prompt tokens per second this machine evaluates, learned from its generations
+    (an exponential moving average); ``fixed`` pins it (tests, benchmarks)."""
+
+    def __init__(self, tokens_per_s: float | None = None, *, fixed: bool = False) -> None:
+        self.value = tokens_per_s
+        self.fixed = fixed
+
+    def observe(self, stats: GenerationStats) -> None:
+        n, ms = stats.evaluated_prompt_tokens, stats.prefill_ms
+        if self.fixed or n < 64 or ms <= 0:
+            return
+        rate = n / (ms / 1000.0)
+        self.value = rate if self.value is None else 0.7 * self.value + 0.3 * rate
+
+    def tokens_within(self, ms: float) -> int | None:
+        """How many prompt tokens fit in ``ms``; None while the speed is unknown."""
+        return None if self.value is None else int(self.value * ms / 1000.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +106,20 @@ class CompletionEngine:
         backend_factory: BackendFactory,
         settings: Settings = DEFAULT,
         documents: DocumentStore | None = None,
+        prefill_rate: PrefillRate | None = None,
     ) -> None:
         self.documents = documents if documents is not None else DocumentStore()
+        self.rate = prefill_rate if prefill_rate is not None else PrefillRate()
+        # Per document: shorter windows (anchor line, budget) answered or prepared lately.
+        self._short: dict[str, list[tuple[int, ctxmod.Budget]]] = {}
+        self._cursor: dict[str, tuple[int, int]] = {}  # uri -> (version, offset) to prepare
+        self._active: str | None = None  # the document the user works in
+        self._last_activity = 0.0
+        self._prepare_task: asyncio.Task[None] | None = None
+        self._calibration: Generation | None = None
+        self._prep: _Live | None = None  # the background preparation running, if any
+        self.prepared = 0  # background preparations that finished
+        self.short_answers = 0  # requests answered from a shorter window (budget)
         self._factory = backend_factory
         self._settings = settings
         self._anchors: dict[str, int] = {}
@@ -138,6 +183,10 @@ class CompletionEngine:
         version = doc.version
         ticket = object()
         self._tickets[uri] = ticket
+        self._touch(uri, version, offset)
+        await self._cancel_background()
+        if self._tickets.get(uri) is not ticket:
+            raise Superseded(uri)
         live = self._live.get(uri)
         if live is not None:
             live.wake()  # older requests waiting on it re-check their ticket
@@ -153,13 +202,23 @@ class CompletionEngine:
         if self._tickets.get(uri) is not ticket:
             await self._drop(uri)
             raise Superseded(uri)
-        return await self._answer(live, uri, ticket, version, "", on_partial, started)
+        try:
+            return await self._answer(live, uri, ticket, version, "", on_partial, started)
+        finally:
+            self._schedule_prepare()  # the full window for the next keystroke, when quiet
 
     async def _start(
         self, uri: str, doc: Document, offset: int, backend: Backend, max_tokens: int | None
     ) -> _Live:
+        ctx = self._request_context(uri, doc, offset, backend)
+        return await self._launch(uri, doc, offset, backend, ctx, max_tokens)
+
+    # -- which window: the latency budget ------------------------------------------------
+
+    def _full_context(
+        self, uri: str, doc: Document, offset: int, backend: Backend
+    ) -> ctxmod.CompletionContext:
         settings = self._settings
-        template = self.template()
         budget = ctxmod.Budget(
             settings.prefix_tokens, settings.suffix_tokens, settings.snippet_tokens
         )
@@ -172,14 +231,87 @@ class CompletionEngine:
             anchor=self._anchors.get(uri),
         )
         self._anchors[uri] = ctx.prefix_start_line
-        prompt = render(
-            template,
+        return ctx
+
+    def _short_context(
+        self, uri: str, doc: Document, offset: int, backend: Backend, tokens: int
+    ) -> ctxmod.CompletionContext:
+        """A window of about ``tokens`` prompt tokens around the cursor, no other files;
+        remembered for this document so the next keystrokes reuse its cache."""
+        budget = ctxmod.Budget(
+            prefix_tokens=max(16, tokens * 4 // 5),
+            suffix_tokens=min(self._settings.suffix_tokens, tokens // 5),
+            snippet_tokens=0,
+        )
+        ctx = ctxmod.gather(doc, offset, self._count_tokens(backend), budget, anchor=None)
+        kept = [w for w in self._short.get(uri, []) if w[1] != budget]
+        self._short[uri] = [(ctx.prefix_start_line, budget), *kept][:_SHORT_WINDOWS]
+        return ctx
+
+    def _known_windows(
+        self, uri: str, doc: Document, offset: int, backend: Backend
+    ) -> list[ctxmod.CompletionContext]:
+        """This document's remembered short windows that still hold the cursor, largest
+        first."""
+        found = []
+        for anchor, budget in self._short.get(uri, []):
+            ctx = ctxmod.gather(doc, offset, self._count_tokens(backend), budget, anchor=anchor)
+            if ctx.prefix_start_line == anchor:
+                found.append((budget.prefix_tokens, ctx))
+        return [ctx for _, ctx in sorted(found, key=lambda f: -f[0])]
+
+    def _to_evaluate(self, uri: str, ctx: ctxmod.CompletionContext, backend: Backend) -> int:
+        """Prompt tokens a generation from ``ctx`` would still evaluate (0 if unknown)."""
+        if not isinstance(backend, PromptCache):
+            return 0
+        cached, total = backend.cached_prefix(self._prompt(uri, ctx))
+        return total - cached
+
+    def _request_context(
+        self, uri: str, doc: Document, offset: int, backend: Backend
+    ) -> ctxmod.CompletionContext:
+        """The full window, unless evaluating what it still needs would take longer than
+        ``firstAnswerMs`` at the measured prefill speed: then the largest remembered
+        shorter window that fits, else a new one sized to fit. Background preparation
+        (``cursor_moved``) then works towards the full window for the next keystroke."""
+        full = self._full_context(uri, doc, offset, backend)
+        budget_ms = self._settings.first_answer_ms
+        allowed = self.rate.tokens_within(budget_ms) if budget_ms else None
+        if allowed is None or not isinstance(backend, PromptCache):
+            return full
+        allowed = max(allowed, 16)
+        if self._to_evaluate(uri, full, backend) <= allowed:
+            return full
+        self.short_answers += 1
+        for ctx in self._known_windows(uri, doc, offset, backend):
+            if self._to_evaluate(uri, ctx, backend) <= allowed:
+                return ctx
+        return self._short_context(uri, doc, offset, backend, allowed)
+
+    def _prompt(self, uri: str, ctx: ctxmod.CompletionContext) -> str:
+        return render(
+            self.template(),
             ctx.prefix,
             ctx.suffix,
             path=ctx.path,
             repo=_repo_name(uri),
             snippets=ctx.snippets,
         )
+
+    async def _launch(
+        self,
+        uri: str,
+        doc: Document,
+        offset: int,
+        backend: Backend,
+        ctx: ctxmod.CompletionContext,
+        max_tokens: int | None,
+        *,
+        background: bool = False,
+    ) -> _Live:
+        settings = self._settings
+        template = self.template()
+        prompt = self._prompt(uri, ctx)
         if settings.log_prompts:
             log.debug("prompt for %s:%s:\n%s", uri, doc.version, prompt)
         rules = StopRules.build(
@@ -209,7 +341,11 @@ class CompletionEngine:
             backend=backend.name,
         )
         live.task = asyncio.ensure_future(live.pump())
-        self._live[uri] = live
+        live.task.add_done_callback(lambda _t: self.rate.observe(generation.stats))
+        if background:
+            self._prep = live  # never a document's suggestion: typed-ahead keeps its own
+        else:
+            self._live[uri] = live
         return live
 
     async def _answer(
@@ -291,17 +427,27 @@ class CompletionEngine:
         if uri not in self.documents or uri in self._live or uri in self._tickets:
             return
         doc = self.documents.get(uri)
-        if doc.version != version or any(not live.done.is_set() for live in self._live.values()):
+        if doc.version != version:
             return
         try:
             backend = await self.backend()
+            # Checked after the (possibly long) model load: never take the engine from a
+            # suggestion that started meanwhile, nor from the document the user works in.
+            if self._busy() or self._prep is not None or uri in self._live:
+                return
+            if uri in self._tickets or (self._active is not None and self._active != uri):
+                return
             counter = self._count_tokens(backend)
             budget = ctxmod.Budget(self._settings.prefix_tokens, 0, 0)
             ctx = ctxmod.gather(doc, len(doc.text), counter, budget, anchor=None)
-            if ctx.prefix_start_line != 0 or uri in self._live or uri in self._tickets:
+            if ctx.prefix_start_line != 0:
                 return
-            await self._start(uri, doc, len(doc.text), backend, 1)
+            full = self._full_context(uri, doc, len(doc.text), backend)
+            live = await self._launch(uri, doc, len(doc.text), backend, full, 1, background=True)
             self.read_aheads += 1
+            await live.done.wait()
+            if self._prep is live:
+                self._prep = None
         except Exception as exc:  # best effort; the first request will do the work
             log.debug("read-ahead failed: %s", exc)
 
@@ -311,10 +457,12 @@ class CompletionEngine:
         If the user typed (or accepted) the whole finished suggestion, prefetch the next
         completion at the new cursor.
         """
+        doc = self.documents.get(uri)
+        self._touch(uri, None, None)
+        self._spawn(self._cancel_background())
         live = self._live.get(uri)
         if live is None:
             return
-        doc = self.documents.get(uri)
         typed = live.typed_into(doc.text)
         if typed is None:
             self._tickets.pop(uri, None)
@@ -361,11 +509,141 @@ class CompletionEngine:
         self._tickets.pop(uri, None)
         await self._drop(uri)
 
+    def document_closed(self, uri: str) -> None:
+        """Forget what was kept for ``uri`` (its KV states age out of the backend)."""
+        self._anchors.pop(uri, None)
+        self._short.pop(uri, None)
+        self._cursor.pop(uri, None)
+        if self._active == uri:
+            self._active = None
+
     async def aclose(self) -> None:
+        if self._prepare_task is not None:
+            self._prepare_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._prepare_task
         for uri in list(self._live):
             await self.cancel(uri)
         for task in list(self._background):
             await task
+
+    # -- background preparation -----------------------------------------------------------
+
+    def _touch(self, uri: str, version: int | None, offset: int | None) -> None:
+        """A request or an edit: background work waits for the next quiet moment."""
+        self._last_activity = time.monotonic()
+        if version is not None and offset is not None:
+            self._cursor[uri] = (version, offset)
+            self._active = uri
+
+    def _busy(self) -> bool:
+        """Whether a suggestion (not background work) is being generated."""
+        return any(not live.done.is_set() for live in self._live.values())
+
+    async def _cancel_background(self) -> None:
+        """Stop the start-up timing and any preparation (what they evaluated stays)."""
+        if self._calibration is not None:
+            await self._calibration.cancel()
+        prep, self._prep = self._prep, None
+        if prep is not None:
+            await prep.cancel()
+
+    def cursor_moved(self, uri: str, position: Position) -> None:
+        """The cursor settled at ``position`` (``kode/didMoveCursor``): prepare the prompt
+        a keystroke there will need, at the lowest priority."""
+        if uri not in self.documents:
+            return
+        doc = self.documents.get(uri)
+        try:
+            offset = doc.offset_at(position)
+        except DocumentError:
+            return
+        self._cursor[uri] = (doc.version, offset)
+        self._active = uri
+        self._schedule_prepare()
+
+    def _schedule_prepare(self) -> None:
+        if not self._settings.enabled or self._settings.backend is not BackendKind.LOCAL:
+            return
+        if self._prepare_task is None or self._prepare_task.done():
+            self._prepare_task = asyncio.ensure_future(self._prepare_loop())
+
+    async def _quiet(self) -> None:
+        while True:
+            idle = time.monotonic() - self._last_activity
+            if idle >= _PREPARE_QUIET_S and not self._busy():
+                return
+            await asyncio.sleep(max(0.05, _PREPARE_QUIET_S - idle))
+
+    async def _prepare_loop(self) -> None:
+        """Evaluate, while the user reads, the windows the next keystroke at the active
+        cursor will want: first one that can be ready within a reading pause (when the
+        full window cannot), then the full one. Each step is a one-token background
+        generation that any request or edit cancels; what it evaluated stays cached
+        (``kvMemoryMb``), so the next quiet moment goes on from there."""
+        try:
+            while True:
+                await self._quiet()
+                uri = self._active
+                target = None if uri is None else self._cursor.get(uri)
+                if uri is None or target is None or uri not in self.documents:
+                    return
+                doc = self.documents.get(uri)
+                version, offset = target
+                if doc.version != version or offset > len(doc.text):
+                    return
+                backend = await self.backend()
+                if not isinstance(backend, PromptCache) or self._busy():
+                    return
+                ctx = self._next_to_prepare(uri, doc, offset, backend)
+                if ctx is None:
+                    return
+                if self._prep is not None:
+                    return  # a read-ahead is running
+                live = await self._launch(uri, doc, offset, backend, ctx, 1, background=True)
+                await live.done.wait()
+                if self._prep is live:
+                    self._prep = None
+                if live.generation.stats.finish_reason is FinishReason.CANCELLED:
+                    return  # a request or an edit came; it schedules the next round
+                self.prepared += 1
+        except Exception as exc:  # best effort: the request does the work itself
+            log.debug("preparation failed: %s", type(exc).__name__)
+
+    def _next_to_prepare(
+        self, uri: str, doc: Document, offset: int, backend: Backend
+    ) -> ctxmod.CompletionContext | None:
+        full = self._full_context(uri, doc, offset, backend)
+        left = self._to_evaluate(uri, full, backend)
+        if left <= 1:
+            return None
+        horizon = self.rate.tokens_within(_PREPARE_HORIZON_S * 1000)
+        if horizon is None or not self._settings.first_answer_ms or left <= horizon:
+            return full
+        for ctx in self._known_windows(uri, doc, offset, backend):
+            if self._to_evaluate(uri, ctx, backend) <= 1:
+                return full  # a short window is ready: go on with the full one
+        return self._short_context(uri, doc, offset, backend, horizon)
+
+    async def warm_up(self) -> None:
+        """Load the model, then time a synthetic prompt (no user code) to learn this
+        machine's prefill speed for ``firstAnswerMs``."""
+        backend = await self.backend()
+        if self.rate.value is not None or not isinstance(backend, PromptCache):
+            return
+        if self._busy() or self._calibration is not None:
+            return
+        request = GenerationRequest(
+            prompt=_CALIBRATION_TEXT, max_tokens=1, speculation=SpeculationMethod.NONE
+        )
+        self._calibration = generation = await backend.generate(request)
+        try:
+            async for _ in generation:
+                pass
+        finally:
+            self._calibration = None
+            await generation.cancel()
+        self.rate.observe(generation.stats)
 
 
 class _Live:
@@ -481,6 +759,7 @@ class BackendPool:
             settings.draft_model if settings.speculation is SpeculationMethod.DRAFT else None,
             settings.context_size,
             settings.threads,
+            settings.kv_memory_mb,
             settings.remote,
             settings.template,
         )

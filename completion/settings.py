@@ -82,6 +82,13 @@ class Settings(
     time_budget_ms: _NonNegative = 0  # 0: no budget; else answer with what is ready by then
     prefetch: bool = True  # after a suggestion is accepted, start the next one
     read_ahead: bool = True  # local engine: evaluate a newly opened document's prompt early
+    # Local engine: the most a keystroke may spend evaluating prompt tokens, at the prefill
+    # speed measured on this machine; past it, answer from a shorter window that fits and
+    # prepare the full one in the background. 0: always the full window.
+    first_answer_ms: Annotated[int, msgspec.Meta(ge=0, le=60_000)] = 1000
+    # llama.cpp: host memory for evaluated prompts of other documents and places (saved
+    # KV states, least recently used dropped first); 0 keeps only the current one.
+    kv_memory_mb: Annotated[int, msgspec.Meta(ge=0, le=65_536)] = 512
     remote: RemoteSettings = RemoteSettings()
 
 

@@ -18,6 +18,7 @@ import logging
 from typing import Any
 
 import msgspec
+from kode.backends.base import KvMemoryReport
 from kode.completion import settings as settings_mod
 from kode.completion.backend_factory import load_backend
 from kode.completion.documents import Position, Range
@@ -39,6 +40,7 @@ log = logging.getLogger("kode.lsp")
 VERSION = "0.1.0"
 STATS_METHOD = "kode/stats"
 PARTIAL_METHOD = "kode/inlineCompletionPartial"
+CURSOR_METHOD = "kode/didMoveCursor"
 
 
 class KodeProtocol(LanguageServerProtocol):
@@ -144,6 +146,21 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
     async def did_close(params: types.DidCloseTextDocumentParams) -> None:
         await server.engine.cancel(params.text_document.uri)
         server.engine.documents.close(params.text_document.uri)
+        server.engine.document_closed(params.text_document.uri)
+
+    @server.feature(CURSOR_METHOD)
+    def did_move_cursor(params: Any) -> None:
+        """``{"textDocument": {"uri"}, "position": {"line", "character"}}``: the cursor
+        settled there; prepare that place (docs/protocol.md). Malformed params are
+        ignored: a notification has no answer to carry an error."""
+        try:
+            uri = params.textDocument.uri
+            line, character = int(params.position.line), int(params.position.character)
+        except (AttributeError, TypeError, ValueError):
+            log.warning("%s: malformed params ignored", CURSOR_METHOD)
+            return
+        if isinstance(uri, str) and line >= 0 and character >= 0:
+            server.engine.cursor_moved(uri, Position(line, character))
 
     @server.feature(
         types.TEXT_DOCUMENT_INLINE_COMPLETION,
@@ -195,7 +212,11 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
                 "typedAheadHits": server.engine.typed_ahead_hits,
                 "prefetches": server.engine.prefetches,
                 "readAheads": server.engine.read_aheads,
+                "prepared": server.engine.prepared,
+                "shortAnswers": server.engine.short_answers,
+                "prefillTokensPerS": server.engine.rate.value,
             },
+            "kvMemory": backend.kv_memory if isinstance(backend, KvMemoryReport) else None,
             "settings": msgspec.to_builtins(server.engine.settings),
         }
 
@@ -228,9 +249,10 @@ def _partial_sender(
 
 
 async def _warm_up(server: KodeServer) -> None:
-    """Load (and on first use, install) the model now rather than on the first keystroke."""
+    """Load (and on first use, install) the model now rather than on the first keystroke,
+    and learn this machine's prefill speed."""
     try:
-        await server.engine.backend()
+        await server.engine.warm_up()
     except Exception as exc:
         log.error("could not load the model: %s", exc)
         server.window_show_message(

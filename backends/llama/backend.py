@@ -103,6 +103,7 @@ class LlamaBackend:
         n_seq_max: int = 8,
         draft_path: Path | None = None,
         curve: CostCurve | None = None,
+        kv_memory_mb: int = 0,
     ) -> LlamaBackend:
         """Load ``path`` (and a draft model for ``speculation=draft``), then measure the
         target's batch-cost curve on this machine unless ``curve`` is given."""
@@ -113,7 +114,13 @@ class LlamaBackend:
         def build() -> LlamaBackend:
             model = LlamaModel(path)
             opened.append(model)
-            ctx = LlamaContext(model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_threads=n_threads)
+            ctx = LlamaContext(
+                model,
+                n_ctx=n_ctx,
+                n_seq_max=n_seq_max,
+                n_threads=n_threads,
+                kv_memory_bytes=kv_memory_mb << 20,
+            )
             opened.append(ctx)
             draft = None
             if draft_path is not None:
@@ -148,6 +155,17 @@ class LlamaBackend:
 
     def count_tokens(self, text: str) -> int:
         return len(self._model.tokenize(text))
+
+    def cached_prefix(self, prompt: str) -> tuple[int, int]:
+        """How much of ``prompt`` the context (sequence 0, its moved suffix, or a saved
+        state) already holds; read from the event loop while the worker may be running."""
+        tokens = self._model.tokenize(prompt)
+        return self._ctx.reach(tokens), len(tokens)
+
+    @property
+    def kv_memory(self) -> dict[str, int]:
+        """What the saved-state memory holds (``kode/stats``)."""
+        return self._ctx.memory.as_dict()
 
     async def generate(self, request: GenerationRequest) -> WorkerGeneration:
         if self._closed:

@@ -21,7 +21,14 @@ import llama_cpp
 import numpy as np
 import numpy.typing as npt
 from kode.backends.errors import BackendError, ContextOverflow, ModelError
-from kode.backends.kv_reuse import MovedTail, common_prefix_len, plan_moved_tail
+from kode.backends.kv_reuse import (
+    MovedTail,
+    choose_state,
+    common_prefix_len,
+    plan_moved_tail,
+    prefix_reach,
+    worth_saving,
+)
 
 _NO_ABORT = llama_cpp.ggml_abort_callback(0)
 _LOG_CALLBACK: object = None  # keep the ctypes callback alive
@@ -155,6 +162,73 @@ class LlamaModel:
         return b"".join(self.piece(t) for t in tokens).decode(errors="replace")
 
 
+@dataclass(slots=True)
+class SavedState:
+    """Sequence 0 of a context copied to host memory (``llama_state_seq_get_data``):
+    its KV entries and what ``LlamaContext`` knows of them."""
+
+    tokens: list[int]
+    prompt_len: int
+    stale_from: int | None
+    drift: int
+    data: ctypes.Array[ctypes.c_uint8]
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data)
+
+
+class KvMemory:
+    """Saved states of sequence 0, least recently used first, within ``budget`` bytes.
+
+    Going back to a document or a place costs a copy of its saved state (tens of ms)
+    instead of evaluating its prompt again (seconds on a small CPU). A state whose
+    tokens another one extends is dropped: the longer one serves every prompt it served.
+    """
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.states: list[SavedState] = []
+        self.saves = 0
+        self.restores = 0
+        self.evictions = 0
+
+    @property
+    def used(self) -> int:
+        return sum(s.nbytes for s in self.states)
+
+    def add(self, state: SavedState) -> None:
+        n = len(state.tokens)
+        for old in self.states:
+            if len(old.tokens) >= n and old.tokens[:n] == state.tokens and old.stale_from is None:
+                return  # already held, and more
+        self.states = [
+            s
+            for s in self.states
+            if not (len(s.tokens) <= n and state.tokens[: len(s.tokens)] == s.tokens)
+        ]
+        self.states.append(state)
+        self.saves += 1
+        while self.states and self.used > self.budget:
+            self.states.pop(0)
+            self.evictions += 1
+
+    def take(self, index: int) -> SavedState:
+        self.restores += 1
+        return self.states.pop(index)
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "states": len(self.states),
+            "bytes": self.used,
+            "budgetBytes": self.budget,
+            "tokens": sum(len(s.tokens) for s in self.states),
+            "saves": self.saves,
+            "restores": self.restores,
+            "evictions": self.evictions,
+        }
+
+
 @dataclass(frozen=True, slots=True)
 class Row:
     """One batch row: a token at a KV position, visible to some sequences."""
@@ -176,6 +250,7 @@ class LlamaContext:
         n_batch: int = 512,
         n_seq_max: int = 1,
         n_threads: int | None = None,
+        kv_memory_bytes: int = 0,
     ) -> None:
         self.model = model
         params = llama_cpp.llama_context_default_params()
@@ -209,6 +284,7 @@ class LlamaContext:
         # Called by ggml between graph nodes, only while a prefill runs (it takes the GIL).
         self._abort_cb = llama_cpp.ggml_abort_callback(lambda _data: self._abort_fn())
         self.decode_calls = 0  # every llama_decode, prefill included
+        self.memory = KvMemory(kv_memory_bytes)
 
     def close(self) -> None:
         if self.ctx:
@@ -283,6 +359,8 @@ class LlamaContext:
         if len(tokens) >= self.n_ctx:
             raise ContextOverflow(f"prompt of {len(tokens)} tokens exceeds n_ctx={self.n_ctx}")
         self.last_move = None
+        if self.memory.budget > 0:
+            self._recall(tokens)
         if max_drift > 0 and self.can_shift:
             moved = self._move_tail(tokens, max_drift)
             if moved is not None:
@@ -323,6 +401,61 @@ class LlamaContext:
             llama_cpp.llama_set_abort_callback(self.ctx, _NO_ABORT, None)
         self.prompt_len = len(tokens)
         return reused
+
+    # -- saved states (KV memory) ----------------------------------------------------
+
+    def reach(self, tokens: Sequence[int]) -> int:
+        """How many of ``tokens`` would not need evaluating: the best of sequence 0 (with
+        its suffix moved, when that applies) and the saved states. An estimate: safe to
+        call from another thread while this context works (it reads, never writes)."""
+        cached, prompt_len = list(self.tokens), self.prompt_len
+        best = prefix_reach(cached, tokens, self.stale_from)
+        if self.can_shift and 2 <= prompt_len <= len(cached):
+            plan = plan_moved_tail(cached[:prompt_len], tokens, refresh=MOVED_REFRESH)
+            if plan is not None and (self.stale_from is None or self.stale_from >= plan.keep):
+                best = max(best, plan.keep + plan.length)
+        for state in list(self.memory.states):
+            best = max(best, prefix_reach(state.tokens, tokens, state.stale_from))
+        return min(best, max(len(tokens) - 1, 0))
+
+    def _recall(self, tokens: Sequence[int]) -> None:
+        """Before evaluating ``tokens``: bring back the saved state that serves most of
+        them (if it beats what sequence 0 holds), and save what sequence 0 holds if the
+        new prompt would throw most of it away."""
+        reach = prefix_reach(self.tokens, tokens, self.stale_from)
+        mem = self.memory
+        pick = choose_state(
+            reach, [prefix_reach(s.tokens, tokens, s.stale_from) for s in mem.states]
+        )
+        if pick is None:
+            if worth_saving(len(self.tokens), reach, self.prompt_len):
+                self.save_state()
+            return
+        if len(self.tokens) >= 64:
+            self.save_state()
+        self.restore_state(mem.take(pick.index))
+
+    def save_state(self) -> None:
+        """Copy sequence 0 into the KV memory."""
+        size = llama_cpp.llama_state_seq_get_size(self.ctx, 0)
+        if size <= 0 or size > self.memory.budget:
+            return
+        data = (ctypes.c_uint8 * size)()
+        if llama_cpp.llama_state_seq_get_data(self.ctx, data, size, 0) != size:
+            return
+        self.memory.add(
+            SavedState(list(self.tokens), self.prompt_len, self.stale_from, self.drift, data)
+        )
+
+    def restore_state(self, state: SavedState) -> None:
+        """Make sequence 0 hold ``state`` (on failure it holds nothing)."""
+        self.truncate(0)
+        self.clear_seqs(range(1, self.n_seq_max))
+        if llama_cpp.llama_state_seq_set_data(self.ctx, state.data, state.nbytes, 0) == 0:
+            return  # no room in the cache: start from nothing, exactly
+        self.tokens = list(state.tokens)
+        self.prompt_len = state.prompt_len
+        self.stale_from, self.drift = state.stale_from, state.drift
 
     def _move_tail(self, tokens: Sequence[int], max_drift: int) -> int | None:
         """Reuse the last prompt's tail at its new position, if the plan and the drift

@@ -19,13 +19,22 @@ import {
 } from "vscode-languageclient/node";
 
 import { notFoundMessage, resolveExecutable } from "./common/executable";
-import { isPartialParams, type KodeStats, PARTIAL_METHOD, STATS_METHOD } from "./common/protocol";
+import {
+  CURSOR_METHOD,
+  isPartialParams,
+  type KodeStats,
+  PARTIAL_METHOD,
+  STATS_METHOD,
+} from "./common/protocol";
 import type { ServerState } from "./common/status";
 import { StreamingCompletions } from "./common/streaming";
 import { TappedWriter } from "./common/tap";
 import * as settings from "./settings";
 
 type InlineResult = vscode.InlineCompletionItem[] | vscode.InlineCompletionList;
+
+/** How long the cursor must rest before the server is told where it is. */
+const CURSOR_SETTLE_MS = 150;
 
 export interface ServerEvents {
   /** The server started, stopped or failed. */
@@ -39,6 +48,7 @@ export class KodeServer implements vscode.Disposable {
   private child: cp.ChildProcess | undefined;
   private readonly streaming: StreamingCompletions<InlineResult, vscode.CancellationToken>;
   private readonly subscriptions: vscode.Disposable[] = [];
+  private cursorTimer: ReturnType<typeof setTimeout> | undefined;
 
   constructor(
     private readonly output: vscode.LogOutputChannel,
@@ -62,11 +72,41 @@ export class KodeServer implements vscode.Disposable {
           const { line, character } = selection.active;
           this.streaming.cursorMoved(this.protocolUri(event.textEditor.document.uri), line, character);
         }
+        this.cursorSettles(event.textEditor);
       }),
-      vscode.window.onDidChangeActiveTextEditor(() => {
+      vscode.window.onDidChangeActiveTextEditor((editor) => {
         this.streaming.cancel();
+        this.cursorSettles(editor);
       }),
+      { dispose: () => { clearTimeout(this.cursorTimer); } },
     );
+  }
+
+  /**
+   * Tells the server where the cursor rests (`kode/didMoveCursor`, docs/protocol.md) once
+   * it has stayed put for a moment, so the server can prepare that place while the user
+   * reads. Only the active editor's cursor counts.
+   */
+  private cursorSettles(editor: vscode.TextEditor | undefined): void {
+    clearTimeout(this.cursorTimer);
+    if (!editor) {
+      return;
+    }
+    this.cursorTimer = setTimeout(() => {
+      const active = vscode.window.activeTextEditor;
+      if (active !== editor || !this.running || !this.client || !settings.isEnabled()) {
+        return;
+      }
+      const { line, character } = editor.selection.active;
+      void this.client
+        .sendNotification(CURSOR_METHOD, {
+          textDocument: { uri: this.protocolUri(editor.document.uri) },
+          position: { line, character },
+        })
+        .catch((error: unknown) => {
+          this.output.warn(`${CURSOR_METHOD} failed: ${String(error)}`);
+        });
+    }, CURSOR_SETTLE_MS);
   }
 
   get running(): boolean {

@@ -348,8 +348,44 @@ function M.refresh_stats(client)
   end)
 end
 
+local cursor_timer = nil ---@type uv.uv_timer_t?
+
+--- Tells the server where the cursor rests (`kode/didMoveCursor`, docs/protocol.md) once it
+--- has stayed put for `ms`, so the server can prepare that place while the user reads.
+---@param ms integer
+function M.cursor_settles(ms)
+  if cursor_timer then
+    cursor_timer:stop()
+  else
+    cursor_timer = vim.uv.new_timer()
+  end
+  local buf = vim.api.nvim_get_current_buf()
+  local win = vim.api.nvim_get_current_win()
+  cursor_timer:start(ms, 0, vim.schedule_wrap(function()
+    if vim.api.nvim_get_current_buf() ~= buf or vim.api.nvim_get_current_win() ~= win then
+      return
+    end
+    local client = M.client(buf)
+    if not client then
+      return
+    end
+    local params = vim.lsp.util.make_position_params(win, client.offset_encoding) --[[@as table]]
+    client:notify("kode/didMoveCursor", {
+      textDocument = { uri = params.textDocument.uri },
+      position = params.position,
+    })
+  end))
+end
+
 function M.attach_autocmds()
   local group = vim.api.nvim_create_augroup("kode.completion", { clear = true })
+  vim.api.nvim_create_autocmd({ "CursorMoved", "CursorMovedI", "BufEnter" }, {
+    group = group,
+    desc = "Kode: tell the server where the cursor rests",
+    callback = function()
+      M.cursor_settles(150)
+    end,
+  })
   vim.api.nvim_create_autocmd({ "InsertEnter", "TextChangedI", "CursorMovedI" }, {
     group = group,
     desc = "Kode: ask for a suggestion after typing",

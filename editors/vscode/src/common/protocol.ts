@@ -9,6 +9,8 @@
 export const INLINE_COMPLETION_METHOD = "textDocument/inlineCompletion";
 export const STATS_METHOD = "kode/stats";
 export const PARTIAL_METHOD = "kode/inlineCompletionPartial";
+/** Client -> server notification: the cursor rests here (docs/protocol.md). */
+export const CURSOR_METHOD = "kode/didMoveCursor";
 
 /** JSON-RPC `RequestCancelled`: the answer to a request cancelled with `$/cancelRequest`. */
 export const REQUEST_CANCELLED = -32800;

@@ -1,0 +1,347 @@
+"""``kode bench latency --scenario places``: every place in large real files, as a person
+works: open a file, put the cursor on a line (announced with ``kode/didMoveCursor`` or
+not), read for a moment, type the line; jump 200+ lines and do it again; switch to
+another file and back.
+
+The files are large modules of the standard library (nobody here wrote them); each
+line to type is removed from the document that is opened, its indentation kept. Both
+modes (with and without the cursor notification) run in one invocation, each in a fresh
+``kode lsp``, so their figures are side by side under the same load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import tarfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from kode.bench import common
+from kode.bench.common import fmt, markdown_table
+from kode.bench.latency import Keystroke, Options, Replay, answer_ms, mark_matches
+
+CURSOR_METHOD = "kode/didMoveCursor"
+DEFAULT_FILES = (Path(argparse.__file__), Path(tarfile.__file__))
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """A line to type back: ``body`` goes at ``line``, after ``indent`` characters."""
+
+    file: int  # index into the scenario's files
+    line: int
+    indent: int
+    body: str
+    kind: str  # open | jump | switch | back
+
+
+@dataclass(slots=True)
+class Segment:
+    place: Place
+    keys: list[Keystroke] = field(default_factory=list)
+
+
+def _candidates(lines: Sequence[str], lo: int, hi: int, max_chars: int) -> list[int]:
+    out = []
+    for i in range(max(lo, 0), min(hi, len(lines))):
+        body = lines[i].strip()
+        if 12 <= len(body) <= max_chars and not body.startswith(("#", '"', "'", "@")):
+            out.append(i)
+    return out
+
+
+def plan_places(texts: Sequence[str], seed: int, max_chars: int) -> list[Place]:
+    """Open file 0 at a line past its first third, jump 200+ lines, switch to file 1,
+    come back to file 0 a few lines below the jump (pure, seeded)."""
+    a, b = (t.splitlines() for t in texts[:2])
+
+    def pick(lines: list[str], lo: int, hi: int, salt: int) -> int:
+        found = _candidates(lines, lo, hi, max_chars)
+        if not found:
+            raise SystemExit(f"kode bench latency: no line to type in lines {lo}-{hi}")
+        return common.sample(found, 1, seed * 31 + salt)[0]
+
+    first = pick(a, len(a) // 3, len(a) // 2, 1)
+    jump = pick(a, first + 200, first + 600, 2)
+    other = pick(b, len(b) // 3, 2 * len(b) // 3, 3)
+    back = pick(a, jump + 3, jump + 25, 4)
+
+    def place(file: int, lines: list[str], i: int, kind: str) -> Place:
+        indent = len(lines[i]) - len(lines[i].lstrip())
+        return Place(file, i, indent, lines[i].strip(), kind)
+
+    return [
+        place(0, a, first, "open"),
+        place(0, a, jump, "jump"),
+        place(1, b, other, "switch"),
+        place(0, a, back, "back"),
+    ]
+
+
+def blank(text: str, places: Sequence[Place], file: int) -> str:
+    """``text`` with the bodies of this file's places removed (indentation kept)."""
+    lines = text.splitlines(keepends=True)
+    for p in places:
+        if p.file == file:
+            ending = lines[p.line][len(lines[p.line].rstrip("\r\n")) :]
+            lines[p.line] = lines[p.line][: p.indent] + ending
+    return "".join(lines)
+
+
+class PlacesReplay(Replay):
+    async def run(
+        self, files: Sequence[Path], texts: Sequence[str], places: Sequence[Place], notify: bool
+    ) -> list[Segment]:
+        from kode.completion.documents import Document, Position, Range
+        from lsprotocol import types
+
+        opts = self.options
+        docs: dict[int, Document] = {}
+        segments = []
+        counter = 0
+        for place in places:
+            uri = files[place.file].resolve().as_uri()
+            if place.file not in docs:
+                text = blank(texts[place.file], places, place.file)
+                docs[place.file] = Document(uri, text, 1, "python")
+                self.client.text_document_did_open(
+                    types.DidOpenTextDocumentParams(
+                        text_document=types.TextDocumentItem(
+                            uri=uri, language_id="python", version=1, text=text
+                        )
+                    )
+                )
+            doc = docs[place.file]
+            at = Position(place.line, place.indent)
+            if notify:
+                self.client.protocol.notify(
+                    CURSOR_METHOD,
+                    {
+                        "textDocument": {"uri": uri},
+                        "position": {"line": at.line, "character": at.character},
+                    },
+                )
+            await asyncio.sleep(opts.place_pause_s)
+            segment = Segment(place)
+            offset = doc.offset_at(at)
+            in_flight: tuple[str, asyncio.Future[Any]] | None = None
+            pending: list[asyncio.Future[Any]] = []
+            start = time.perf_counter()
+            for i, ch in enumerate(place.body):
+                delay = start + i * opts.cadence_ms / 1000.0 - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                now = time.perf_counter()
+                if segment.keys:
+                    segment.keys[-1].next_key = now
+                if in_flight is not None and not in_flight[1].done():
+                    self.client.protocol.notify(
+                        types.CANCEL_REQUEST, types.CancelParams(id=in_flight[0])
+                    )
+                pos = doc.position_at(offset)
+                doc.apply_change(ch, Range(pos, pos))
+                doc.version += 1
+                offset += 1
+                self.client.text_document_did_change(
+                    types.DidChangeTextDocumentParams(
+                        text_document=types.VersionedTextDocumentIdentifier(
+                            uri=uri, version=doc.version
+                        ),
+                        content_changes=[
+                            types.TextDocumentContentChangePartial(
+                                range=types.Range(
+                                    start=types.Position(line=pos.line, character=pos.character),
+                                    end=types.Position(line=pos.line, character=pos.character),
+                                ),
+                                text=ch,
+                            )
+                        ],
+                    )
+                )
+                key = Keystroke(
+                    f"{place.kind}:{files[place.file].name}:{place.line + 1}",
+                    i,
+                    ch,
+                    sent=time.perf_counter(),
+                )
+                segment.keys.append(key)
+                self.current = key
+                counter += 1
+                msg_id = f"{'n' if notify else 'p'}-{counter}"
+                self.by_id[msg_id] = key
+                cursor = doc.position_at(offset)
+                future = self._request(uri, cursor.line, cursor.character, msg_id)
+                future.add_done_callback(functools.partial(self._answered, key))
+                pending.append(future)
+                in_flight = (msg_id, future)
+            if pending:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(asyncio.wait(pending), opts.settle_s)
+            self.current = None
+            mark_matches(segment.keys, place.body)
+            segments.append(segment)
+        return segments
+
+
+async def _one_mode(
+    options: Options,
+    files: Sequence[Path],
+    texts: Sequence[str],
+    places: Sequence[Place],
+    notify: bool,
+) -> tuple[list[Segment], dict[str, Any]]:
+    replay = PlacesReplay(replace(options, out=options.out / ("notify" if notify else "plain")))
+    common.prepare_out(replay.options.out)
+    try:
+        await replay.start()
+        await replay.warm_up()
+        # The engine learns the prefill speed right after loading; let it finish.
+        for _ in range(300):
+            stats = await replay.stats()
+            if (stats.get("engine") or {}).get("prefillTokensPerS"):
+                break
+            await asyncio.sleep(0.1)
+        segments = await replay.run(files, texts, places, notify)
+        await asyncio.sleep(0.5)
+        final = await asyncio.wait_for(replay.stats(), 30)
+    finally:
+        await replay.stop()
+    return segments, final
+
+
+def first_key_ms(segment: Segment) -> float:
+    """The first keystroke at a place: to the first text the editor can show (a partial
+    or a non-empty answer), or to an empty answer; ``inf`` if never answered."""
+    return answer_ms(segment.keys[0]) if segment.keys else float("inf")
+
+
+def summary_rows(label: str, segments: Sequence[Segment]) -> list[list[object]]:
+    first = {s.place.kind: first_key_ms(s) for s in segments}
+    keys = [k for s in segments for k in s.keys]
+    every = [answer_ms(k) for k in keys]
+    # A key after one whose shown suggestion the user did not type: a new generation.
+    missed = [
+        answer_ms(k)
+        for s in segments
+        for prev, k in zip(s.keys, s.keys[1:], strict=False)
+        if prev.outcome == "shown" and prev.matched is False
+    ]
+    return [
+        [
+            label,
+            fmt(first.get("open"), 0, " ms"),
+            fmt(first.get("jump"), 0, " ms"),
+            fmt(first.get("switch"), 0, " ms"),
+            fmt(first.get("back"), 0, " ms"),
+            fmt(common.percentile(every, 50), 0, " ms"),
+            fmt(common.percentile(every, 95), 0, " ms"),
+            f"{sum(k.outcome == 'shown' for k in keys)}/{len(keys)}",
+            f"{fmt(common.percentile(missed, 95), 0, ' ms')} ({len(missed)})",
+        ]
+    ]
+
+
+def chart(results: dict[str, list[Segment]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = ["open", "jump", "switch", "back"]
+    fig, ax = plt.subplots(figsize=(7.5, 4.0))
+    width = 0.8 / max(len(results), 1)
+    for j, (label, segments) in enumerate(results.items()):
+        values = [
+            min(next((first_key_ms(s) for s in segments if s.place.kind == k), 0.0), 60_000.0)
+            for k in kinds
+        ]
+        ax.bar([i + j * width for i in range(len(kinds))], values, width, label=label)
+    ax.set_xticks([i + width * (len(results) - 1) / 2 for i in range(len(kinds))], kinds)
+    ax.set_ylabel("first keystroke -> answer (ms)")
+    ax.set_yscale("log")
+    ax.axhline(1000, color="tab:red", linestyle="--", label="1 s")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+async def measure(
+    options: Options, files: Sequence[Path], rounds: int
+) -> tuple[dict[str, list[Segment]], dict[str, Any]]:
+    texts = [f.read_text(encoding="utf-8") for f in files]
+    results: dict[str, list[Segment]] = {"with kode/didMoveCursor": [], "without": []}
+    facts: dict[str, Any] = {"machine_before": common.machine_note(), "stats": {}}
+    for r in range(rounds):
+        places = plan_places(texts, options.seed + r, options.max_chars)
+        # Alternate which mode goes first, so neither always meets a warmer machine.
+        order = [True, False] if r % 2 == 0 else [False, True]
+        for notify in order:
+            label = "with kode/didMoveCursor" if notify else "without"
+            segments, final = await _one_mode(options, files, texts, places, notify)
+            results[label] += segments
+            facts["stats"][f"{label} round {r}"] = final.get("engine")
+    facts["machine_after"] = common.machine_note()
+    return results, facts
+
+
+def main(options: Options, files: Sequence[Path] | None, rounds: int) -> int:
+    chosen = tuple(files) if files else DEFAULT_FILES
+    if len(chosen) < 2:
+        raise SystemExit("kode bench latency --scenario places: give two files (--files A B)")
+    results, facts = asyncio.run(measure(options, chosen, rounds))
+    out = common.prepare_out(options.out)
+    header = [
+        "mode",
+        "open: 1st key",
+        "jump: 1st key",
+        "switch: 1st key",
+        "back: 1st key",
+        "all keys p50",
+        "all keys p95",
+        "shown",
+        "non-matching keys p95 (n)",
+    ]
+    rows: list[list[object]] = []
+    for label, segments in results.items():
+        for r in range(rounds):
+            rows += summary_rows(f"{label} (round {r})", segments[4 * r : 4 * r + 4])
+        rows += summary_rows(f"{label} (all rounds)", segments)
+    table = markdown_table(header, rows)
+    text = (
+        "# Every place: first keystrokes in large real files, through `kode lsp`\n\n"
+        f"- model `{options.model}`; files: "
+        + ", ".join(f"`{f}` ({len(f.read_text().splitlines())} lines)" for f in chosen)
+        + f"; pause before typing {options.place_pause_s:g} s; cadence {options.cadence_ms:g} ms;"
+        f" {rounds} round(s) of 4 places (open, jump 200+ lines, switch file, back)\n"
+        f"- settings: "
+        + "".join(f"`{k}`={v!r}; " for k, v in options.settings)
+        + f"\n- machine: before {facts['machine_before']}; after {facts['machine_after']}\n"
+        "- latency = keystroke -> first text the editor can show (partial or answer; an "
+        "empty answer counts when it comes); a key superseded before any answer is `inf`\n\n"
+        + table
+        + "\n\nEngine counters at the end of each run: "
+        + "; ".join(f"{k}: {v}" for k, v in facts["stats"].items())
+        + "\n"
+    )
+    (out / "report.md").write_text(text, encoding="utf-8")
+    common.write_jsonl(
+        out / "keystrokes.jsonl",
+        (
+            {"mode": label, "kind": s.place.kind, **asdict(k), "answer_ms": answer_ms(k)}
+            for label, segments in results.items()
+            for s in segments
+            for k in s.keys
+        ),
+    )
+    chart(results, out / "places.png", f"First keystroke at a place ({options.model})")
+    print(table)
+    print(f"report: {out / 'report.md'}  chart: {out / 'places.png'}")
+    return 0

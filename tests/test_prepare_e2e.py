@@ -1,0 +1,121 @@
+"""Every place fast (end to end, the real ``kode lsp`` and the 0.5B): the cursor
+notification prepares a place before the keystroke, and a document's evaluated prompt
+survives work in another document (saved KV states)."""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import textwrap
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_lsp
+from lsprotocol import types
+from pytest_lsp import ClientServerConfig, LanguageClient
+from test_lsp_e2e import SERVER, TIMEOUT, inline_params, open_doc, start, stats
+
+pytestmark = [pytest.mark.model]
+
+# Real material nobody here wrote: two modules of the standard library.
+DOC_A = Path(textwrap.__file__).read_text()
+DOC_B = Path(shlex.__file__).read_text()
+URI_A = "file:///tmp/kode-e2e/project/textwrap_copy.py"
+URI_B = "file:///tmp/kode-e2e/project/shlex_copy.py"
+SETTINGS: dict[str, Any] = {"model": "small", "maxTokens": 8, "snippetTokens": 0}
+
+
+@pytest_lsp.fixture(config=ClientServerConfig(server_command=SERVER))
+async def client(lsp_client: LanguageClient) -> AsyncIterator[None]:
+    yield
+    async with asyncio.timeout(30):
+        await lsp_client.shutdown_session()
+
+
+def end_of(text: str, line: int) -> types.Position:
+    return types.Position(line, len(text.splitlines()[line]))
+
+
+async def wait_for(client: LanguageClient, ready: Any, what: str) -> dict[str, Any]:
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        report = await stats(client)
+        if ready(report):
+            return report
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}: {report}")
+
+
+async def settled(client: LanguageClient) -> dict[str, Any]:
+    """Stats once no generation has started or ended for a second."""
+    last: Any = None
+    quiet_since = time.monotonic()
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        report = await stats(client)
+        key = (report["counters"] or {}).get("generations"), report["engine"]["prepared"]
+        if key != last:
+            last, quiet_since = key, time.monotonic()
+        elif time.monotonic() - quiet_since >= 1.0:
+            return report
+        await asyncio.sleep(0.1)
+    raise AssertionError("the server never settled")
+
+
+async def complete_at(client: LanguageClient, uri: str, pos: types.Position) -> dict[str, Any]:
+    async with asyncio.timeout(TIMEOUT):
+        await client.text_document_inline_completion_async(
+            inline_params(pos.line, pos.character, uri)
+        )
+    last: dict[str, Any] = (await stats(client))["counters"]["last"]
+    return last
+
+
+async def test_the_cursor_notification_prepares_the_place_before_the_keystroke(
+    client: LanguageClient,
+) -> None:
+    await start(client, "visual-studio-code", {**SETTINGS, "readAhead": False})
+    open_doc(client, DOC_A, URI_A)
+    await wait_for(client, lambda r: r["engine"]["prefillTokensPerS"], "the prefill speed")
+    place = end_of(DOC_A, 300)
+    position = {"line": place.line, "character": place.character}
+    client.protocol.notify(
+        "kode/didMoveCursor", {"textDocument": {"uri": URI_A}, "position": position}
+    )
+    report = await settled(client)
+    assert report["engine"]["prepared"] >= 1
+    last = await complete_at(client, URI_A, place)
+    # Everything before the keystroke was prepared: only the prompt's last token (its
+    # logits start the generation) is evaluated again.
+    assert last["promptTokens"] > 300
+    assert last["evaluatedPromptTokens"] <= 4, last
+    # Malformed or unknown-document notifications are ignored; the server keeps serving.
+    client.protocol.notify("kode/didMoveCursor", {"textDocument": {}, "position": None})
+    client.protocol.notify(
+        "kode/didMoveCursor",
+        {"textDocument": {"uri": "file:///nope.py"}, "position": {"line": 0, "character": 0}},
+    )
+    assert (await stats(client))["engine"]["prepared"] >= 1
+
+
+async def test_a_documents_prompt_survives_work_in_another_document(
+    client: LanguageClient,
+) -> None:
+    await start(client, "neovim", {**SETTINGS, "readAhead": False, "firstAnswerMs": 0})
+    open_doc(client, DOC_A, URI_A)
+    open_doc(client, DOC_B, URI_B)
+    place_a, place_b = end_of(DOC_A, 300), end_of(DOC_B, 200)
+    first = await complete_at(client, URI_A, place_a)
+    assert first["evaluatedPromptTokens"] > 300
+    other = await complete_at(client, URI_B, place_b)
+    assert other["evaluatedPromptTokens"] > 300  # B replaced A in the model's cache
+    back = await complete_at(client, URI_A, place_a)
+    # A's evaluated prompt was saved when B took the cache, and came back.
+    assert back["promptTokens"] == first["promptTokens"]
+    assert back["evaluatedPromptTokens"] <= 4, back
+    memory = (await stats(client))["kvMemory"]
+    assert memory["restores"] >= 1 and memory["saves"] >= 1
+    assert 0 < memory["bytes"] <= memory["budgetBytes"]
