@@ -202,10 +202,11 @@ class KvMemory:
         for old in self.states:
             if len(old.tokens) >= n and old.tokens[:n] == state.tokens and old.stale_from is None:
                 return  # already held, and more
+        exact = n if state.stale_from is None else state.stale_from
         self.states = [
             s
             for s in self.states
-            if not (len(s.tokens) <= n and state.tokens[: len(s.tokens)] == s.tokens)
+            if not (len(s.tokens) <= exact and state.tokens[: len(s.tokens)] == s.tokens)
         ]
         self.states.append(state)
         self.saves += 1

@@ -72,3 +72,40 @@ def test_refresh_re_evaluates_the_head_of_the_tail() -> None:
     assert plan.inserted == 3  # the typed token and the two refreshed ones
     assert plan.drift == 1  # only the typed token went unseen
     assert plan_moved_tail(old, new, min_tail=4, refresh=2) is None  # too little left
+
+
+# -- saved states: which one to bring back, and when to keep the current one ---------------
+
+tokens = st.lists(st.integers(0, 3), max_size=30)
+
+
+@given(tokens, tokens, st.one_of(st.none(), st.integers(0, 30)))
+def test_prefix_reach_is_the_exact_common_prefix(
+    cached: list[int], prompt: list[int], stale_from: int | None
+) -> None:
+    n = kv_reuse.prefix_reach(cached, prompt, stale_from)
+    assert cached[:n] == prompt[:n]
+    assert n <= len(cached) and n <= len(prompt)
+    if stale_from is not None:
+        assert n <= stale_from
+    elif n < min(len(cached), len(prompt)):
+        assert cached[n] != prompt[n]
+
+
+@given(st.integers(0, 500), st.lists(st.integers(0, 500), max_size=8), st.integers(1, 64))
+def test_choose_state_brings_back_only_a_clearly_better_state(
+    current: int, saved: list[int], min_gain: int
+) -> None:
+    pick = kv_reuse.choose_state(current, saved, min_gain=min_gain)
+    if pick is None:
+        assert all(s < current + min_gain for s in saved)
+    else:
+        assert saved[pick.index] == pick.common == max(saved)
+        assert pick.common >= current + min_gain
+
+
+def test_worth_saving_keeps_places_not_keystrokes() -> None:
+    assert kv_reuse.worth_saving(1200, 40, 1150)  # another document or a far place
+    assert not kv_reuse.worth_saving(1200, 900, 1150)  # a keystroke: the suffix only moves
+    assert not kv_reuse.worth_saving(100, 60, 90)  # little would be lost
+    assert not kv_reuse.worth_saving(0, 0, 0)  # nothing held
