@@ -345,3 +345,110 @@ def main(options: Options, files: Sequence[Path] | None, rounds: int) -> int:
     print(table)
     print(f"report: {out / 'report.md'}  chart: {out / 'places.png'}")
     return 0
+
+
+# -- what shorter windows cost: exact lines cut from large real files ----------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    label: str
+    prefix_tokens: int
+    suffix_tokens: int
+
+
+def windows_for(rate: float, budget_ms: float, horizon_s: float) -> list[Window]:
+    """The windows the engine uses at ``rate`` prompt tokens/s: the full default one, the
+    one background preparation makes first (``horizon_s`` of evaluation) and the one a
+    keystroke gets with nothing prepared (``budget_ms``), split 4:1 as the engine does."""
+    horizon = int(rate * horizon_s)
+    budget = max(16, int(rate * budget_ms / 1000.0))
+    return [
+        Window("full (1024 + 64)", 1024, 64),
+        Window(f"prepared ({horizon} tokens)", max(16, horizon * 4 // 5), min(64, horizon // 5)),
+        Window(f"unprepared ({budget} tokens)", max(16, budget * 4 // 5), min(64, budget // 5)),
+    ]
+
+
+def line_cases(files: Sequence[Path], n: int, seed: int, max_chars: int) -> list[Place]:
+    """``n`` seeded lines to complete, spread over ``files`` (pure)."""
+    cases: list[Place] = []
+    per_file = max(1, n // len(files))
+    for index, path in enumerate(files):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        found = _candidates(lines, 40, len(lines), max_chars)
+        for i in common.sample(found, per_file, seed + index):
+            indent = len(lines[i]) - len(lines[i].lstrip())
+            cases.append(Place(index, i, indent, lines[i].strip(), "line"))
+    return cases[:n]
+
+
+async def window_quality(
+    model: str, files: Sequence[Path], cases: Sequence[Place], windows: Sequence[Window]
+) -> dict[str, list[bool]]:
+    from kode.backends import models
+    from kode.backends.llama.backend import LlamaBackend
+    from kode.completion.documents import Position
+    from kode.completion.engine import CompletionEngine
+    from kode.completion.settings import parse
+
+    texts = [f.read_text(encoding="utf-8") for f in files]
+    backend = await LlamaBackend.load(await asyncio.to_thread(models.resolve, model))
+    results: dict[str, list[bool]] = {w.label: [] for w in windows}
+    bar = common.progress(len(cases) * len(windows), "windows")
+    try:
+        for window in windows:
+            settings, problems = parse(
+                {
+                    "model": model,
+                    "prefixTokens": window.prefix_tokens,
+                    "suffixTokens": window.suffix_tokens,
+                    "snippetTokens": 0,
+                    "firstAnswerMs": 0,
+                    "readAhead": False,
+                    "maxTokens": 48,
+                }
+            )
+            assert not problems, problems
+
+            async def factory(_settings: object) -> LlamaBackend:
+                return backend
+
+            engine = CompletionEngine(factory, settings)  # type: ignore[arg-type]
+            for case in cases:
+                uri = files[case.file].resolve().as_uri()
+                engine.documents.open(uri, blank(texts[case.file], [case], case.file), 1)
+                result = await engine.complete(uri, Position(case.line, case.indent))
+                engine.documents.close(uri)
+                first = result.text.split("\n", 1)[0].rstrip()
+                results[window.label].append(first == case.body)
+                bar.update(1)
+            await engine.aclose()
+    finally:
+        bar.close()
+        await backend.aclose()
+    return results
+
+
+def quality_main(
+    model: str, files: Sequence[Path] | None, n: int, seed: int, rate: float, out: Path
+) -> int:
+    chosen = tuple(files) if files else DEFAULT_FILES
+    cases = line_cases(chosen, n, seed, 60)
+    windows = windows_for(rate, 1000.0, 2.5)
+    machine_before = common.machine_note()
+    results = asyncio.run(window_quality(model, chosen, cases, windows))
+    rows: list[list[object]] = [
+        [label, f"{sum(hits)}/{len(hits)}"] for label, hits in results.items()
+    ]
+    table = markdown_table(["window", "exact line"], rows)
+    out = common.prepare_out(out)
+    (out / "windows.md").write_text(
+        f"# Exact lines by window size (`{model}`)\n\n- {len(cases)} lines from "
+        + ", ".join(f"`{f.name}`" for f in chosen)
+        + f" (seed {seed}); windows for {rate:g} prompt tokens/s\n- machine: before "
+        f"{machine_before}; after {common.machine_note()}\n\n{table}",
+        encoding="utf-8",
+    )
+    print(table)
+    return 0

@@ -98,7 +98,7 @@ def register(subparsers: Any) -> None:
     )
     latency.add_argument(
         "--scenario",
-        choices=["regions", "places"],
+        choices=["regions", "places", "windows"],
         default="regions",
         help="regions: retype lines of small files (examples/, HumanEval); places: large real "
         "files (default: argparse.py and tarfile.py of the standard library) as a person "
@@ -106,6 +106,15 @@ def register(subparsers: Any) -> None:
         "kode/didMoveCursor, after --place-pause seconds (use 3)",
     )
     latency.add_argument("--rounds", type=int, default=2, help="places: rounds of 4 places")
+    latency.add_argument(
+        "--lines", type=int, default=20, help="windows: lines cut from the files to complete"
+    )
+    latency.add_argument(
+        "--rate",
+        type=float,
+        default=95.0,
+        help="windows: prompt tokens/s the windows are sized for (95: the 1.5B on 2 cores)",
+    )
     latency.add_argument("--out", type=Path, default=Path("results/latency"))
 
 
@@ -183,5 +192,11 @@ def run(args: argparse.Namespace) -> int:
             from kode.bench import places
 
             return places.main(options, args.files, args.rounds)
+        if args.scenario == "windows":
+            from kode.bench import places
+
+            return places.quality_main(
+                args.model, args.files, args.lines, args.seed, args.rate, args.out
+            )
         return latency.main(options)
     return 2

@@ -135,3 +135,17 @@ async def test_a_request_cancels_background_preparation() -> None:
         await engine.complete("file:///p/other.py", Position(1, 4))
     assert backend.generations[0].cancelled
     await engine.aclose()
+
+
+async def test_a_tab_opened_meanwhile_is_not_read_ahead_over_the_active_file() -> None:
+    backend = CachingBackend([" + 1"])
+    engine = engine_for(backend, 100_000.0, readAhead=True)
+    engine.documents.open(URI, DOC, 1)
+    await engine.complete(URI, Position(390, 10))  # the user works in URI
+    other = "file:///p/tab.py"
+    engine.documents.open(other, "def g():\n    return 1\n", 1)
+    engine.document_opened(other)
+    await asyncio.sleep(0.6)  # past the read-ahead delay
+    assert engine.read_aheads == 0
+    assert all(r.prompt.count("def g") == 0 for r in backend.requests)
+    await engine.aclose()

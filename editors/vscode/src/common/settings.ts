@@ -32,6 +32,8 @@ export const SERVER_KEYS = [
   "timeBudgetMs",
   "prefetch",
   "readAhead",
+  "firstAnswerMs",
+  "kvMemoryMb",
 ] as const;
 
 /** Keys of the nested `remote` object. */
