@@ -445,9 +445,7 @@ class CompletionEngine:
             full = self._full_context(uri, doc, len(doc.text), backend)
             live = await self._launch(uri, doc, len(doc.text), backend, full, 1, background=True)
             self.read_aheads += 1
-            await live.done.wait()
-            if self._prep is live:
-                self._prep = None
+            await self._finish_prep(live)
         except Exception as exc:  # best effort; the first request will do the work
             log.debug("read-ahead failed: %s", exc)
 
@@ -536,9 +534,20 @@ class CompletionEngine:
             self._cursor[uri] = (version, offset)
             self._active = uri
 
+    @property
+    def preparing(self) -> bool:
+        """Whether background preparation has work under way or scheduled."""
+        return self._prepare_task is not None and not self._prepare_task.done()
+
     def _busy(self) -> bool:
         """Whether a suggestion (not background work) is being generated."""
         return any(not live.done.is_set() for live in self._live.values())
+
+    async def _finish_prep(self, live: _Live) -> None:
+        """Wait for a background preparation to end, then forget it."""
+        await live.done.wait()
+        if self._prep is live:
+            self._prep = None
 
     async def _cancel_background(self) -> None:
         """Stop the start-up timing and any preparation (what they evaluated stays)."""
@@ -601,9 +610,7 @@ class CompletionEngine:
                 if self._prep is not None:
                     return  # a read-ahead is running
                 live = await self._launch(uri, doc, offset, backend, ctx, 1, background=True)
-                await live.done.wait()
-                if self._prep is live:
-                    self._prep = None
+                await self._finish_prep(live)
                 if live.generation.stats.finish_reason is FinishReason.CANCELLED:
                     return  # a request or an edit came; it schedules the next round
                 self.prepared += 1

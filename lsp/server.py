@@ -213,6 +213,7 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
                 "prefetches": server.engine.prefetches,
                 "readAheads": server.engine.read_aheads,
                 "prepared": server.engine.prepared,
+                "preparing": server.engine.preparing,
                 "shortAnswers": server.engine.short_answers,
                 "prefillTokensPerS": server.engine.rate.value,
             },
