@@ -19,6 +19,10 @@ CountTokens = Callable[[str], int]
 
 # When the window must move, leave this share of the budget free for what the user types next.
 _HEADROOM = 0.25
+# A new window (no anchor yet) leaves this much: filled to the brim, the first typed token
+# moved it and the whole prompt was evaluated again (seen in large files: 819 of 824
+# tokens re-evaluated one line further down); a tenth lets a person type a few lines.
+_FIRST_HEADROOM = 0.1
 _CHARS_PER_TOKEN_FLOOR = 2  # for cutting a single giant line, never fewer chars per token
 
 
@@ -104,7 +108,7 @@ def _prefix_window(
         else:
             return _join_from(before, lines, anchor), anchor
     # Fill to (1 - headroom) of the budget so the window need not move for a while.
-    target = limit if anchor is None else int(limit * (1 - _HEADROOM))
+    target = int(limit * (1 - (_FIRST_HEADROOM if anchor is None else _HEADROOM)))
     used, start = cost(cursor_line), cursor_line
     if used > limit:
         # One giant line: keep its end, roughly within budget.

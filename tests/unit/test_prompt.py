@@ -70,6 +70,16 @@ def test_prefix_window_stays_anchored_while_typing() -> None:
     assert third.prefix_start_line > first.prefix_start_line
 
 
+def test_a_new_window_leaves_room_to_type_a_line() -> None:
+    doc = Document("file:///a.py", "\n".join(f"a b c {i}" for i in range(400)) + "\n")
+    budget = Budget(prefix_tokens=200, suffix_tokens=0, snippet_tokens=0)
+    first = gather(doc, len(doc.text), words, budget)
+    assert sum(words(line) for line in first.prefix.split("\n")) <= 180
+    doc.apply_change(doc.text + "x = compute ( a , b , c ) + offset * scale - 1")
+    second = gather(doc, len(doc.text), words, budget, anchor=first.prefix_start_line)
+    assert second.prefix_start_line == first.prefix_start_line
+
+
 def test_suffix_budget_and_giant_lines_are_cut() -> None:
     doc = Document("file:///a.py", "x" + "\n".join(["s t u"] * 20))
     ctx = gather(doc, 1, words, Budget(prefix_tokens=10, suffix_tokens=9, snippet_tokens=0))
