@@ -231,7 +231,9 @@ class NgramStepper:
         accepted = len(result.accepted_tokens)
         self.target.commit(tree, accepted, result.branch)
         drafted = tree.n_rows - 1
-        policy.observe(SpeculationMethod.NGRAM, min(drafted, k), accepted)
+        policy.observe(
+            SpeculationMethod.NGRAM, min(drafted, k), accepted, match if self.allow_plain else None
+        )
         stats.drafted += drafted
         stats.accepted += accepted
         return [*result.accepted_tokens, result.next_token]

@@ -165,7 +165,8 @@ class AdaptivePolicy:
     Where the curve makes drafting pay only at a high acceptance (``break_even`` above
     ``cautious_above``: a CPU, where a 2-row batch costs 1.4 steps) the policy is
     *cautious*: a draft is tried only on strong evidence, a match of at least
-    ``strong_match`` tokens before the cursor (a copied line, not a common idiom). Why:
+    ``strong_match`` tokens before the cursor (a copied line, not a common idiom), whose
+    acceptance is learnt apart, from ``strong_prior``. Why:
     one-shot ``kode complete`` runs on the 2-core machine, auto vs plain, lost 6-25%
     (0.94x, 0.79x, 0.78x, 0.75x) while the prior's optimism was being unlearned on
     drafts from 3-4 token matches, and the oracle ceiling there is only 1.06x-1.14x.
@@ -199,6 +200,7 @@ class AdaptivePolicy:
         prior_weight: float = 4.0,
         decay: float = 0.9,
         strong_match: int = 8,
+        strong_prior: float = 0.85,
         cautious_above: float = 0.35,
     ) -> None:
         if max_draft < 0:
@@ -210,6 +212,7 @@ class AdaptivePolicy:
         self.min_gain = min_gain
         self.stats = {m: AcceptanceStats(prior_accept, prior_weight, decay) for m in methods}
         self.strong_match = strong_match
+        self.strong = {m: AcceptanceStats(strong_prior, prior_weight, decay) for m in methods}
         self.cautious_above = cautious_above
         self._break_even: tuple[CostCurve, float] | None = None
 
@@ -230,28 +233,39 @@ class AdaptivePolicy:
 
         Example: see the class docstring.
         """
-        if match is not None and match < self.strong_match and self.cautious:
+        strong = self._strong(match)
+        if match is not None and not strong and self.cautious:
             return 0
         kmax = self.max_draft if limit is None else min(limit, self.max_draft)
-        k, speed = self._best(self._accept(method), kmax)
+        k, speed = self._best(self._accept(method, strong), kmax)
         return k if speed >= self.min_gain else 0
 
-    def observe(self, method: SpeculationMethod, drafted: int, accepted: int) -> None:
-        """Record one target step: ``accepted`` of ``drafted`` tokens from ``method``."""
+    def observe(
+        self, method: SpeculationMethod, drafted: int, accepted: int, match: int | None = None
+    ) -> None:
+        """Record one target step: ``accepted`` of ``drafted`` tokens from ``method`` (on a
+        match of ``match`` tokens, as given to ``draft_len``)."""
         if method is not SpeculationMethod.NONE and method not in self.stats:
             raise ValueError(f"unknown method {method!r}; known: {sorted(self.stats)}")
-        for m, stats in self.stats.items():
-            if m is method:
-                stats.observe(drafted, accepted)
-            else:
-                stats.relax()
+        strong = self._strong(match)
+        for table, this in ((self.stats, not strong), (self.strong, strong)):
+            for m, stats in table.items():
+                if this and m is method:
+                    stats.observe(drafted, accepted)
+                else:
+                    stats.relax()
 
-    def _accept(self, method: SpeculationMethod) -> float:
+    def _strong(self, match: int | None) -> bool:
+        """Whether a draft on this match counts as strong evidence (cautious policies)."""
+        return match is not None and match >= self.strong_match and self.cautious
+
+    def _accept(self, method: SpeculationMethod, strong: bool = False) -> float:
         """Acceptance estimate for this step, capped below 1."""
         try:
-            return min(self.stats[method].estimate, 0.99)
+            stats = self.strong[method] if strong else self.stats[method]
         except KeyError:
             raise ValueError(f"unknown method {method!r}; known: {sorted(self.stats)}") from None
+        return min(stats.estimate, 0.99)
 
     def _best(self, accept: float, kmax: int) -> tuple[int, float]:
         """``(k, speedup)`` maximising the speedup over 1 <= k <= kmax; ``(0, 1.0)`` if kmax < 1."""
