@@ -11,17 +11,26 @@ from __future__ import annotations
 import enum
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 class SpeculationMethod(enum.StrEnum):
-    """How a local backend may guess tokens ahead of the target model."""
+    """How a backend may guess tokens ahead of the target model."""
 
-    AUTO = "auto"
+    AUTO = "auto"  # n-gram drafts only where the measured cost curve says they pay
     NONE = "none"
     NGRAM = "ngram"
     LOOKAHEAD = "lookahead"
     DRAFT = "draft"
+    REMOTE = "remote"  # the remote server's own (EAGLE, n-gram): reported, not chosen here
+
+
+class BackendKind(enum.StrEnum):
+    """Where generations run (the ``backend`` setting; a router's mode)."""
+
+    LOCAL = "local"
+    REMOTE = "remote"
+    AUTO = "auto"  # remote within a latency budget, else local
 
 
 class FinishReason(enum.StrEnum):
@@ -78,7 +87,7 @@ class TokenChunk:
 class SpeculationStats:
     """What speculation did during one generation."""
 
-    method: str = "none"
+    method: SpeculationMethod = SpeculationMethod.NONE
     steps: int = 0  # target verify/decode calls during generation
     drafted: int = 0  # draft tokens proposed to the target
     accepted: int = 0  # draft tokens the target confirmed
@@ -105,7 +114,7 @@ class GenerationStats:
     steps_after_cancel: int = 0  # target model calls that began after cancel() was requested
     finish_reason: FinishReason | None = None
     speculation: SpeculationStats = field(default_factory=SpeculationStats)
-    route: str = ""  # which backend served it ("local", "remote"), set by a router
+    route: BackendKind | None = None  # which backend served it (LOCAL or REMOTE), set by a router
     route_reason: str = ""  # why (e.g. "remote timed out after 1500 ms")
 
     @property
@@ -134,8 +143,22 @@ class Generation(Protocol):
         ...
 
 
+class Counters(Protocol):
+    """Totals since a backend started, for ``kode/stats`` and ``kode serve``'s metrics."""
+
+    @property
+    def generations(self) -> int: ...
+
+    def as_dict(self) -> dict[str, Any]:
+        """The totals as JSON (camelCase keys)."""
+        ...
+
+
 class Backend(Protocol):
     """Turns prompts into tokens."""
+
+    @property
+    def counters(self) -> Counters: ...
 
     @property
     def name(self) -> str:
@@ -153,6 +176,10 @@ class Backend(Protocol):
 
     async def generate(self, request: GenerationRequest) -> Generation:
         """Start a generation. Waits for any earlier generation on the same context."""
+        ...
+
+    async def health(self, timeout_s: float = 1.0) -> bool:
+        """Whether the backend can serve now (a remote one asks its server)."""
         ...
 
     async def aclose(self) -> None:

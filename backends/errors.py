@@ -5,6 +5,7 @@
     │   └── ModelPartMissing       a PyPI part package of a default model is absent
     ├── BackendError               a backend could not produce tokens
     │   ├── ContextOverflow        the prompt does not fit the context window
+    │   ├── PrefillAborted         a cancel stopped a prompt evaluation (never reaches a user)
     │   └── RemoteError            a remote server failed (HTTP status, malformed stream)
     │       ├── RemoteAuthError    401 / 403
     │       ├── RemoteBusyError    429
@@ -36,6 +37,15 @@ class BackendError(KodeError):
 
 class ContextOverflow(BackendError):
     """The prompt does not fit the model's context window."""
+
+
+class PrefillAborted(BackendError):
+    """The prompt was only partly evaluated because the generation was cancelled; the
+    backend reports the generation as cancelled, so this never reaches a user."""
+
+    def __init__(self, reused: int) -> None:
+        super().__init__("prefill aborted")
+        self.reused = reused
 
 
 class RemoteError(BackendError):

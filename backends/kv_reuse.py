@@ -54,13 +54,28 @@ class MovedTail:
         return self.inserted + self.removed - 2 * self.refreshed
 
 
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix, by bisection over C-level slice compares
+    (a 4,000-token prompt compares in microseconds, not a Python loop per token).
+
+    Example:
+        >>> common_prefix([1, 2, 3, 4], [1, 2, 9])
+        2
+        >>> common_prefix((1, 2), [1, 2, 3])
+        2
+    """
+    x = a if isinstance(a, list) else list(a)
+    y = b if isinstance(b, list) else list(b)
+    lo, hi = 0, min(len(x), len(y))
+    if x[:hi] == y[:hi]:
+        return hi
+    while hi - lo > 1:  # x[:lo] == y[:lo] and x[:hi] != y[:hi]
+        mid = (lo + hi) // 2
+        if x[:mid] == y[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def plan_moved_tail(
@@ -98,7 +113,7 @@ def plan_moved_tail(
     if len(old) < 2 or len(new) < 2:
         return None
     old_body, new_body = old[:-1], new[:-1]
-    keep = common_prefix_len(old_body, new_body)
+    keep = common_prefix(old_body, new_body)
     if keep == len(old_body) or keep == len(new_body):
         return None  # one is a prefix of the other: prefix reuse already covers it
     room = min(len(old_body), len(new_body)) - keep
@@ -129,7 +144,7 @@ class Candidate:
 def prefix_reach(cached: Sequence[int], prompt: Sequence[int], stale_from: int | None) -> int:
     """How many leading tokens of ``prompt`` a state holding ``cached`` serves exactly
     (entries from ``stale_from`` on were moved after an edit and are not exact)."""
-    n = common_prefix_len(cached, prompt)
+    n = common_prefix(cached, prompt)
     return n if stale_from is None else min(n, stale_from)
 
 

@@ -24,9 +24,16 @@ import enum
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
-from kode.backends.base import Backend, Generation, GenerationRequest, GenerationStats, TokenChunk
+from kode.backends.base import (
+    Backend,
+    BackendKind,
+    Generation,
+    GenerationRequest,
+    GenerationStats,
+    TokenChunk,
+)
 from kode.backends.errors import BackendError, RemoteError
 from kode.backends.remote.clients import estimate_tokens
 
@@ -36,22 +43,10 @@ LocalFactory = Callable[[], Awaitable[Backend]]
 Clock = Callable[[], float]
 
 
-class RouteMode(enum.StrEnum):
-    LOCAL = "local"
-    REMOTE = "remote"
-    AUTO = "auto"
-
-
 class BreakerState(enum.StrEnum):
     CLOSED = "closed"  # remote in use
     OPEN = "open"  # remote skipped until the cool-down ends
     HALF_OPEN = "half-open"  # a health probe is deciding
-
-
-class HealthCheckedBackend(Backend, Protocol):
-    """A remote backend that can tell whether its server is up."""
-
-    async def health(self, timeout_s: float = 1.0) -> bool: ...
 
 
 class CircuitBreaker:
@@ -131,8 +126,8 @@ class RoutingBackend:
     def __init__(
         self,
         local_factory: LocalFactory,
-        remote: HealthCheckedBackend | None,
-        mode: RouteMode,
+        remote: Backend | None,
+        mode: BackendKind,
         *,
         latency_budget_ms: int = 1500,
         failure_threshold: int = 3,
@@ -141,7 +136,7 @@ class RoutingBackend:
         clock: Clock = time.monotonic,
         wall_clock: Clock = time.time,
     ) -> None:
-        if remote is None and mode is not RouteMode.LOCAL:
+        if remote is None and mode is not BackendKind.LOCAL:
             raise BackendError(f"backend {mode.value!r} needs a remote server")
         self.mode = mode
         self.remote = remote
@@ -160,15 +155,15 @@ class RoutingBackend:
 
     @property
     def name(self) -> str:
-        if self.remote is None or self.mode is RouteMode.LOCAL:
+        if self.remote is None or self.mode is BackendKind.LOCAL:
             return self._local.name if self._local is not None else "local"
-        if self.mode is RouteMode.REMOTE:
+        if self.mode is BackendKind.REMOTE:
             return self.remote.name
         return f"auto({self.remote.name}|local)"
 
     @property
     def model_name(self) -> str:
-        if self.remote is not None and self.mode is not RouteMode.LOCAL:
+        if self.remote is not None and self.mode is not BackendKind.LOCAL:
             return self.remote.model_name
         return self._local.model_name if self._local is not None else "(local model not loaded)"
 
@@ -188,6 +183,12 @@ class RoutingBackend:
     def counters(self) -> _RouterCounters:
         return _RouterCounters(self)
 
+    async def health(self, timeout_s: float = 1.0) -> bool:
+        """The remote's health where only the remote serves; else the local model can."""
+        if self.mode is BackendKind.REMOTE and self.remote is not None:
+            return await self.remote.health(timeout_s)
+        return True
+
     async def load_local(self) -> Backend:
         """The local backend, loaded through the factory on first use."""
         async with self._local_lock:
@@ -197,11 +198,11 @@ class RoutingBackend:
             return self._local
 
     async def generate(self, request: GenerationRequest) -> Generation:
-        if self.mode is RouteMode.LOCAL or self.remote is None:
+        if self.mode is BackendKind.LOCAL or self.remote is None:
             return await self._run_local(request, "backend: local", fallback=False)
-        if self.mode is RouteMode.REMOTE:
+        if self.mode is BackendKind.REMOTE:
             generation = await self.remote.generate(request)
-            _mark(generation.stats, "remote", "backend: remote")
+            _mark(generation.stats, BackendKind.REMOTE, "backend: remote")
             self.routes["remote"] += 1
             return generation
         return await self._auto(request, self.remote)
@@ -216,7 +217,7 @@ class RoutingBackend:
 
     # -- auto -------------------------------------------------------------------------
 
-    async def _auto(self, request: GenerationRequest, remote: HealthCheckedBackend) -> Generation:
+    async def _auto(self, request: GenerationRequest, remote: Backend) -> Generation:
         breaker = self.breaker
         if breaker.state is BreakerState.HALF_OPEN:
             return await self._run_local(
@@ -266,7 +267,7 @@ class RoutingBackend:
         breaker.record_success()
         waited_ms = (self._clock() - start) * 1000.0
         reason = f"remote ok (first token after {waited_ms:.0f} ms)"
-        _mark(generation.stats, "remote", reason)
+        _mark(generation.stats, BackendKind.REMOTE, reason)
         self.routes["remote"] += 1
         log.info("route: remote (%s)", reason)
         assert chunks is not None
@@ -277,14 +278,14 @@ class RoutingBackend:
     ) -> Generation:
         local = await self.load_local()
         generation = await local.generate(request)
-        _mark(generation.stats, "local", reason)
+        _mark(generation.stats, BackendKind.LOCAL, reason)
         self.routes["local"] += 1
         self.routes["fallback"] += fallback
         log.info("route: local (%s)", reason)
         return generation
 
 
-def _mark(stats: GenerationStats, route: str, reason: str) -> None:
+def _mark(stats: GenerationStats, route: BackendKind, reason: str) -> None:
     stats.route = route
     stats.route_reason = reason
 
@@ -341,17 +342,21 @@ class _RouterCounters:
     def __init__(self, router: RoutingBackend) -> None:
         self._router = router
 
+    @property
+    def generations(self) -> int:
+        """Generations routed (a fallback counts once, as local)."""
+        return self._router.routes["remote"] + self._router.routes["local"]
+
     def as_dict(self) -> dict[str, Any]:
         router = self._router
-        local_counters = getattr(router.local, "counters", None)
-        out: dict[str, Any] = {} if local_counters is None else dict(local_counters.as_dict())
-        remote_counters = getattr(router.remote, "counters", None)
+        local, remote = router.local, router.remote
+        out: dict[str, Any] = {} if local is None else dict(local.counters.as_dict())
         out["routing"] = {
             "mode": router.mode.value,
             "routes": dict(router.routes),
             "breaker": router.breaker.state.value,
             "consecutiveFailures": router.breaker.failures,
             "timesOpened": router.breaker.times_opened,
-            "remote": None if remote_counters is None else remote_counters.as_dict(),
+            "remote": None if remote is None else remote.counters.as_dict(),
         }
         return out

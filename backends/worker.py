@@ -12,6 +12,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -19,12 +20,14 @@ from kode.backends.base import (
     FinishReason,
     GenerationRequest,
     GenerationStats,
-    SpeculationStats,
+    SpeculationMethod,
     TokenChunk,
 )
+from kode.backends.chunks import ChunkQueue, drain
 from kode.backends.errors import BackendError
 from kode.backends.speculative import AdaptivePolicy, CostCurve, NgramDrafter
 from kode.backends.speculative.policy import CostTracker
+from kode.backends.steppers import Stepper
 
 
 @dataclass(slots=True)
@@ -96,8 +99,8 @@ class NgramLearning:
     them, the drafter's index, and earlier completions as draft sources."""
 
     def __init__(self, curve: CostCurve) -> None:
-        self.policy = AdaptivePolicy(curve, ["ngram"], max_draft=8)
-        self.forced_policy = AdaptivePolicy(curve, ["ngram"], max_draft=8)
+        self.policy = AdaptivePolicy(curve, [SpeculationMethod.NGRAM], max_draft=8)
+        self.forced_policy = AdaptivePolicy(curve, [SpeculationMethod.NGRAM], max_draft=8)
         self.costs = CostTracker(curve.ms_by_rows)
         self.drafter = NgramDrafter(min_n=2, max_n=4)
         self.history: deque[list[int]] = deque(maxlen=16)  # earlier completions (tokens)
@@ -124,7 +127,7 @@ class Job:
     def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> None:
         self.request = request
         self.loop = loop
-        self.queue: asyncio.Queue[TokenChunk | BaseException | None] = asyncio.Queue()
+        self.queue: ChunkQueue = asyncio.Queue()
         self.cancel_event = threading.Event()
         self.stats = GenerationStats()
         self.steps_at_cancel: int | None = None
@@ -149,13 +152,9 @@ class WorkerGeneration:
 
     async def __aiter__(self) -> AsyncIterator[TokenChunk]:
         try:
-            while True:
-                item = await self._job.queue.get()
-                if item is None:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
+            async with aclosing(drain(self._job.queue)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
         finally:
             # Leaving the loop early (break, exception, task cancel) stops the worker.
             self._job.cancel_event.set()
@@ -175,14 +174,6 @@ class Run(Protocol):
     def execute(self) -> None: ...
 
     def account(self) -> None: ...
-
-
-class Stepper(Protocol):
-    """One target step of a decoding method: from the last token, the tokens it yields."""
-
-    stats: SpeculationStats
-
-    def step(self, root: int) -> list[int]: ...
 
 
 class WorkerRun:

@@ -12,7 +12,7 @@ user of that library would pick); ``llama-server``, llama.cpp's own server in ea
 speculative modes when a binary is on ``PATH``.
 
 Lossless check: each output's token ids are compared with plain greedy's. At the first
-difference, if the backend offers ``logit_gaps`` and plain decoding's top-2 logit gap
+difference, if plain decoding's top-2 logit gap (``LocalBackend.logit_gaps``)
 there is below ``near_tie`` (1e-3), it is a near tie (batched and single-row kernels may
 flip such an argmax) and counted apart from real divergences.
 """
@@ -21,16 +21,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kode.bench import common
 from kode.bench.common import fmt, fmt_ratio, markdown_table
+
+if TYPE_CHECKING:
+    from kode.backends.llama.backend import LlamaBackend
+    from kode.backends.local import LocalBackend
 
 KODE_METHODS = ("none", "ngram", "lookahead", "draft", "auto")
 PEER_PLD = "pld"
@@ -207,7 +210,7 @@ def oracle_ceiling(
 
 
 def ngram_ceiling(
-    backend: Any, prompt: list[int], output: list[int], sources: Sequence[str]
+    backend: LocalBackend[Any], prompt: list[int], output: list[int], sources: Sequence[str]
 ) -> float | None:
     """``oracle_ceiling`` for Kode's n-gram drafter (fed as the backend feeds it) on the
     backend's calibrated cost curve, up to its policy's longest draft."""
@@ -217,7 +220,7 @@ def ngram_ceiling(
     drafter = NgramDrafter(min_n=template.min_n, max_n=template.max_n)
     for text in sources:
         if text:
-            drafter.add_source(backend.model.tokenize(text, special=False))
+            drafter.add_source(backend.engine.tokenize(text, special=False))
     kmax = backend.learning.policy.max_draft
     return oracle_ceiling(
         prompt, output, lambda ctx: drafter.propose(ctx, kmax, 3), backend.curve.cost, kmax
@@ -343,20 +346,10 @@ async def on_llama_thread(fn: Callable[..., Any], *args: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(llama_thread(), fn, *args)
 
 
-async def _maybe_await(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value
-
-
-async def load_backend(model: Path, draft: Path | None, threads: int | None) -> Any:
-    """``LlamaBackend.load``, passing the draft model if this version takes one."""
+async def load_backend(model: Path, draft: Path | None, threads: int | None) -> LlamaBackend:
     from kode.backends.llama.backend import LlamaBackend
 
-    kwargs: dict[str, Any] = {"n_threads": threads}
-    params = inspect.signature(LlamaBackend.load).parameters
-    draft_param = next((p for p in params if "draft" in p), None)
-    if draft is not None and draft_param is not None:
-        kwargs[draft_param] = draft
-    return await LlamaBackend.load(model, **kwargs)
+    return await LlamaBackend.load(model, n_threads=threads, draft_path=draft)
 
 
 async def run_kode(backend: Any, prompt: Prompt, method: str, max_tokens: int) -> Run:
@@ -501,7 +494,6 @@ async def measure(options: Options) -> tuple[list[Run], dict[str, Any]]:
         "prompts": len(prompts),
         "max_tokens": options.max_tokens,
         "seed": options.seed,
-        "logit_gaps": hasattr(backend, "logit_gaps"),
         "machine_before": common.machine_note(),
     }
     runs: list[Run] = []
@@ -567,21 +559,17 @@ async def measure(options: Options) -> tuple[list[Run], dict[str, Any]]:
             if r.method != PLAIN
             and common.first_divergence(plain_tokens.get(r.task_id, []), r.tokens) is not None
         }
-        if hasattr(backend, "logit_gaps"):
-            for task_id in sorted(needs):
-                result = await _maybe_await(
-                    backend.logit_gaps(texts[task_id], plain_tokens.get(task_id, []))
-                )
-                gap_cache[task_id] = [float(g) for g in result]
+        for task_id in sorted(needs):
+            gaps = await backend.logit_gaps(texts[task_id], plain_tokens.get(task_id, []))
+            gap_cache[task_id] = gaps
         classify(runs, lambda task_id: gap_cache.get(task_id), options.near_tie)
-        if hasattr(backend, "curve") and hasattr(backend, "policy"):
-            facts["curve"] = {n: round(ms, 1) for n, ms in backend.curve.ms_by_rows.items()}
-            sources = {p.task_id: p.draft_sources for p in prompts}
-            for run in runs:
-                if run.method == PLAIN:
-                    run.ceiling = ngram_ceiling(
-                        backend, token_ids[run.task_id], run.tokens, sources[run.task_id]
-                    )
+        facts["curve"] = {n: round(ms, 1) for n, ms in backend.curve.ms_by_rows.items()}
+        sources = {p.task_id: p.draft_sources for p in prompts}
+        for run in runs:
+            if run.method == PLAIN:
+                run.ceiling = ngram_ceiling(
+                    backend, token_ids[run.task_id], run.tokens, sources[run.task_id]
+                )
     facts["machine_after"] = common.machine_note()
     return runs, facts
 
@@ -626,11 +614,7 @@ def report(options: Options, runs: list[Run], facts: dict[str, Any]) -> str:
     rows = summarize(runs, methods)
     out = common.prepare_out(options.out)
     table = render_table(rows)
-    gaps_note = (
-        "near ties judged with the backend's `logit_gaps`"
-        if facts.get("logit_gaps")
-        else "the backend has no `logit_gaps` yet: every divergence is counted as `gap unknown`"
-    )
+    gaps_note = "near ties judged with the backend's `logit_gaps`"
     text = (
         "# Speculative decoding benchmark\n\n"
         f"- model: `{facts['model']}`; draft model: `{facts.get('draft_model')}`\n"

@@ -28,9 +28,10 @@ from dataclasses import dataclass
 
 import torch
 from kode.backends.base import GenerationRequest, SpeculationMethod
+from kode.backends.local import DraftOptions
 from kode.backends.speculative import CostCurve, expected_tokens
-from kode.backends.torch.backend import DraftOptions, TorchBackend
-from kode.backends.torch.steppers import CausalLM
+from kode.backends.torch.backend import TorchBackend
+from kode.backends.torch.target import CausalLM
 from tokenizers import Tokenizer, decoders, pre_tokenizers
 from tokenizers import models as tok_models
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -126,7 +127,7 @@ def word_tokenizer(vocab: int) -> PreTrainedTokenizerFast:
     tok = Tokenizer(tok_models.WordLevel(words, unk_token="<eos>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")  # type: ignore[no-untyped-call,unused-ignore]
 
 
 def prompt_text(vocab: int, n: int, seed: int) -> str:

@@ -17,10 +17,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kode.backends.base import BackendKind, SpeculationMethod
 from kode.backends.errors import KodeError
 from kode.cli import bench as bench_cli
 from kode.cli import serve as serve_cli
 from kode.cli import sglang as sglang_cli
+from kode.completion.settings import LocalEngine
+from kode.completion.stops import MultilineMode
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,11 +46,16 @@ def _parser() -> argparse.ArgumentParser:
     complete.add_argument("--model", default="default", help="default | small | a GGUF path")
     complete.add_argument("--max-tokens", type=int, default=None)
     complete.add_argument(
-        "--speculation", choices=["auto", "none", "ngram", "lookahead", "draft"], default=None
+        "--speculation",
+        type=SpeculationMethod,
+        choices=[m for m in SpeculationMethod if m is not SpeculationMethod.REMOTE],
+        default=None,
     )
-    complete.add_argument("--multiline", choices=["auto", "always", "never"], default=None)
     complete.add_argument(
-        "--backend", choices=["llama.cpp", "torch"], default=None, help="local engine"
+        "--multiline", type=MultilineMode, choices=list(MultilineMode), default=None
+    )
+    complete.add_argument(
+        "--backend", type=LocalEngine, choices=list(LocalEngine), default=None, help="local engine"
     )
     complete.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -161,7 +169,7 @@ async def _complete(args: argparse.Namespace, text: str, uri: str) -> int:
             "backend": result.backend,
             "finish_reason": None if stats.finish_reason is None else str(stats.finish_reason),
             "single_line": result.single_line,
-            "route": stats.route or "local",
+            "route": str(stats.route or BackendKind.LOCAL),
             "route_reason": stats.route_reason,
             "speculation": {
                 "method": stats.speculation.method,

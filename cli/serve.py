@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kode.backends.errors import KodeError
+from kode.serve.service import Policy
 
 log = logging.getLogger("kode.serve")
 
@@ -54,8 +55,9 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--policy",
-        choices=["least-busy", "round-robin"],
-        default="least-busy",
+        type=Policy,
+        choices=list(Policy),
+        default=Policy.LEAST_BUSY,
         help="how to pick an upstream",
     )
     parser.add_argument("--model", default="default", help="default | small | a GGUF path")
@@ -101,12 +103,12 @@ async def _serve(args: argparse.Namespace) -> int:
     import uvicorn
     from kode.serve.app import ServeConfig, build_app
     from kode.serve.auth import KeyRing
-    from kode.serve.service import CompletionService, Policy, Workers
+    from kode.serve.service import CompletionService, Workers
 
     keys = KeyRing.load(args.api_keys) if args.api_keys is not None else None
     sock = _bind(args.host, args.port)
     try:
-        workers = Workers(await _backends(args), Policy(args.policy), serial=not args.upstream)
+        workers = Workers(await _backends(args), args.policy, serial=not args.upstream)
         service = CompletionService(workers, max_per_key=args.max_concurrency_per_key)
         app = build_app(
             service,

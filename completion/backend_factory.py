@@ -14,7 +14,7 @@ import asyncio
 from kode.backends.base import Backend, SpeculationMethod
 from kode.backends.errors import BackendError, SettingsError
 from kode.backends.remote.clients import OpenAIBackend, RemoteBackend, SGLangBackend
-from kode.backends.router import RouteMode, RoutingBackend
+from kode.backends.router import RoutingBackend
 from kode.completion.settings import BackendKind, LocalEngine, RemoteApi, Settings
 from kode.completion.templates import TEMPLATES
 
@@ -33,7 +33,7 @@ async def load_backend(settings: Settings) -> Backend:
     return RoutingBackend(
         local,
         remote,
-        RouteMode.AUTO,
+        BackendKind.AUTO,
         latency_budget_ms=settings.remote.latency_budget_ms,
     )
 

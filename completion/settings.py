@@ -9,19 +9,12 @@ its default; the others still apply.
 from __future__ import annotations
 
 import enum
-import re
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import msgspec
+from kode.backends.base import BackendKind as BackendKind  # re-exported: the `backend` setting
 from kode.backends.base import SpeculationMethod
 from kode.completion.stops import MultilineMode
-
-
-class BackendKind(enum.StrEnum):
-    LOCAL = "local"
-    REMOTE = "remote"
-    AUTO = "auto"
-
 
 _Positive = Annotated[int, msgspec.Meta(ge=1)]
 _NonNegative = Annotated[int, msgspec.Meta(ge=0)]
@@ -94,14 +87,15 @@ class Settings(
 
 DEFAULT = Settings()
 
-_PATH = re.compile(r"at `\$\.([A-Za-z0-9_.]+)`")
-
 
 def parse(raw: Any) -> tuple[Settings, list[str]]:
     """Settings from editor JSON, and one message per rejected setting.
 
-    >>> parse({"maxTokens": 64, "speculation": "warp"})
-    (Settings(... max_tokens=64 ...), ["speculation: Invalid enum value 'warp'"])
+    Each setting is validated on its own (nested objects field by field), so a bad one
+    falls back to its default and is named in a message while the others still apply.
+
+    >>> print(*parse({"maxTokens": 64, "speculation": "warp"})[1])
+    speculation: 'warp' is not one of auto, none, ngram, lookahead, draft, remote; using the default
     """
     if raw is None or raw == []:  # Lua encodes an empty table as []
         return DEFAULT, []
@@ -109,53 +103,41 @@ def parse(raw: Any) -> tuple[Settings, list[str]]:
         raw = raw["kode"]
     if not isinstance(raw, dict):
         return DEFAULT, [f"settings must be an object, got {type(raw).__name__}"]
-    values: dict[str, Any] = dict(raw)
     problems: list[str] = []
-    for _ in range(_count_leaves(values) + 1):
-        try:
-            return msgspec.convert(values, Settings), problems
-        except msgspec.ValidationError as exc:
-            message = str(exc)
-            match = _PATH.search(message)
-            path = match.group(1).split(".") if match else []
-            unknown = _unknown_key(message)
-            if unknown is not None:
-                path = [*path, unknown]
-            if not path or not _drop(values, path):
-                return DEFAULT, [*problems, message]
-            name = ".".join(path)
-            if unknown is not None:
-                problems.append(f"{name}: unknown setting, ignored")
+    return _parse_struct(Settings, raw, "", problems), problems
+
+
+S = TypeVar("S", bound=msgspec.Struct)
+
+
+def _parse_struct(kind: type[S], raw: dict[str, Any], at: str, problems: list[str]) -> S:
+    """``kind`` from ``raw``, keeping the fields that validate; a message for each other."""
+    fields = {f.encode_name: f for f in msgspec.structs.fields(kind)}
+    good: dict[str, Any] = {}
+    for key, value in raw.items():
+        field = fields.get(key)
+        if field is None:
+            problems.append(f"{at}{key}: unknown setting, ignored")
+            continue
+        nested = field.type
+        if isinstance(nested, type) and issubclass(nested, msgspec.Struct):
+            if isinstance(value, dict):
+                good[field.name] = _parse_struct(nested, value, f"{at}{key}.", problems)
             else:
-                problems.append(f"{name}: {message.split(' - at ')[0]}; using the default")
-    return DEFAULT, problems
+                problems.append(
+                    f"{at}{key}: must be an object, got {type(value).__name__}; using the default"
+                )
+            continue
+        try:
+            good[field.name] = msgspec.convert(value, field.type)
+        except msgspec.ValidationError as exc:
+            problems.append(f"{at}{key}: {_explain(exc, value, field.type)}; using the default")
+    return kind(**good)
 
 
-def _count_leaves(value: Any) -> int:
-    if isinstance(value, dict):
-        return sum(_count_leaves(v) for v in value.values()) + 1
-    return 1
-
-
-def _drop(values: dict[str, Any], path: list[str]) -> bool:
-    """Remove ``path`` from nested dicts (copying the dicts on the way); False if absent."""
-    node = values
-    for key in path[:-1]:
-        child = node.get(key)
-        if not isinstance(child, dict):
-            return False
-        node[key] = node = dict(child)
-    if path[-1] not in node:
-        return False
-    del node[path[-1]]
-    return True
-
-
-def _unknown_key(message: str) -> str | None:
-    match = re.search(r"unknown field `([^`]+)`", message)
-    return match.group(1) if match else None
-
-
-def to_json(settings: Settings) -> dict[str, Any]:
-    out: dict[str, Any] = msgspec.to_builtins(settings)
-    return out
+def _explain(exc: msgspec.ValidationError, value: Any, kind: Any) -> str:
+    """msgspec's message, or for an enum the values it accepts."""
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        allowed = ", ".join(str(member.value) for member in kind)
+        return f"{value!r} is not one of {allowed}"
+    return str(exc)

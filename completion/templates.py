@@ -59,8 +59,9 @@ QWEN25_CODER = FimTemplate(
 )
 
 # The same tokens in SPM order (suffix first), so that typing at the end of the prefix
-# would not invalidate the cached suffix. Measured on HumanEval infilling (docs/latency.md):
-# Qwen2.5-Coder does not complete in this order, so PSM stays the default.
+# would not invalidate the cached suffix. Measured with `kode bench quality --modes spm`
+# (docs/benchmarks.md): 0/20 single-line and 0/20 multi-line HumanEval infilling tasks on the
+# 1.5B against 16/20 and 9/20 in PSM order; the model restarts the file, so PSM stays.
 QWEN25_CODER_SPM = FimTemplate(
     name="qwen2.5-coder-spm",
     prefix=QWEN25_CODER.prefix,

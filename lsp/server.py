@@ -203,11 +203,10 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
     @server.feature(STATS_METHOD)
     def stats(params: Any) -> dict[str, Any]:
         backend = server.pool.current
-        counters = getattr(backend, "counters", None)
         return {
             "backend": None if backend is None else backend.name,
             "model": None if backend is None else backend.model_name,
-            "counters": None if counters is None else counters.as_dict(),
+            "counters": None if backend is None else backend.counters.as_dict(),
             "engine": {
                 "typedAheadHits": server.engine.typed_ahead_hits,
                 "prefetches": server.engine.prefetches,

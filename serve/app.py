@@ -29,10 +29,20 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import msgspec
-from kode.backends.base import GenerationRequest, Sampling
+from kode.backends.base import GenerationRequest, Sampling, SpeculationMethod
+from kode.backends.remote.clients import RemoteBackend
+from kode.backends.worker import BackendCounters
 from kode.serve.auth import ANONYMOUS, KeyRing
 from kode.serve.metrics import CONTENT_TYPE, Counter, Gauge
-from kode.serve.service import CompletionService, Delta, Ended, Failed, Job, ServeError
+from kode.serve.service import (
+    CompletionService,
+    Delta,
+    Ended,
+    EndReason,
+    Failed,
+    Job,
+    ServeError,
+)
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -137,20 +147,69 @@ def _doc_tag(document: str | None) -> str:
     return hashlib.sha256(document.encode()).hexdigest()[:8]
 
 
-def build_app(service: CompletionService, config: ServeConfig) -> Starlette:
-    """The starlette application over ``service``."""
-    metrics = service.metrics
+def _decode(data: bytes, kind: type[Any]) -> Any:
+    try:
+        return msgspec.json.decode(data, type=kind)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise ServeError(400, f"bad request: {exc}") from None
 
-    def caller(request: Request) -> str:
-        if config.keys is None:
+
+def _sglang_out(job: Job, ids: tuple[int, ...], ended: Ended | None) -> dict[str, Any]:
+    stats = job.stats
+    finish: dict[str, Any] | None = None
+    meta: dict[str, Any] = {
+        "id": job.rid,
+        "finish_reason": None,
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.completion_tokens,
+        "cached_tokens": stats.reused_prompt_tokens,
+    }
+    if ended is not None:
+        if ended.reason is EndReason.LENGTH:
+            finish = {"type": "length", "length": job.request.max_tokens}
+        elif ended.reason is EndReason.ABORT:
+            finish = {"type": "abort", "message": ended.message}
+        else:
+            finish = {"type": "stop", "matched": ended.matched}
+        meta["finish_reason"] = finish
+        meta["e2e_latency"] = round(time.perf_counter() - job.started, 4)
+        spec = stats.speculation
+        if spec.method is not SpeculationMethod.NONE and spec.steps:
+            meta["spec_verify_ct"] = spec.steps
+    return {"text": job.text, "output_ids": list(ids), "meta_info": meta}
+
+
+def _usage_of(job: Job) -> dict[str, Any]:
+    stats = job.stats
+    return {
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.completion_tokens,
+        "total_tokens": stats.prompt_tokens + stats.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": stats.reused_prompt_tokens},
+    }
+
+
+def _choice(text: str, finish: str | None) -> dict[str, Any]:
+    return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
+
+
+class _Handlers:
+    """The endpoints, one method each, over one ``CompletionService``."""
+
+    def __init__(self, service: CompletionService, config: ServeConfig) -> None:
+        self.service = service
+        self.config = config
+
+    def caller(self, request: Request) -> str:
+        if self.config.keys is None:
             return ANONYMOUS
-        name = config.keys.identify_header(request.headers.get("authorization"))
+        name = self.config.keys.identify_header(request.headers.get("authorization"))
         if name is None:
             raise ServeError(401, "missing or invalid API key", "authentication_error")
         return name
 
-    async def body_of(request: Request) -> bytes:
-        limit = config.max_request_bytes
+    async def body_of(self, request: Request) -> bytes:
+        limit = self.config.max_request_bytes
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             raise ServeError(413, f"request body over {limit} bytes")
@@ -161,13 +220,8 @@ def build_app(service: CompletionService, config: ServeConfig) -> Starlette:
                 raise ServeError(413, f"request body over {limit} bytes")
         return bytes(body)
 
-    def decode(data: bytes, kind: type[Any]) -> Any:
-        try:
-            return msgspec.json.decode(data, type=kind)
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            raise ServeError(400, f"bad request: {exc}") from None
-
     def start(
+        self,
         key: str,
         endpoint: str,
         prompt: str,
@@ -177,7 +231,7 @@ def build_app(service: CompletionService, config: ServeConfig) -> Starlette:
         document: str | None,
         stop: tuple[str, ...],
     ) -> Job:
-        job = service.start(key, request, rid=rid, document=document, stop=stop)
+        job = self.service.start(key, request, rid=rid, document=document, stop=stop)
         log.info(
             "%s %s by %s: %d chars, max %d tokens, document %s",
             endpoint,
@@ -187,58 +241,40 @@ def build_app(service: CompletionService, config: ServeConfig) -> Starlette:
             request.max_tokens,
             _doc_tag(document),
         )
-        if config.log_requests:
+        if self.config.log_requests:
             log.info("prompt of %s: %r", job.rid, prompt)
         return job
 
-    async def watch_disconnect(receive: Receive, job: Job) -> None:
+    async def watch_disconnect(self, receive: Receive, job: Job) -> None:
         while not job.done:
             message = await receive()
             if message["type"] == "http.disconnect":
-                service.abort(job.key, job.rid, cause="disconnect", message="client disconnected")
+                self.service.abort(
+                    job.key, job.rid, cause="disconnect", message="client disconnected"
+                )
                 return
 
-    async def events(request: Request, job: Job) -> AsyncGenerator[Delta | Ended | Failed | None]:
+    async def events(
+        self, request: Request, job: Job
+    ) -> AsyncGenerator[Delta | Ended | Failed | None]:
         """The job's events; aborts the job if the response ends early or the client goes."""
-        watcher = asyncio.create_task(watch_disconnect(request.receive, job))
+        watcher = asyncio.create_task(self.watch_disconnect(request.receive, job))
         try:
-            async with contextlib.aclosing(job.stream(config.keepalive_s)) as stream:
+            async with contextlib.aclosing(job.stream(self.config.keepalive_s)) as stream:
                 async for event in stream:
                     yield event
         finally:
             watcher.cancel()
             if not job.done:
-                service.abort(job.key, job.rid, cause="disconnect", message="client disconnected")
+                self.service.abort(
+                    job.key, job.rid, cause="disconnect", message="client disconnected"
+                )
 
     # -- SGLang native ------------------------------------------------------------------
 
-    def sglang_out(job: Job, ids: tuple[int, ...], ended: Ended | None) -> dict[str, Any]:
-        stats = job.stats
-        finish: dict[str, Any] | None = None
-        meta: dict[str, Any] = {
-            "id": job.rid,
-            "finish_reason": None,
-            "prompt_tokens": stats.prompt_tokens,
-            "completion_tokens": stats.completion_tokens,
-            "cached_tokens": stats.reused_prompt_tokens,
-        }
-        if ended is not None:
-            if ended.reason == "length":
-                finish = {"type": "length", "length": job.request.max_tokens}
-            elif ended.reason == "abort":
-                finish = {"type": "abort", "message": ended.message}
-            else:
-                finish = {"type": "stop", "matched": ended.matched}
-            meta["finish_reason"] = finish
-            meta["e2e_latency"] = round(time.perf_counter() - job.started, 4)
-            spec = stats.speculation
-            if spec.method not in ("", "none") and spec.steps:
-                meta["spec_verify_ct"] = spec.steps
-        return {"text": job.text, "output_ids": list(ids), "meta_info": meta}
-
-    async def generate(request: Request) -> Response:
-        key = caller(request)
-        spec: _GenerateIn = decode(await body_of(request), _GenerateIn)
+    async def generate(self, request: Request) -> Response:
+        key = self.caller(request)
+        spec: _GenerateIn = _decode(await self.body_of(request), _GenerateIn)
         if spec.input_ids is not None or spec.text is None:
             raise ServeError(400, "send the prompt as 'text' (input_ids are not supported)")
         if not isinstance(spec.text, str):
@@ -246,51 +282,55 @@ def build_app(service: CompletionService, config: ServeConfig) -> Starlette:
         sp = spec.sampling_params
         gen = GenerationRequest(spec.text, sp.max_new_tokens, Sampling(sp.temperature, sp.top_p))
         document = spec.document or request.headers.get("x-kode-document")
-        job = start(
+        job = self.start(
             key, "/generate", spec.text, gen, rid=spec.rid, document=document, stop=_stops(sp.stop)
         )
         headers = {"X-Kode-Request-Id": job.rid}
         if spec.stream:
             return StreamingResponse(
-                sglang_stream(request, job),
+                self.sglang_stream(request, job),
                 media_type="text/event-stream",
                 headers={**_SSE_HEADERS, **headers},
             )
         ids: list[int] = []
-        async with contextlib.aclosing(events(request, job)) as stream:
+        async with contextlib.aclosing(self.events(request, job)) as stream:
             async for event in stream:
                 if isinstance(event, Delta):
                     ids.extend(event.token_ids)
                 elif isinstance(event, Failed):
                     return _error(event.status, event.message, "server_error")
                 elif isinstance(event, Ended):
-                    return JSONResponse(sglang_out(job, tuple(ids), event), headers=headers)
+                    return JSONResponse(_sglang_out(job, tuple(ids), event), headers=headers)
         return _error(500, "the generation ended without a result", "server_error")
 
-    async def sglang_stream(request: Request, job: Job) -> AsyncGenerator[bytes]:
-        async with contextlib.aclosing(events(request, job)) as stream:
+    async def sglang_stream(self, request: Request, job: Job) -> AsyncGenerator[bytes]:
+        async with contextlib.aclosing(self.events(request, job)) as stream:
             async for event in stream:
                 if event is None:
                     yield _KEEPALIVE
                 elif isinstance(event, Delta):
-                    yield _sse(sglang_out(job, event.token_ids, None))
+                    yield _sse(_sglang_out(job, event.token_ids, None))
                 elif isinstance(event, Ended):
-                    yield _sse(sglang_out(job, (), event))
+                    yield _sse(_sglang_out(job, (), event))
                 else:
                     yield _sse({"error": {"message": event.message, "code": event.status}})
         yield _DONE
 
-    async def abort_request(request: Request) -> Response:
-        key = caller(request)
-        spec: _AbortIn = decode(await body_of(request), _AbortIn)
-        count = service.abort_all(key) if spec.abort_all else int(service.abort(key, spec.rid))
+    async def abort_request(self, request: Request) -> Response:
+        key = self.caller(request)
+        spec: _AbortIn = _decode(await self.body_of(request), _AbortIn)
+        count = (
+            self.service.abort_all(key)
+            if spec.abort_all
+            else int(self.service.abort(key, spec.rid))
+        )
         return JSONResponse({"aborted": count})
 
     # -- OpenAI -------------------------------------------------------------------------
 
-    async def completions(request: Request) -> Response:
-        key = caller(request)
-        spec: _CompletionIn = decode(await body_of(request), _CompletionIn)
+    async def completions(self, request: Request) -> Response:
+        key = self.caller(request)
+        spec: _CompletionIn = _decode(await self.body_of(request), _CompletionIn)
         prompt = spec.prompt
         if isinstance(prompt, list):
             if len(prompt) != 1:
@@ -302,10 +342,10 @@ def build_app(service: CompletionService, config: ServeConfig) -> Starlette:
             prompt, spec.max_tokens, Sampling(spec.temperature, spec.top_p, spec.seed)
         )
         document = spec.document or request.headers.get("x-kode-document")
-        job = start(
+        job = self.start(
             key, "/v1/completions", prompt, gen, rid=None, document=document, stop=_stops(spec.stop)
         )
-        model = spec.model or service.workers.model_name
+        model = spec.model or self.service.workers.model_name
         head = {
             "id": f"cmpl-{job.rid}",
             "object": "text_completion",
@@ -316,11 +356,11 @@ def build_app(service: CompletionService, config: ServeConfig) -> Starlette:
         if spec.stream:
             usage = spec.stream_options is not None and spec.stream_options.include_usage
             return StreamingResponse(
-                openai_stream(request, job, head, usage),
+                self.openai_stream(request, job, head, usage),
                 media_type="text/event-stream",
                 headers={**_SSE_HEADERS, **headers},
             )
-        async with contextlib.aclosing(events(request, job)) as stream:
+        async with contextlib.aclosing(self.events(request, job)) as stream:
             async for event in stream:
                 if isinstance(event, Failed):
                     return _error(event.status, event.message, "server_error")
@@ -331,36 +371,24 @@ def build_app(service: CompletionService, config: ServeConfig) -> Starlette:
                         "logprobs": None,
                         "finish_reason": event.reason,
                     }
-                    body = {**head, "choices": [choice], "usage": usage_of(job)}
+                    body = {**head, "choices": [choice], "usage": _usage_of(job)}
                     return JSONResponse(body, headers=headers)
         return _error(500, "the generation ended without a result", "server_error")
 
-    def usage_of(job: Job) -> dict[str, Any]:
-        stats = job.stats
-        return {
-            "prompt_tokens": stats.prompt_tokens,
-            "completion_tokens": stats.completion_tokens,
-            "total_tokens": stats.prompt_tokens + stats.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": stats.reused_prompt_tokens},
-        }
-
     async def openai_stream(
-        request: Request, job: Job, head: dict[str, Any], usage: bool
+        self, request: Request, job: Job, head: dict[str, Any], usage: bool
     ) -> AsyncGenerator[bytes]:
-        def choice(text: str, finish: str | None) -> dict[str, Any]:
-            return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
-
-        async with contextlib.aclosing(events(request, job)) as stream:
+        async with contextlib.aclosing(self.events(request, job)) as stream:
             async for event in stream:
                 if event is None:
                     yield _KEEPALIVE
                 elif isinstance(event, Delta):
                     if event.text:
-                        yield _sse({**head, "choices": [choice(event.text, None)]})
+                        yield _sse({**head, "choices": [_choice(event.text, None)]})
                 elif isinstance(event, Ended):
-                    yield _sse({**head, "choices": [choice("", event.reason)]})
+                    yield _sse({**head, "choices": [_choice("", event.reason)]})
                     if usage:
-                        yield _sse({**head, "choices": [], "usage": usage_of(job)})
+                        yield _sse({**head, "choices": [], "usage": _usage_of(job)})
                 else:
                     kind = "invalid_request_error" if event.status == 400 else "server_error"
                     error = {"message": event.message, "type": kind, "code": event.status}
@@ -369,54 +397,60 @@ def build_app(service: CompletionService, config: ServeConfig) -> Starlette:
 
     # -- the rest -----------------------------------------------------------------------
 
-    async def models(request: Request) -> Response:
-        caller(request)
-        name = service.workers.model_name
+    async def models(self, request: Request) -> Response:
+        self.caller(request)
+        name = self.service.workers.model_name
         return JSONResponse(
             {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "kode"}]}
         )
 
-    async def model_info(request: Request) -> Response:
-        caller(request)
-        name = service.workers.model_name
+    async def model_info(self, request: Request) -> Response:
+        self.caller(request)
+        name = self.service.workers.model_name
         return JSONResponse({"model_path": name, "tokenizer_path": None, "is_generation": True})
 
-    async def health(request: Request) -> Response:
-        ok = await service.workers.healthy()
+    async def health(self, request: Request) -> Response:
+        ok = await self.service.workers.healthy()
         return JSONResponse(
             {"status": "ok" if ok else "unavailable"}, status_code=200 if ok else 503
         )
 
-    async def metrics_text(request: Request) -> Response:
-        return Response(metrics.render(_backend_families(service)), media_type=CONTENT_TYPE)
+    async def metrics_text(self, request: Request) -> Response:
+        return Response(
+            self.service.metrics.render(_backend_families(self.service)), media_type=CONTENT_TYPE
+        )
 
-    async def refused(request: Request, exc: Exception) -> Response:
+    async def refused(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ServeError)
         return _error(exc.status, str(exc), exc.kind)
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         try:
             yield
         finally:
-            running = len(service.jobs)
-            await service.aclose()
+            running = len(self.service.jobs)
+            await self.service.aclose()
             log.info("shut down; requests aborted: %d", running)
 
+
+def build_app(service: CompletionService, config: ServeConfig) -> Starlette:
+    """The starlette application over ``service``."""
+    h = _Handlers(service, config)
     routes = [
-        Route("/generate", generate, methods=["POST", "PUT"]),
-        Route("/abort_request", abort_request, methods=["POST"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/get_model_info", model_info, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/metrics", metrics_text, methods=["GET"]),
+        Route("/generate", h.generate, methods=["POST", "PUT"]),
+        Route("/abort_request", h.abort_request, methods=["POST"]),
+        Route("/v1/completions", h.completions, methods=["POST"]),
+        Route("/v1/models", h.models, methods=["GET"]),
+        Route("/get_model_info", h.model_info, methods=["GET"]),
+        Route("/health", h.health, methods=["GET"]),
+        Route("/metrics", h.metrics_text, methods=["GET"]),
     ]
     return Starlette(
         routes=routes,
-        middleware=[Middleware(_CountRequests, counter=metrics.requests)],
-        exception_handlers={ServeError: refused},
-        lifespan=lifespan,
+        middleware=[Middleware(_CountRequests, counter=service.metrics.requests)],
+        exception_handlers={ServeError: h.refused},
+        lifespan=h.lifespan,
     )
 
 
@@ -438,16 +472,15 @@ def _backend_families(service: CompletionService) -> list[Counter]:
         ("worker",),
     )
     for index, backend in enumerate(service.workers.backends):
-        worker = str(getattr(backend, "url", index))
+        worker = backend.url if isinstance(backend, RemoteBackend) else str(index)
         busy.set(worker, to=service.workers.busy[index])
         if service.workers.lines is not None:
             waiting.set(worker, to=len(service.workers.lines[index]))
-        counters = getattr(backend, "counters", None)
-        if counters is None:
-            continue
-        generations.inc(worker, by=getattr(counters, "generations", 0))
-        cancelled.inc(worker, by=getattr(counters, "cancelled", 0))
-        after_cancel.inc(worker, by=getattr(counters, "steps_after_cancel", 0))
+        counters = backend.counters
+        generations.inc(worker, by=counters.generations)
+        if isinstance(counters, BackendCounters):  # a local engine sees its steps
+            cancelled.inc(worker, by=counters.cancelled)
+            after_cancel.inc(worker, by=counters.steps_after_cancel)
     return [busy, waiting, generations, cancelled, after_cancel]
 
 

@@ -143,13 +143,7 @@ class Workers:
 
     async def healthy(self, timeout_s: float = 1.0) -> bool:
         """True if at least one backend can serve (remote ones are probed)."""
-        probes = []
-        for backend in self.backends:
-            health = getattr(backend, "health", None)
-            if health is None:
-                return True
-            probes.append(health(timeout_s))
-        results = await asyncio.gather(*probes)
+        results = await asyncio.gather(*(b.health(timeout_s) for b in self.backends))
         return any(results)
 
     async def aclose(self) -> None:
@@ -168,11 +162,19 @@ class Delta:
     token_ids: tuple[int, ...] = ()
 
 
+class EndReason(enum.StrEnum):
+    """Why a job ended, in the words of the SGLang and OpenAI APIs."""
+
+    STOP = "stop"  # a stop string or the end of generation
+    LENGTH = "length"  # max_tokens reached
+    ABORT = "abort"  # aborted by the client or the server
+
+
 @dataclass(frozen=True, slots=True)
 class Ended:
-    """The job ended: ``reason`` is ``"stop"``, ``"length"`` or ``"abort"``."""
+    """The job ended, and why."""
 
-    reason: str
+    reason: EndReason
     matched: str | None = None  # the stop string that ended it
     message: str = ""  # why it was aborted
 
@@ -391,15 +393,15 @@ class CompletionService:
                     hit = find_stop(raw, job.stop, len(job.text))
                     if hit is not None:
                         self._emit(job, raw[: hit[0]], ids)
-                        job.ended = Ended("stop", matched=hit[1])
+                        job.ended = Ended(EndReason.STOP, matched=hit[1])
                         break
                     self._emit(job, raw[: len(raw) - held_back(raw, job.stop)], ids)
                 else:
                     self._emit(job, raw, ids)
                     length = generation.stats.finish_reason is FinishReason.LENGTH
-                    job.ended = Ended("length" if length else "stop")
+                    job.ended = Ended(EndReason.LENGTH if length else EndReason.STOP)
             except asyncio.CancelledError:
-                job.ended = Ended("abort", message=job.abort_message or "aborted")
+                job.ended = Ended(EndReason.ABORT, message=job.abort_message or "aborted")
                 if job.abort_cause is None:  # not ours: let it propagate after cleanup
                     job.abort_cause = "shutdown"
                     raise
@@ -422,7 +424,7 @@ class CompletionService:
     def _settle(self, job: Job, index: int) -> None:
         """Account for a finished job and tell its reader (the task's done callback)."""
         if job.ended is None and job.abort_cause is not None:
-            job.ended = Ended("abort", message=job.abort_message or "aborted")
+            job.ended = Ended(EndReason.ABORT, message=job.abort_message or "aborted")
         self._account(job, job.ran)
         if self.workers.lines is not None:
             self.workers.lines[index].leave(job)

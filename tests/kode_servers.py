@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kode.backends.base import FinishReason, GenerationRequest, GenerationStats, TokenChunk
+from kode.backends.worker import BackendCounters
 from kode.serve.metrics import parse_text
 
 REPO = Path(__file__).resolve().parents[1]
@@ -318,6 +319,7 @@ class FakeLocal:
     delay: float = 0.0  # seconds before each chunk
     requests: list[GenerationRequest] = field(default_factory=list)
     closed: bool = False
+    counters: BackendCounters = field(default_factory=BackendCounters)
 
     @property
     def name(self) -> str:
@@ -333,6 +335,9 @@ class FakeLocal:
     async def generate(self, request: GenerationRequest) -> FakeGeneration:
         self.requests.append(request)
         return FakeGeneration(self.chunks, self.delay)
+
+    async def health(self, timeout_s: float = 1.0) -> bool:
+        return not self.closed
 
     async def aclose(self) -> None:
         self.closed = True

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from kode.backends.base import GenerationRequest, GenerationStats, TokenChunk
+from kode.backends.worker import BackendCounters
 from kode.bench import common, latency, quality, sandbox, speculation
 from kode.bench.common import EditTask, HumanEvalTask
 from kode.cli import bench as cli_bench
@@ -275,6 +276,7 @@ class _FakeBackend:
 
     def __init__(self) -> None:
         self.prompts: list[str] = []
+        self.counters = BackendCounters()
 
     def count_tokens(self, text: str) -> int:
         return len(text) // 3 + 1
@@ -282,6 +284,9 @@ class _FakeBackend:
     async def generate(self, request: GenerationRequest) -> _FakeGeneration:
         self.prompts.append(request.prompt)
         return _FakeGeneration()
+
+    async def health(self, timeout_s: float = 1.0) -> bool:
+        return True
 
     async def aclose(self) -> None:
         return None
@@ -462,6 +467,11 @@ def test_speculation_benchmark_smoke(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     assert "| humaneval | ngram |" in done.stdout
     assert "| edit | ngram |" in done.stdout
+    # the oracle ceiling is computed on the backend's calibrated curve and printed
+    assert "median n-gram oracle ceiling" in done.stdout, done.stdout[-2000:]
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert "## What n-gram drafting could reach on this machine" in report
+    assert "calibrated at load): `{1: " in report
     for name in ("report.md", "runs.jsonl", "speedup.png"):
         assert (out / name).stat().st_size > 0, name
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import httpx
 import pytest
-from kode.backends.base import FinishReason, GenerationRequest
+from kode.backends.base import BackendKind, FinishReason, GenerationRequest
 from kode.backends.errors import RemoteAuthError, RemoteBusyError, RemoteError, RemoteTimeout
 from kode.backends.remote.clients import OpenAIBackend, SGLangBackend
 from kode.backends.remote.sse import SSEDecoder
-from kode.backends.router import RouteMode, RoutingBackend
+from kode.backends.router import RoutingBackend
 from kode_servers import (
     FakeRequest,
     FakeUpstream,
@@ -339,7 +339,7 @@ async def test_abort_failure_is_logged_not_raised(caplog: pytest.LogCaptureFixtu
 async def test_router_falls_back_to_local(fake: FakeUpstream, fault: str, reason: str) -> None:
     factory = LocalFactory()
     router = RoutingBackend(
-        factory, SGLangBackend(fake.url, timeout_ms=1000), RouteMode.AUTO, latency_budget_ms=300
+        factory, SGLangBackend(fake.url, timeout_ms=1000), BackendKind.AUTO, latency_budget_ms=300
     )
     error: Exception | None = None
     text = ""
@@ -362,7 +362,7 @@ async def test_router_falls_back_to_local(fake: FakeUpstream, fault: str, reason
 
 async def test_router_uses_a_healthy_remote(fake: FakeUpstream) -> None:
     factory = LocalFactory()
-    router = RoutingBackend(factory, sglang(fake.url), RouteMode.AUTO, latency_budget_ms=2000)
+    router = RoutingBackend(factory, sglang(fake.url), BackendKind.AUTO, latency_budget_ms=2000)
     async with asyncio.timeout(5):
         generation = await router.generate(GenerationRequest("ok", 8))
         text = "".join([chunk.text async for chunk in generation])

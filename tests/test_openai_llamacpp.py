@@ -16,9 +16,9 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from kode.backends.base import FinishReason, GenerationRequest
+from kode.backends.base import BackendKind, FinishReason, GenerationRequest
 from kode.backends.remote.clients import OpenAIBackend
-from kode.backends.router import RouteMode, RoutingBackend
+from kode.backends.router import RoutingBackend
 from kode_servers import LocalFactory
 
 pytestmark = pytest.mark.model
@@ -114,7 +114,7 @@ async def test_cancel_mid_stream_and_serve_again(llama_server: str) -> None:
 async def test_router_prefers_the_openai_server(llama_server: str) -> None:
     factory = LocalFactory()
     remote = OpenAIBackend(llama_server, timeout_ms=60000)
-    router = RoutingBackend(factory, remote, RouteMode.AUTO, latency_budget_ms=30000)
+    router = RoutingBackend(factory, remote, BackendKind.AUTO, latency_budget_ms=30000)
     async with asyncio.timeout(60):
         generation = await router.generate(GenerationRequest(PROMPT, 4))
         text = "".join([chunk.text async for chunk in generation])

@@ -8,9 +8,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
-from kode.backends.base import GenerationRequest, GenerationStats, TokenChunk
+from kode.backends.base import BackendKind, GenerationRequest, GenerationStats, TokenChunk
 from kode.backends.errors import BackendError, RemoteBusyError, RemoteError
-from kode.backends.router import BreakerState, CircuitBreaker, RouteMode, RoutingBackend
+from kode.backends.router import BreakerState, CircuitBreaker, RoutingBackend
+from kode.backends.worker import BackendCounters
 from kode_servers import FakeGeneration, LocalFactory
 
 SECRET_PROMPT = "def secret_function_name():"
@@ -61,6 +62,7 @@ class ScriptedRemote:
     generations: list[ScriptedGeneration] = field(default_factory=list)
     probes: int = 0
     closed: bool = False
+    counters: BackendCounters = field(default_factory=BackendCounters)
 
     @property
     def name(self) -> str:
@@ -88,7 +90,7 @@ class ScriptedRemote:
 
 def router(
     remote: ScriptedRemote,
-    mode: RouteMode = RouteMode.AUTO,
+    mode: BackendKind = BackendKind.AUTO,
     *,
     clock: Clock | None = None,
     budget_ms: int = 200,
@@ -188,14 +190,14 @@ async def test_auto_falls_back_past_the_latency_budget() -> None:
 
 async def test_remote_mode_surfaces_errors_and_local_mode_never_calls_remote() -> None:
     remote = ScriptedRemote("error")
-    backend, factory = router(remote, RouteMode.REMOTE)
+    backend, factory = router(remote, BackendKind.REMOTE)
     generation = await backend.generate(REQUEST)
     assert generation.stats.route == "remote"
     with pytest.raises(RemoteBusyError):
         await text_of(generation)
     assert factory.loads == 0
 
-    local_only, factory = router(remote, RouteMode.LOCAL)
+    local_only, factory = router(remote, BackendKind.LOCAL)
     generation = await local_only.generate(REQUEST)
     assert await text_of(generation) == "local text"
     assert generation.stats.route_reason == "backend: local"
@@ -204,7 +206,7 @@ async def test_remote_mode_surfaces_errors_and_local_mode_never_calls_remote() -
 
 def test_remote_modes_need_a_remote() -> None:
     with pytest.raises(BackendError, match="needs a remote"):
-        RoutingBackend(LocalFactory(), None, RouteMode.AUTO)
+        RoutingBackend(LocalFactory(), None, BackendKind.AUTO)
 
 
 async def test_mid_stream_error_surfaces_and_counts_as_a_failure() -> None:

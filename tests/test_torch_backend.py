@@ -29,9 +29,11 @@ from kode.backends import models
 from kode.backends.base import FinishReason, GenerationRequest, Sampling, SpeculationMethod
 from kode.backends.errors import BackendError
 from kode.backends.llama.backend import LlamaBackend
+from kode.backends.local import DraftOptions
 from kode.backends.speculative import CostCurve, accept_reject, sample_index
-from kode.backends.torch.backend import Detokenizer, DraftOptions, TorchBackend
-from kode.backends.torch.steppers import AcceptRule, CausalLM, DraftModelStepper, Picker, Probs
+from kode.backends.steppers import AcceptRule, DraftModelStepper, Probs
+from kode.backends.torch.backend import Detokenizer, TorchBackend
+from kode.backends.torch.target import CausalLM, Picker, TorchDraft, TorchTarget
 from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers
 from tokenizers import models as tok_models
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -168,7 +170,9 @@ def sample_first_two(
     also the mean tokens per target step."""
     lm, small = CausalLM(target), CausalLM(draft)
     picker = Picker(Sampling(temperature=1.0, seed=seed))
-    stepper = DraftModelStepper(lm, picker, small, max_draft=2, p_min=0.0, rule=rule)
+    stepper = DraftModelStepper(
+        TorchTarget(lm, picker), TorchDraft(small, picker), max_draft=2, p_min=0.0, rule=rule
+    )
     lm.prefill(prompt[:-1])
     counts: Counter[tuple[int, ...]] = Counter()
     for _ in range(n):

@@ -20,11 +20,11 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 import numpy.typing as npt
-from kode.backends.errors import BackendError, ContextOverflow, ModelError
+from kode.backends.errors import BackendError, ContextOverflow, ModelError, PrefillAborted
 from kode.backends.kv_reuse import (
     MovedTail,
     choose_state,
-    common_prefix_len,
+    common_prefix,
     plan_moved_tail,
     prefix_reach,
     worth_saving,
@@ -157,9 +157,6 @@ class LlamaModel:
             cached = buf.raw[: max(n, 0)]
             self._pieces[token] = cached
         return cached
-
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return b"".join(self.piece(t) for t in tokens).decode(errors="replace")
 
 
 @dataclass(slots=True)
@@ -366,7 +363,7 @@ class LlamaContext:
             moved = self._move_tail(tokens, max_drift)
             if moved is not None:
                 return moved
-        common = min(common_prefix_len(self.tokens, tokens), len(tokens) - 1)
+        common = min(common_prefix(self.tokens, tokens), len(tokens) - 1)
         if self.stale_from is not None:
             common = min(common, self.stale_from)
         self.truncate(common)
@@ -513,11 +510,3 @@ class LlamaContext:
         if not ptr:
             raise BackendError(f"no logits for batch row {i}")
         return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
-
-
-class PrefillAborted(BackendError):
-    """The prompt was only partly evaluated because the generation was cancelled."""
-
-    def __init__(self, reused: int) -> None:
-        super().__init__("prefill aborted")
-        self.reused = reused

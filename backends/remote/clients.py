@@ -32,9 +32,11 @@ from kode.backends.base import (
     FinishReason,
     GenerationRequest,
     GenerationStats,
+    SpeculationMethod,
     SpeculationStats,
     TokenChunk,
 )
+from kode.backends.chunks import ChunkQueue, drain
 from kode.backends.errors import BackendError, RemoteError, RemoteTimeout
 from kode.backends.remote.sse import (
     Payload,
@@ -121,7 +123,7 @@ class RemoteGeneration:
         self.rid = uuid.uuid4().hex
         self._backend = backend
         self._request = request
-        self._queue: asyncio.Queue[TokenChunk | BaseException | None] = asyncio.Queue()
+        self._queue: ChunkQueue = asyncio.Queue()
         self._stats = GenerationStats()
         self._start = time.perf_counter()
         self.received_text = ""  # cumulative streams are diffed against it
@@ -141,13 +143,9 @@ class RemoteGeneration:
 
     async def __aiter__(self) -> AsyncGenerator[TokenChunk]:
         try:
-            while True:
-                item = await self._queue.get()
-                if item is None:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
+            async with aclosing(drain(self._queue)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
         finally:
             # Leaving the loop early (break, error, task cancel) stops the request.
             self._request_cancel()
@@ -236,7 +234,7 @@ class RemoteGeneration:
             steps = self.verify_ct
             stats.decode_steps = steps
             stats.speculation = SpeculationStats(
-                method="remote",
+                method=SpeculationMethod.REMOTE,
                 steps=steps,
                 drafted=self.proposed or 0,
                 accepted=max(0, stats.completion_tokens - steps),

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kode.backends.kv_reuse import common_prefix
+
 # n-gram (a tuple of n tokens) -> start positions of its occurrences, increasing
 NgramIndex = dict[tuple[int, ...], list[int]]
 
@@ -65,25 +67,6 @@ def unindex_ngrams(
                 del index[gram]
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix, by bisection over C-level slice compares.
-
-    Example:
-        >>> common_prefix([1, 2, 3, 4], [1, 2, 9])
-        2
-    """
-    lo, hi = 0, min(len(a), len(b))
-    if a[:hi] == b[:hi]:
-        return hi
-    while hi - lo > 1:  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
 def merge_distinct(kept: list[list[int]], candidate: list[int], limit: int) -> None:
     """Add ``candidate`` to ``kept`` unless it is a prefix of a kept one; a kept candidate
     that is a prefix of ``candidate`` is replaced by it in place (its rank is kept). No
@@ -115,6 +98,14 @@ class _Indexed:
 
     tokens: list[int]
     index: NgramIndex
+
+
+def _extend_back(a: Sequence[int], i: int, b: Sequence[int], j: int, limit: int) -> int:
+    """How many tokens before ``a[i]`` and ``b[j]`` are equal (at most ``limit``)."""
+    m = 0
+    while m < limit and i - m > 0 and j - m > 0 and a[i - m - 1] == b[j - m - 1]:
+        m += 1
+    return m
 
 
 class NgramDrafter:
@@ -170,6 +161,12 @@ class NgramDrafter:
     def propose(
         self, context: Sequence[int], max_len: int, max_candidates: int = 1
     ) -> list[list[int]]:
+        """``propose_matched`` without the match length."""
+        return self.propose_matched(context, max_len, max_candidates)[0]
+
+    def propose_matched(
+        self, context: Sequence[int], max_len: int, max_candidates: int = 1, max_match: int = 32
+    ) -> tuple[list[list[int]], int]:
         """Candidate continuations of ``context`` (prompt + tokens generated so far).
 
         For n from max_n down to min_n: the earlier occurrences of ``context[-n:]`` in the
@@ -180,19 +177,26 @@ class NgramDrafter:
         the new tokens are indexed) or be replaced (then the index is cut back to the
         common prefix and the rest indexed).
 
-        Shapes: context [L] -> up to max_candidates lists of 1..max_len tokens.
+        Also returns how long a match the first candidate stands on: the tokens before the
+        cursor that equal those before its occurrence (``n``, extended backwards up to
+        ``max_match``): 3 for a common idiom, dozens for a copied line.
+
+        Shapes: context [L] -> (up to max_candidates lists of 1..max_len tokens, match).
 
         Example:
-            >>> NgramDrafter(2, 3).propose([4, 5, 6, 7, 4, 5, 6], max_len=2, max_candidates=2)
-            [[7, 4]]
+            >>> NgramDrafter(2, 3).propose_matched([4, 5, 6, 7, 4, 5, 6], 2, max_candidates=2)
+            ([[7, 4]], 3)
 
             Only one: "5 6" also occurs only at 1, with the same continuation.
+            >>> NgramDrafter(2, 2).propose_matched([1, 2, 3, 4, 9, 2, 3, 4], 1)  # "3 4", "2" before
+            ([[9]], 3)
         """
         if max_len <= 0 or max_candidates <= 0:
-            return []
+            return [], 0
         ctx = self._sync(context)
         length = len(ctx)
         out: list[list[int]] = []
+        match = 0
         budget = self.max_scan
         for n in range(min(self.max_n, length), self.min_n - 1, -1):
             gram = tuple(ctx[length - n :])
@@ -205,13 +209,15 @@ class NgramDrafter:
                     cont = tokens[p + n : p + n + max_len]
                     if not cont:  # the context's trailing occurrence, or a source's end
                         continue
+                    if not out:
+                        match = n + _extend_back(tokens, p, ctx, length - n, max_match - n)
                     merge_distinct(out, cont, max_candidates)
                     budget -= 1
                     if budget <= 0 or (
                         len(out) == max_candidates and all(len(c) == max_len for c in out)
                     ):
-                        return out
-        return out
+                        return out, match
+        return out, match
 
     def _sync(self, context: Sequence[int]) -> list[int]:
         """Bring the context index up to date with ``context``; return the indexed tokens.

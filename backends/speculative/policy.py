@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Mapping, Sequence
 
-NONE = "none"  # the method name for plain decoding
+from kode.backends.base import SpeculationMethod
 
 
 def expected_tokens(accept: float, k: int) -> float:
@@ -33,16 +33,46 @@ def expected_tokens(accept: float, k: int) -> float:
     return (1.0 - accept ** (k + 1)) / (1.0 - accept)
 
 
+def break_even(curve: CostCurve, max_draft: int, min_gain: float) -> float:
+    """The lowest per-token acceptance at which a draft of 1..``max_draft`` tokens is
+    expected to reach ``min_gain`` x plain speed on ``curve`` (1.0: never).
+
+    Example: on the 2-core CPU a 2-row batch costs 1.4 steps, so one drafted token must
+    be accepted with ``a >= 1.05 * 1.4 - 1 = 0.47``; on a GPU-like curve far less.
+        >>> round(break_even(CostCurve({1: 1, 2: 1.4, 4: 2.0, 8: 4.5}), 8, 1.05), 2)
+        0.47
+        >>> round(break_even(CostCurve({1: 90, 2: 100, 4: 110}), 8, 1.05), 2)
+        0.17
+    """
+
+    def pays(a: float) -> bool:
+        return any(
+            expected_tokens(a, k) / curve.cost(k + 1) >= min_gain for k in range(1, max_draft + 1)
+        )
+
+    lo, hi = 0.0, 0.999
+    if not pays(hi):
+        return 1.0
+    for _ in range(30):  # expected_tokens grows with a: bisect
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if pays(mid) else (mid, hi)
+    return hi
+
+
 class CostCurve:
     """Relative cost of a target decode batch of n rows (``cost(1) == 1.0``), from measurements.
 
-    Linear between measured points, linear beyond the last two (never decreasing). With a
+    Linear between measured points, linear beyond the last two. Never decreasing: noise
+    must not say a bigger batch is cheaper than a smaller one, so each measurement is
+    raised to the largest one before it (``ms_by_rows`` holds the raised values). With a
     single point every row costs a full step.
 
     Example:
         >>> c = CostCurve({1: 90, 2: 120, 4: 165, 8: 380, 16: 600})
         >>> round(c.cost(3), 3), round(c.cost(32), 3)  # (120+165)/2/90, 600+(600-380)*2 /90
         (1.583, 11.556)
+        >>> CostCurve({1: 30, 2: 28, 4: 40}).ms_by_rows  # 2 rows measured cheaper than 1
+        {1: 30, 2: 30, 4: 40}
     """
 
     def __init__(self, ms_by_rows: Mapping[int, float]) -> None:
@@ -50,10 +80,13 @@ class CostCurve:
             raise ValueError("the curve needs the cost of a 1-row batch")
         if any(n < 1 for n in ms_by_rows) or any(ms <= 0 for ms in ms_by_rows.values()):
             raise ValueError(f"rows must be >= 1 and costs > 0: {dict(ms_by_rows)}")
-        base = ms_by_rows[1]
-        self.ms_by_rows = dict(ms_by_rows)
         self._rows = sorted(ms_by_rows)
-        self._cost = [ms_by_rows[n] / base for n in self._rows]
+        self.ms_by_rows: dict[int, float] = {}
+        floor = 0.0
+        for n in self._rows:
+            floor = self.ms_by_rows[n] = max(ms_by_rows[n], floor)
+        base = self.ms_by_rows[1]
+        self._cost = [self.ms_by_rows[n] / base for n in self._rows]
 
     def cost(self, rows: int) -> float:
         """Cost of a batch of ``rows`` rows, in single-row steps.
@@ -124,127 +157,115 @@ class AcceptanceStats:
 
 
 class AdaptivePolicy:
-    """Picks the speculation method and draft length with the best expected speed.
+    """Picks the draft length with the best expected speed for each speculation method.
 
-    Call ``choose`` (or ``draft_len``) before each target step and ``observe`` after it,
-    for plain steps too (method ``"none"``): every observation ages all estimates by one
-    step. A method not drafted for ``probe_every`` steps is probed with ``k = 1`` when
-    nothing else pays and a 2-row batch costs at most ``probe_max_cost``.
+    Call ``draft_len`` before each target step and ``observe`` after it, for plain steps
+    too (method ``NONE``): every observation ages all estimates by one step.
+
+    Where the curve makes drafting pay only at a high acceptance (``break_even`` above
+    ``cautious_above``: a CPU, where a 2-row batch costs 1.4 steps) the policy is
+    *cautious*: a draft is tried only on strong evidence, a match of at least
+    ``strong_match`` tokens before the cursor (a copied line, not a common idiom), whose
+    acceptance is learnt apart, from ``strong_prior``. Why:
+    one-shot ``kode complete`` runs on the 2-core machine, auto vs plain, lost 6-25%
+    (0.94x, 0.79x, 0.78x, 0.75x) while the prior's optimism was being unlearned on
+    drafts from 3-4 token matches, and the oracle ceiling there is only 1.06x-1.14x.
 
     Example:
-        >>> pol = AdaptivePolicy(CostCurve({1: 1, 2: 1.4, 4: 2.0, 8: 4.5}), ["ngram"],
-        ...                      prior_accept=0.9)
-        >>> pol.draft_len("ngram")  # E(3) = 3.44 tokens for cost(4) = 2.0 steps
+        >>> pol = AdaptivePolicy(CostCurve({1: 1, 2: 1.4, 4: 2.0, 8: 4.5}),
+        ...                      [SpeculationMethod.NGRAM], prior_accept=0.9)
+        >>> pol.draft_len(SpeculationMethod.NGRAM)  # E(3) = 3.44 tokens for cost(4) = 2.0
         3
         >>> for _ in range(20):
-        ...     pol.observe("ngram", drafted=3, accepted=0)
-        >>> pol.draft_len("ngram")
+        ...     pol.observe(SpeculationMethod.NGRAM, drafted=3, accepted=0)
+        >>> pol.draft_len(SpeculationMethod.NGRAM)
         0
+        >>> fresh = AdaptivePolicy(pol.curve, [SpeculationMethod.NGRAM], prior_accept=0.9)
+        >>> fresh.cautious  # break-even acceptance 0.47 on this curve
+        True
+        >>> fresh.draft_len(SpeculationMethod.NGRAM, match=3)  # an idiom: decode plainly
+        0
+        >>> fresh.draft_len(SpeculationMethod.NGRAM, match=12)  # a copied line: draft
+        3
     """
 
     def __init__(
         self,
         curve: CostCurve,
-        methods: Sequence[str],
+        methods: Sequence[SpeculationMethod],
         max_draft: int = 8,
         prior_accept: float = 0.6,
         min_gain: float = 1.05,
         *,
         prior_weight: float = 4.0,
         decay: float = 0.9,
-        probe_every: int = 32,
-        probe_max_cost: float = 1.5,
+        strong_match: int = 8,
+        strong_prior: float = 0.85,
+        cautious_above: float = 0.35,
     ) -> None:
-        if max_draft < 0 or probe_every < 1:
-            raise ValueError(f"need max_draft >= 0 and probe_every >= 1: {max_draft=}")
-        if NONE in methods:
-            raise ValueError(f"{NONE!r} is plain decoding, not a method")
+        if max_draft < 0:
+            raise ValueError(f"need max_draft >= 0: {max_draft=}")
+        if SpeculationMethod.NONE in methods or SpeculationMethod.AUTO in methods:
+            raise ValueError("'none' and 'auto' are not drafting methods")
         self.curve = curve
         self.max_draft = max_draft
         self.min_gain = min_gain
-        self.probe_every = probe_every
-        self.probe_max_cost = probe_max_cost
         self.stats = {m: AcceptanceStats(prior_accept, prior_weight, decay) for m in methods}
-        self._idle = dict.fromkeys(methods, 0)  # steps since the method last drafted
+        self.strong_match = strong_match
+        self.strong = {m: AcceptanceStats(strong_prior, prior_weight, decay) for m in methods}
+        self.cautious_above = cautious_above
+        self._break_even: tuple[CostCurve, float] | None = None
 
-    def expected_speedup(self, method: str, k: int, match_quality: float | None = None) -> float:
-        """Expected speed of drafting ``k`` tokens with ``method``, relative to plain decoding.
-
-        Example: acceptance 0.9, curve ``{1: 1, 2: 1.4, 4: 2.0}``, k = 3:
-        ``(1 + .9 + .81 + .729) / 2.0 = 1.72``.
-        """
-        if k < 0:
-            raise ValueError(f"k must be >= 0, got {k}")
-        return expected_tokens(self._accept(method, match_quality), k) / self.curve.cost(k + 1)
+    @property
+    def cautious(self) -> bool:
+        """Whether drafting pays only at an acceptance above ``cautious_above`` here."""
+        if self._break_even is None or self._break_even[0] is not self.curve:
+            self._break_even = (self.curve, break_even(self.curve, self.max_draft, self.min_gain))
+        return self._break_even[1] > self.cautious_above
 
     def draft_len(
-        self, method: str, match_quality: float | None = None, limit: int | None = None
+        self, method: SpeculationMethod, limit: int | None = None, match: int | None = None
     ) -> int:
         """Best draft length k (<= ``limit`` and ``max_draft``) for ``method`` now; 0 means
-        decode plainly (the best expected speed is below ``min_gain`` x plain).
-
-        ``match_quality`` in [0, 1] (e.g. matched n-gram length / max_n) scales this step's
-        acceptance estimate by ``0.75 + 0.5 * match_quality`` (0.5 leaves it unchanged).
+        decode plainly (the best expected speed is below ``min_gain`` x plain, or the
+        policy is ``cautious`` and ``match``, the tokens the draft's source matched before
+        the cursor, is shorter than ``strong_match``; None: no such gate).
 
         Example: see the class docstring.
         """
+        strong = self._strong(match)
+        if match is not None and not strong and self.cautious:
+            return 0
         kmax = self.max_draft if limit is None else min(limit, self.max_draft)
-        k, speed = self._best(self._accept(method, match_quality), kmax)
+        k, speed = self._best(self._accept(method, strong), kmax)
         return k if speed >= self.min_gain else 0
 
-    def choose(
-        self, available: Mapping[str, int], match_quality: Mapping[str, float] | None = None
-    ) -> tuple[str, int]:
-        """The ``(method, k)`` with the best expected speed, or ``("none", 0)``.
-
-        ``available``: method -> draft tokens it can offer this step (0 = none).
-
-        Example:
-            >>> pol = AdaptivePolicy(CostCurve({1: 1, 2: 1.2, 4: 1.6}), ["ngram", "draft"])
-            >>> pol.stats["draft"].observe(drafted=4, accepted=4)
-            >>> pol.choose({"ngram": 4, "draft": 4})
-            ('draft', 4)
-        """
-        best, best_k, best_speed = NONE, 0, 0.0
-        for method, n in available.items():
-            if method == NONE or n <= 0:
-                continue
-            q = None if match_quality is None else match_quality.get(method)
-            k, speed = self._best(self._accept(method, q), min(n, self.max_draft))
-            if speed > best_speed:
-                best, best_k, best_speed = method, k, speed
-        if best_k > 0 and best_speed >= self.min_gain:
-            return best, best_k
-        if self.curve.cost(2) <= self.probe_max_cost:
-            stale = [
-                (self._idle[m], m)
-                for m, n in available.items()
-                if m != NONE and n > 0 and self._idle[m] >= self.probe_every
-            ]
-            if stale:
-                return max(stale)[1], 1
-        return NONE, 0
-
-    def observe(self, method: str, drafted: int, accepted: int) -> None:
-        """Record one target step: ``accepted`` of ``drafted`` tokens from ``method``."""
-        if method != NONE and method not in self.stats:
+    def observe(
+        self, method: SpeculationMethod, drafted: int, accepted: int, match: int | None = None
+    ) -> None:
+        """Record one target step: ``accepted`` of ``drafted`` tokens from ``method`` (on a
+        match of ``match`` tokens, as given to ``draft_len``)."""
+        if method is not SpeculationMethod.NONE and method not in self.stats:
             raise ValueError(f"unknown method {method!r}; known: {sorted(self.stats)}")
-        for m, stats in self.stats.items():
-            if m == method:
-                stats.observe(drafted, accepted)
-            else:
-                stats.relax()
-            self._idle[m] = 0 if m == method and drafted > 0 else self._idle[m] + 1
+        strong = self._strong(match)
+        for table, this in ((self.stats, not strong), (self.strong, strong)):
+            for m, stats in table.items():
+                if this and m is method:
+                    stats.observe(drafted, accepted)
+                else:
+                    stats.relax()
 
-    def _accept(self, method: str, match_quality: float | None) -> float:
+    def _strong(self, match: int | None) -> bool:
+        """Whether a draft on this match counts as strong evidence (cautious policies)."""
+        return match is not None and match >= self.strong_match and self.cautious
+
+    def _accept(self, method: SpeculationMethod, strong: bool = False) -> float:
         """Acceptance estimate for this step, capped below 1."""
         try:
-            a = self.stats[method].estimate
+            stats = self.strong[method] if strong else self.stats[method]
         except KeyError:
             raise ValueError(f"unknown method {method!r}; known: {sorted(self.stats)}") from None
-        if match_quality is not None:
-            a *= 0.75 + 0.5 * min(max(match_quality, 0.0), 1.0)
-        return min(a, 0.99)
+        return min(stats.estimate, 0.99)
 
     def _best(self, accept: float, kmax: int) -> tuple[int, float]:
         """``(k, speedup)`` maximising the speedup over 1 <= k <= kmax; ``(0, 1.0)`` if kmax < 1."""
@@ -277,11 +298,8 @@ class CostTracker:
         self._dirty = True
 
     def curve(self) -> CostCurve:
-        floor, smooth = 0.0, {}
-        for n in sorted(self.ms):
-            floor = smooth[n] = max(self.ms[n], floor)
         self._dirty = False
-        return CostCurve(smooth)
+        return CostCurve(self.ms)
 
     @property
     def dirty(self) -> bool:

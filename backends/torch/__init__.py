@@ -1,5 +1,7 @@
 """The PyTorch/transformers engine (``localEngine: "torch"``; the GPU path for local use).
 
-steppers.py  ``CausalLM`` (one croppable KV cache) and one target step per method
-backend.py   ``TorchBackend``: the ``Backend`` protocol on one worker thread
+target.py    ``CausalLM`` (one croppable KV cache) as a ``steppers.Target`` (chains),
+             the draft model, calibration
+backend.py   model loading, ``TorchEngine`` and ``TorchBackend`` (the generic
+             ``LocalBackend`` over it)
 """

@@ -1,12 +1,11 @@
 """A local backend on PyTorch and transformers: one model, one KV cache, one worker thread.
 
-The same shape as the llama.cpp backend (``backends/llama.py``): every torch call runs on
-the backend's single worker thread; the worker checks the generation's cancel flag
-before each forward (prompt chunks included), so a cancelled generation stops within
-one step; the KV cache is kept between generations and reused for the longest common
-token prefix (``CausalLM.prefill`` crops it to that prefix). Speculation (``none``,
-``ngram``, ``auto``, ``draft``) runs through ``backends/torch_spec.py``; ``lookahead``
-needs several KV sequences in one batch and is llama.cpp-only.
+``TorchBackend`` is the generic ``LocalBackend`` over a ``TorchEngine``: every torch call
+runs on the backend's own worker thread; the cancel flag is checked before each forward
+(prompt chunks included); the KV cache is reused for the longest common token prefix
+(``CausalLM.prefill`` crops it to that prefix). Speculation ``none``, ``ngram``, ``auto``
+and ``draft`` run through ``backends/steppers.py``; ``lookahead`` needs several KV
+sequences in one batch and is llama.cpp-only.
 
 Models load from a local safetensors directory, a GGUF file (dequantized by
 transformers, which needs the ``gguf`` package), the default model aliases
@@ -22,37 +21,18 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
-from kode.backends.base import (
-    Backend,
-    FinishReason,
-    GenerationRequest,
-    SpeculationMethod,
-)
-from kode.backends.errors import BackendError, ContextOverflow, ModelError
+from kode.backends.base import Backend, Sampling, SpeculationMethod
+from kode.backends.errors import BackendError, ModelError
+from kode.backends.local import DraftOptions, LocalBackend, TextStream
 from kode.backends.speculative import CostCurve
-from kode.backends.torch.steppers import (
-    CausalLM,
-    DraftModelStepper,
-    NgramStepper,
-    Picker,
-    PlainStepper,
-    PrefillAborted,
-    calibrate,
-)
-from kode.backends.worker import (
-    BackendCounters,
-    Job,
-    NgramLearning,
-    Stepper,
-    WorkerGeneration,
-    WorkerRun,
-    run_job,
-)
+from kode.backends.torch.target import CausalLM, Picker, TorchDraft, TorchTarget, calibrate
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+NO_OPTIONS = DraftOptions()  # the defaults
 
 
 class Vocab:
@@ -165,15 +145,6 @@ def load_pretrained(
     return Loaded(model, tok, path.name if path.exists() else name)
 
 
-@dataclass(frozen=True, slots=True)
-class DraftOptions:
-    """How the draft model drafts: at most ``max_draft`` tokens, stopping when its top
-    probability falls below ``p_min``."""
-
-    max_draft: int = 4
-    p_min: float = 0.6
-
-
 def _check_same_vocab(target: PreTrainedModel, draft: PreTrainedModel) -> None:
     t = target.config.get_text_config().vocab_size
     d = draft.config.get_text_config().vocab_size
@@ -181,35 +152,91 @@ def _check_same_vocab(target: PreTrainedModel, draft: PreTrainedModel) -> None:
         raise ModelError(f"the draft model's vocabulary ({d}) differs from the target's ({t})")
 
 
-class TorchBackend:
-    """Local generation with transformers; ``await TorchBackend.load(ref)`` or, for models
-    already in memory, ``await TorchBackend.create(model, tokenizer)``."""
+class TorchEngine:
+    """A transformers model with one KV cache (and a draft model's), as ``LocalBackend``
+    drives them."""
+
+    name = "torch"
+    methods = frozenset({SpeculationMethod.AUTO, SpeculationMethod.NONE, SpeculationMethod.NGRAM})
 
     def __init__(
         self,
         model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase,
-        executor: ThreadPoolExecutor,
         *,
-        curve: CostCurve,
         draft: PreTrainedModel | None = None,
-        draft_options: DraftOptions = DraftOptions(),
         name: str = "",
         n_ctx: int = 4096,
     ) -> None:
-        self._lm = CausalLM(model)
-        self._draft = None if draft is None else CausalLM(draft)
-        self.draft_options = draft_options
+        self.lm = CausalLM(model)
+        self.draft_lm = None if draft is None else CausalLM(draft)
         eos = model.generation_config.eos_token_id if model.generation_config else None
         self.vocab = Vocab(tokenizer, [eos] if isinstance(eos, int) else (eos or []))
-        self._executor = executor
-        self._name = name or str(model.config.name_or_path or model.config.model_type)
+        self.model_name = name or str(model.config.name_or_path or model.config.model_type)
         self.n_ctx = n_ctx
-        self._lock = asyncio.Lock()
-        self._closed = False
-        self.counters = BackendCounters()
-        self.curve = curve
-        self.learning = NgramLearning(curve)
+
+    @property
+    def has_draft(self) -> bool:
+        return self.draft_lm is not None
+
+    @property
+    def calls(self) -> int:
+        return self.lm.calls
+
+    def tokenize(self, text: str, *, special: bool = True) -> list[int]:
+        return self.vocab.tokenize(text, special=special)
+
+    def is_stop(self, token: int) -> bool:
+        return self.vocab.is_stop(token)
+
+    def text_stream(self) -> TextStream:
+        return Detokenizer(self.vocab)
+
+    def target(self, sampling: Sampling) -> TorchTarget:
+        return TorchTarget(self.lm, Picker(sampling))
+
+    def draft(self, target: TorchTarget) -> TorchDraft:
+        assert self.draft_lm is not None  # LocalBackend checks has_draft first
+        return TorchDraft(self.draft_lm, target.picker)
+
+    def lookahead(self, target: TorchTarget, sources: Sequence[Sequence[int]]) -> NoReturn:
+        raise BackendError("lookahead is llama.cpp-only")  # not in ``methods``: never asked
+
+    def logit_gaps(self, prompt: str, tokens: Sequence[int]) -> list[float]:
+        """Top-2 logit gaps, the whole continuation in one forward."""
+        lm = self.lm
+        _, first = lm.prefill(self.vocab.tokenize(prompt))
+        rows = [first]
+        if len(tokens) > 1:
+            rows.extend(lm.forward(tokens[:-1]))
+        gaps = []
+        for row in rows[: len(tokens)]:
+            top2 = torch.topk(row, 2).values
+            gaps.append(float(top2[0] - top2[1]))
+        return gaps
+
+    def close(self) -> None:
+        cuda = self.lm.device.type == "cuda"
+        self.lm.reset()
+        if self.draft_lm is not None:
+            self.draft_lm.reset()
+        if cuda:
+            torch.cuda.empty_cache()
+
+
+class TorchBackend(LocalBackend[TorchTarget]):
+    """Local generation with transformers; ``await TorchBackend.load(ref)`` or, for models
+    already in memory, ``await TorchBackend.create(model, tokenizer)``."""
+
+    engine: TorchEngine
+
+    @property
+    def vocab(self) -> Vocab:
+        return self.engine.vocab
+
+    @property
+    def n_ctx(self) -> int:
+        return self.engine.n_ctx
 
     @classmethod
     async def create(
@@ -218,7 +245,7 @@ class TorchBackend:
         tokenizer: PreTrainedTokenizerBase,
         *,
         draft: PreTrainedModel | None = None,
-        draft_options: DraftOptions = DraftOptions(),
+        draft_options: DraftOptions = NO_OPTIONS,
         curve: CostCurve | None = None,
         name: str = "",
         n_ctx: int = 4096,
@@ -241,7 +268,7 @@ class TorchBackend:
         model: str | Path,
         *,
         draft: str | Path | None = None,
-        draft_options: DraftOptions = DraftOptions(),
+        draft_options: DraftOptions = NO_OPTIONS,
         device: str | None = None,
         n_ctx: int = 4096,
         n_threads: int | None = None,
@@ -279,16 +306,16 @@ class TorchBackend:
                 _check_same_vocab(target.model, draft.model)
             if target.tokenizer is None:
                 raise ModelError(f"no tokenizer for {target.name}")
-            measured = curve if curve is not None else calibrate(CausalLM(target.model))
-            return cls(
+            engine = TorchEngine(
                 target.model,
                 target.tokenizer,
-                executor,
-                curve=measured,
                 draft=None if draft is None else draft.model,
-                draft_options=draft_options,
                 name=target.name,
                 n_ctx=n_ctx,
+            )
+            measured = curve if curve is not None else calibrate(engine.lm)
+            return cls(
+                engine, executor, curve=measured, draft_options=draft_options, owns_executor=True
             )
 
         try:
@@ -296,159 +323,6 @@ class TorchBackend:
         except BaseException:
             executor.shutdown(wait=False)
             raise
-
-    # -- Backend protocol -------------------------------------------------------------
-
-    @property
-    def name(self) -> str:
-        return "torch"
-
-    @property
-    def model_name(self) -> str:
-        return self._name
-
-    def count_tokens(self, text: str) -> int:
-        return len(self.vocab.tokenize(text))
-
-    async def generate(self, request: GenerationRequest) -> WorkerGeneration:
-        if self._closed:
-            raise BackendError("backend is closed")
-        if request.max_tokens < 1:
-            raise BackendError("max_tokens must be at least 1")
-        if request.speculation is SpeculationMethod.LOOKAHEAD:
-            raise BackendError(
-                "speculation 'lookahead' is llama.cpp-only (it decodes several KV sequences "
-                "in one batch); the torch backend offers none, ngram, draft and auto"
-            )
-        if request.speculation is SpeculationMethod.DRAFT and self._draft is None:
-            raise BackendError(
-                "speculation 'draft' needs a draft model (setting draftModel) loaded with "
-                "the target"
-            )
-        await self._lock.acquire()
-        loop = asyncio.get_running_loop()
-        job = Job(request, loop)
-        try:
-            done = loop.run_in_executor(self._executor, self._run, job)
-        except BaseException:
-            self._lock.release()
-            raise
-
-        def finished(_fut: asyncio.Future[None]) -> None:
-            self._lock.release()
-
-        done.add_done_callback(finished)
-        return WorkerGeneration(job, done)
-
-    async def aclose(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        async with self._lock:
-            await asyncio.get_running_loop().run_in_executor(self._executor, self._free)
-        self._executor.shutdown(wait=True)
-
-    def _free(self) -> None:
-        cuda = self._lm.device.type == "cuda"
-        self._lm.reset()
-        if self._draft is not None:
-            self._draft.reset()
-        if cuda:
-            torch.cuda.empty_cache()
-
-    async def logit_gaps(self, prompt: str, tokens: Sequence[int]) -> list[float]:
-        """Top-2 logit gap of the target before each of ``tokens`` after ``prompt`` (for
-        judging where two greedy runs diverge: a small gap is a near tie)."""
-        async with self._lock:
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._executor, self._gaps, prompt, list(tokens))
-
-    def _gaps(self, prompt: str, tokens: list[int]) -> list[float]:
-        lm = self._lm
-        _, first = lm.prefill(self.vocab.tokenize(prompt))
-        rows = [first]
-        if len(tokens) > 1:
-            rows.extend(lm.forward(tokens[:-1]))
-        gaps = []
-        for row in rows[: len(tokens)]:
-            top2 = torch.topk(row, 2).values
-            gaps.append(float(top2[0] - top2[1]))
-        return gaps
-
-    # -- worker thread ------------------------------------------------------------------
-
-    def _run(self, job: Job) -> None:
-        run_job(job, _Run(self, job))
-
-
-class _Run(WorkerRun):
-    """One generation, executed on the worker thread."""
-
-    def __init__(self, backend: TorchBackend, job: Job) -> None:
-        super().__init__(job)
-        self.backend = backend
-        self.lm = backend._lm
-        self.vocab = backend.vocab
-        self.picker = Picker(job.request.sampling)
-        self.detok = Detokenizer(self.vocab)
-        self.calls_at_start = self.lm.calls
-
-    def execute(self) -> None:
-        req, stats, lm = self.job.request, self.stats, self.lm
-        prompt = self.vocab.tokenize(req.prompt)
-        stats.prompt_tokens = len(prompt)
-        if not prompt:
-            raise BackendError("empty prompt")
-        if len(prompt) + req.max_tokens + 1 > self.backend.n_ctx:
-            raise ContextOverflow(
-                f"prompt ({len(prompt)} tokens) + max_tokens ({req.max_tokens}) exceeds the "
-                f"context window ({self.backend.n_ctx})"
-            )
-        try:
-            stats.reused_prompt_tokens, logits = lm.prefill(prompt, self.job.cancelled)
-        except PrefillAborted as aborted:
-            stats.reused_prompt_tokens = aborted.reused
-            stats.evaluated_prompt_tokens = max(0, len(lm.tokens) - aborted.reused)
-            self.finish(FinishReason.CANCELLED)
-            return
-        stats.evaluated_prompt_tokens = len(prompt) - stats.reused_prompt_tokens
-        stats.prefill_ms = self.elapsed_ms()
-        stepper = self._stepper(req)
-        self.decode(self.picker.pick(logits), stepper, self.vocab.is_stop)
-
-    def _stepper(self, req: GenerationRequest) -> Stepper:
-        backend, method, lm, picker = self.backend, req.speculation, self.lm, self.picker
-        if method is SpeculationMethod.NONE:
-            return PlainStepper(lm, picker)
-        if method is SpeculationMethod.DRAFT:
-            assert backend._draft is not None  # checked in generate()
-            opts = backend.draft_options
-            return DraftModelStepper(
-                lm, picker, backend._draft, max_draft=opts.max_draft, p_min=opts.p_min
-            )
-        learning = backend.learning
-        sources = [self.vocab.tokenize(text, special=False) for text in req.draft_sources if text]
-        auto = method is SpeculationMethod.AUTO
-        return NgramStepper(
-            lm,
-            picker,
-            learning.drafter_for(sources),
-            learning.policy_for(auto),
-            allow_plain=auto,
-            method=str(method),
-            tracker=learning.costs if auto else None,
-        )
-
-    def text_of(self, token: int) -> str:
-        return self.detok.push(token)
-
-    def text_tail(self) -> str:
-        return self.detok.flush()
-
-    def account(self) -> None:
-        self.stats.total_ms = self.elapsed_ms()
-        self.backend.counters.record(self.stats, self.lm.calls - self.calls_at_start)
-        self.backend.learning.remember(self.generated)
 
 
 async def load_torch_backend(
@@ -464,6 +338,3 @@ async def load_torch_backend(
     return await TorchBackend.load(
         model, draft=draft, device=device, n_ctx=n_ctx, n_threads=n_threads
     )
-
-
-TorchGeneration = WorkerGeneration  # the name callers used before the split

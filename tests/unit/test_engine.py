@@ -14,6 +14,7 @@ from kode.backends.base import (
     GenerationStats,
     TokenChunk,
 )
+from kode.backends.worker import BackendCounters
 from kode.completion.documents import Position, Range
 from kode.completion.engine import CompletionEngine, Superseded
 from kode.completion.settings import parse
@@ -64,6 +65,7 @@ class ScriptedBackend:
         self.pieces, self.delay = pieces, delay
         self.requests: list[GenerationRequest] = []
         self.generations: list[ScriptedGeneration] = []
+        self.counters = BackendCounters()
 
     def count_tokens(self, text: str) -> int:
         return len(text.split()) + 1
@@ -73,6 +75,9 @@ class ScriptedBackend:
         generation = ScriptedGeneration(list(self.pieces), self.delay)
         self.generations.append(generation)
         return generation
+
+    async def health(self, timeout_s: float = 1.0) -> bool:
+        return True
 
     async def aclose(self) -> None:
         return None

@@ -7,12 +7,16 @@ import itertools
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kode.backends.base import SpeculationMethod
 from kode.backends.speculative.policy import (
     AcceptanceStats,
     AdaptivePolicy,
     CostCurve,
+    CostTracker,
     expected_tokens,
 )
+
+NGRAM, NONE = SpeculationMethod.NGRAM, SpeculationMethod.NONE
 
 EXPENSIVE = CostCurve({1: 1, 2: 1.4, 4: 2.0, 8: 4.5})  # the shipped Q4_K_M on 2 cores
 CHEAP = CostCurve({1: 90, 2: 100, 4: 110, 8: 130, 16: 170})  # GPU-like
@@ -32,7 +36,9 @@ def test_cost_curve_interpolates_and_extrapolates() -> None:
 def test_cost_curve_edge_cases() -> None:
     assert CostCurve({1: 50}).cost(4) == 4.0  # nothing measured: every row a full step
     falling = CostCurve({1: 10, 4: 30, 8: 25})  # noisy measurements
-    assert falling.cost(16) == pytest.approx(2.5)  # never extrapolated downward
+    assert falling.ms_by_rows == {1: 10, 4: 30, 8: 30}  # 8 rows never cheaper than 4
+    assert falling.cost(16) == pytest.approx(3.0)  # nor extrapolated downward
+    assert CostCurve({1: 10, 2: 9}).cost(2) == 1.0  # nor cheaper than one row
     with pytest.raises(ValueError, match="1-row"):
         CostCurve({2: 10})
     with pytest.raises(ValueError, match="costs > 0"):
@@ -43,15 +49,15 @@ def test_cost_curve_edge_cases() -> None:
 
 @settings(max_examples=100, deadline=None)
 @given(st.dictionaries(st.integers(2, 64), st.floats(1, 1000), max_size=6), st.floats(1, 100))
-def test_cost_curve_passes_through_its_points(points: dict[int, float], base: float) -> None:
+def test_cost_curve_is_monotone_through_its_raised_points(
+    points: dict[int, float], base: float
+) -> None:
     c = CostCurve({1: base, **points})
-    for n, ms in points.items():
-        assert c.cost(n) == pytest.approx(ms / base)
-    xs = sorted({1, *points})
-    for a, b in itertools.pairwise(xs):  # between two points: between their costs
-        mid = (a + b) // 2
-        lo, hi = sorted((c.cost(a), c.cost(b)))
-        assert lo - 1e-9 <= c.cost(mid) <= hi + 1e-9
+    for n in points:  # each point raised to the largest measurement at fewer rows
+        floor = max([base, *(ms for m, ms in points.items() if m <= n)])
+        assert c.cost(n) == pytest.approx(floor / base)
+    for a, b in itertools.pairwise(range(1, 70)):
+        assert c.cost(a) <= c.cost(b) + 1e-9
 
 
 def test_expected_tokens() -> None:
@@ -87,90 +93,72 @@ def test_acceptance_stats_relax_to_the_prior() -> None:
 
 
 def test_expensive_batches_and_poor_acceptance_mean_plain_decoding() -> None:
-    pol = AdaptivePolicy(EXPENSIVE, ["ngram"], prior_accept=0.2)
-    assert pol.draft_len("ngram") == 0
-    assert pol.choose({"ngram": 8}) == ("none", 0)
-    assert pol.expected_speedup("ngram", 1) == pytest.approx(1.2 / 1.4)
+    pol = AdaptivePolicy(EXPENSIVE, [NGRAM], prior_accept=0.2)
+    assert pol.draft_len(NGRAM) == 0
+    assert pol.draft_len(NGRAM, limit=8) == 0
+    # one token at 0.2 acceptance: 1.2 tokens for a 1.4-step batch, a loss
+    assert (
+        AdaptivePolicy(EXPENSIVE, [NGRAM], prior_accept=0.2, min_gain=0.0).draft_len(NGRAM, limit=1)
+        == 1
+    )
 
 
 def test_good_acceptance_drafts_a_few_tokens() -> None:
-    pol = AdaptivePolicy(EXPENSIVE, ["ngram"], prior_accept=0.9)
-    assert 3 <= pol.draft_len("ngram") <= 5
-    assert pol.expected_speedup("ngram", 3) == pytest.approx(expected_tokens(0.9, 3) / 2.0)
-    method, k = pol.choose({"ngram": 8})
-    assert method == "ngram"
-    assert 3 <= k <= 5
-    assert pol.choose({"ngram": 2}) == ("ngram", 2)  # capped by what is on offer
+    pol = AdaptivePolicy(EXPENSIVE, [NGRAM], prior_accept=0.9)
+    assert pol.draft_len(NGRAM) == 3  # E(3) / cost(4) = 3.44 / 2.0 beats every other k
+    assert pol.draft_len(NGRAM, limit=2) == 2  # capped by the candidate's length
+    assert pol.draft_len(NGRAM, limit=0) == 0
     # cheap batches pay for long drafts
-    assert AdaptivePolicy(CHEAP, ["ngram"], prior_accept=0.9).draft_len("ngram") == 8
+    assert AdaptivePolicy(CHEAP, [NGRAM], prior_accept=0.9).draft_len(NGRAM) == 8
+    assert AdaptivePolicy(CHEAP, [NGRAM], prior_accept=0.9, max_draft=5).draft_len(NGRAM) == 5
 
 
 def test_observations_move_the_estimate_and_the_decision() -> None:
-    pol = AdaptivePolicy(EXPENSIVE, ["ngram"], prior_accept=0.6)
-    start = pol.stats["ngram"].estimate
+    pol = AdaptivePolicy(EXPENSIVE, [NGRAM], prior_accept=0.6)
+    start = pol.stats[NGRAM].estimate
     for _ in range(30):
-        pol.observe("ngram", drafted=4, accepted=4)
-    assert pol.stats["ngram"].estimate > start
-    assert 3 <= pol.draft_len("ngram") <= 5
+        pol.observe(NGRAM, drafted=4, accepted=4)
+    assert pol.stats[NGRAM].estimate > start
+    assert 3 <= pol.draft_len(NGRAM) <= 5
     for _ in range(30):
-        pol.observe("ngram", drafted=4, accepted=0)
-    assert pol.stats["ngram"].estimate < 0.3
-    assert pol.draft_len("ngram") == 0
+        pol.observe(NGRAM, drafted=4, accepted=0)
+    assert pol.stats[NGRAM].estimate < 0.3
+    assert pol.draft_len(NGRAM) == 0
 
 
-def test_choose_prefers_the_better_method() -> None:
-    pol = AdaptivePolicy(EXPENSIVE, ["ngram", "lookahead"], prior_accept=0.6)
-    for _ in range(20):
-        pol.observe("ngram", drafted=3, accepted=3)
-        pol.observe("lookahead", drafted=3, accepted=0)
-    assert pol.choose({"ngram": 4, "lookahead": 4})[0] == "ngram"
-    assert pol.choose({"ngram": 0, "lookahead": 4}) == ("none", 0)  # lookahead too weak
-    assert pol.choose({}) == ("none", 0)
-    assert pol.choose({"none": 3}) == ("none", 0)
+def test_unknown_and_plain_methods_are_refused() -> None:
+    pol = AdaptivePolicy(EXPENSIVE, [NGRAM])
     with pytest.raises(ValueError, match="unknown method"):
-        pol.choose({"draft": 3})
+        pol.draft_len(SpeculationMethod.DRAFT)
     with pytest.raises(ValueError, match="unknown method"):
-        pol.observe("draft", 1, 1)
-    with pytest.raises(ValueError, match="plain decoding"):
-        AdaptivePolicy(EXPENSIVE, ["none"])
-
-
-def test_match_quality_raises_or_lowers_this_step() -> None:
-    pol = AdaptivePolicy(EXPENSIVE, ["ngram"], prior_accept=0.6)
-    assert pol.draft_len("ngram", match_quality=0.0) == 0
-    assert pol.draft_len("ngram", match_quality=1.0) >= pol.draft_len("ngram") > 0
-    assert pol.draft_len("ngram", match_quality=0.5) == pol.draft_len("ngram")
-    assert pol.choose({"ngram": 4}, match_quality={"ngram": 0.0}) == ("none", 0)
-    assert pol.expected_speedup("ngram", 2, match_quality=1.0) > pol.expected_speedup("ngram", 2)
+        pol.observe(SpeculationMethod.LOOKAHEAD, 1, 1)
+    pol.observe(NONE, 0, 0)  # a plain step is always a valid observation
+    with pytest.raises(ValueError, match="not drafting methods"):
+        AdaptivePolicy(EXPENSIVE, [NONE])
+    with pytest.raises(ValueError, match="not drafting methods"):
+        AdaptivePolicy(EXPENSIVE, [SpeculationMethod.AUTO])
 
 
 def test_a_failing_method_gets_its_chance_back() -> None:
-    pol = AdaptivePolicy(EXPENSIVE, ["ngram"], prior_accept=0.6, probe_every=1000)
+    pol = AdaptivePolicy(EXPENSIVE, [NGRAM], prior_accept=0.6)
     for _ in range(40):
-        pol.observe("ngram", drafted=2, accepted=0)
-    assert pol.draft_len("ngram") == 0
+        pol.observe(NGRAM, drafted=2, accepted=0)
+    assert pol.draft_len(NGRAM) == 0
     steps = 0
-    while pol.draft_len("ngram") == 0:  # plain steps: the failures fade
-        pol.observe("none", 0, 0)
+    while pol.draft_len(NGRAM) == 0:  # plain steps: the failures fade
+        pol.observe(NONE, 0, 0)
         steps += 1
         assert steps < 200
     assert steps > 10
 
 
-def test_probe_with_one_token_when_cheap() -> None:
-    curve = CostCurve({1: 1, 2: 1.3, 4: 2.0, 8: 4.5})  # cost(2) ~1.3: a probe is cheap
-    pol = AdaptivePolicy(curve, ["ngram"], prior_accept=0.05, probe_every=8)
-    choices = []
-    for _ in range(20):
-        method, k = pol.choose({"ngram": 4})
-        choices.append((method, k))
-        pol.observe(method, k, 0)
-    assert choices.count(("ngram", 1)) == 2  # steps 8 and 17 (after 8 idle steps each)
-    assert choices[8] == ("ngram", 1)
-    assert all(c in (("none", 0), ("ngram", 1)) for c in choices)
-    # no probe when a 2-row batch is dear, or when the method has nothing to offer
-    dear_curve = CostCurve({1: 1, 2: 2.0, 4: 3.0})
-    dear = AdaptivePolicy(dear_curve, ["ngram"], prior_accept=0.05, probe_every=1)
-    dear.observe("none", 0, 0)
-    assert dear.choose({"ngram": 4}) == ("none", 0)
-    assert pol.choose({"ngram": 0}) == ("none", 0)
+def test_cost_tracker_follows_the_machine_and_stays_monotone() -> None:
+    tracker = CostTracker({1: 30.0, 2: 40.0, 4: 60.0}, alpha=0.5)
+    assert not tracker.dirty
+    tracker.record(2, 20.0)  # a noisy fast 2-row batch: 30 ms by the moving average
+    assert tracker.dirty
+    curve = tracker.curve()
+    assert not tracker.dirty
+    assert curve.ms_by_rows == {1: 30.0, 2: 30.0, 4: 60.0}
+    tracker.record(4, 140.0)  # cores contended: multi-row batches got dearer
+    assert tracker.curve().cost(4) == pytest.approx(100.0 / 30.0)

@@ -1,0 +1,197 @@
+"""A llama.cpp context as a ``steppers.Target``, its draft model, and lookahead decoding.
+
+Sequence 0 of the context holds ``ctx.tokens``. A token tree's branch b is evaluated in
+llama sequence b (the prefix is copied there before the batch), so one batch verifies
+several n-gram candidates; ``commit`` keeps the accepted branch in sequence 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import numpy.typing as npt
+from kode.backends.base import Sampling, SpeculationMethod, SpeculationStats
+from kode.backends.llama.runtime import LlamaContext, Row
+from kode.backends.speculative import CostCurve, Lookahead, TokenTree, draft_chain
+from kode.backends.steppers import Draft, Prefilled, Probs, measure_curve
+
+
+class Sampler:
+    """Picks the next token from logits: argmax when greedy, else temperature + top-p."""
+
+    def __init__(self, sampling: Sampling) -> None:
+        self.sampling = sampling
+        self.rng = np.random.default_rng(sampling.seed)
+
+    def probs(self, logits: npt.NDArray[np.float32]) -> Probs:
+        """The sampling distribution of one logit row [V] (float64). Top-p keeps the most
+        likely tokens up to the first that brings the cumulative probability to ``top_p``."""
+        s = self.sampling
+        z = logits.astype(np.float64) / max(s.temperature, 1e-6)
+        z -= z.max()
+        p: Probs = np.exp(z)
+        p /= p.sum()
+        if s.top_p < 1.0:
+            order = np.argsort(-p)
+            cum = np.cumsum(p[order])
+            keep = order[: int(np.searchsorted(cum, s.top_p) + 1)]
+            q = np.zeros_like(p)
+            q[keep] = p[keep]
+            p = q / q.sum()
+        return p
+
+    def __call__(self, logits: npt.NDArray[np.float32]) -> int:
+        if self.sampling.greedy:
+            return int(np.argmax(logits))
+        p = self.probs(logits)
+        return int(self.rng.choice(len(p), p=p))
+
+
+class LlamaTarget:
+    """One generation's view of a ``LlamaContext``: sequence 0 and a ``Sampler``."""
+
+    trees = True
+
+    def __init__(self, ctx: LlamaContext, sampler: Sampler) -> None:
+        self.ctx, self.sampler = ctx, sampler
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.ctx.tokens
+
+    @property
+    def rng(self) -> np.random.Generator:
+        return self.sampler.rng
+
+    def prefill(
+        self, prompt: Sequence[int], cancelled: Callable[[], bool], max_drift: int
+    ) -> Prefilled:
+        ctx = self.ctx
+        reused = ctx.prefill(prompt, cancelled, max_drift=max_drift)
+        return Prefilled(reused, 0 if ctx.last_move is None else ctx.last_move.length)
+
+    def evaluate(self, tree: TokenTree) -> None:
+        ctx = self.ctx
+        n_past = len(ctx.tokens)
+        for b in range(1, tree.n_branches):
+            ctx.seq_cp(0, b)
+        rows = []
+        for i, token in enumerate(tree.tokens):
+            seqs = (0,) if i == 0 else tree.branches[i]
+            if i == 0 and tree.n_branches > 1:
+                seqs = tuple(range(tree.n_branches))
+            rows.append(Row(token, n_past + tree.depths[i], seqs, True))
+        self.ctx.decode(rows)
+
+    def pick(self, row: int) -> int:
+        return self.sampler(self.ctx.logits(row))
+
+    def probs(self, rows: int) -> Probs:
+        return np.stack([self.sampler.probs(self.ctx.logits(i)) for i in range(rows)])
+
+    def commit(self, tree: TokenTree, accepted: int, branch: int) -> None:
+        """Keep the root and ``accepted`` rows of ``branch`` in sequence 0, drop the rest."""
+        ctx = self.ctx
+        n_keep = len(ctx.tokens) + 1 + accepted
+        if tree.n_branches > 1:
+            ctx.seq_keep(branch)  # every cell now belongs to `branch` alone
+            if branch != 0:
+                ctx.seq_cp(branch, 0)
+                ctx.clear_seqs(range(branch, branch + 1))
+        ctx.remove(0, n_keep)
+        ctx.tokens.extend(tree.tokens[r] for r in tree.branch_rows(branch)[: accepted + 1])
+
+    def synchronize(self) -> None:
+        """llama_decode returns when the batch is done."""
+
+
+class LlamaDraft:
+    """A small llama.cpp model drafting its argmax chain (verified by sample-and-match)."""
+
+    def __init__(self, ctx: LlamaContext) -> None:
+        self.ctx = ctx
+
+    def draft(self, history: list[int], max_draft: int, p_min: float) -> Draft:
+        draft = self.ctx
+        first = True
+
+        def step(token: int) -> tuple[int, float]:
+            nonlocal first
+            if first:
+                first = False
+                draft.prefill(history, lambda: False)  # reuses the draft's KV prefix
+            else:
+                draft.decode([Row(token, len(draft.tokens), (0,), True)])
+                draft.tokens.append(token)
+            logits = draft.logits(-1)
+            best = int(np.argmax(logits))
+            z = logits - logits[best]
+            return best, 1.0 / float(np.exp(z.astype(np.float64)).sum())
+
+        return Draft(draft_chain(step, history[-1], max_draft, p_min))
+
+
+def calibrate(ctx: LlamaContext, sizes: Sequence[int] = (1, 2, 4, 8), reps: int = 2) -> CostCurve:
+    """Measure the target's batch cost curve on this machine (ms per batch of n rows).
+
+    Runs on a scratch sequence after a warm-up; leaves sequence 0 untouched.
+    """
+    seq = ctx.n_seq_max - 1
+    scratch = range(seq, seq + 1)
+    base = 100 if ctx.n_ctx > 400 else 1
+    ctx.clear_seqs(scratch)
+    ctx.decode([Row(0, base, (seq,), True)])  # warm-up
+
+    def batch(n: int) -> None:
+        ctx.decode([Row(220 + i, base + i, (seq,), True) for i in range(n)])
+
+    curve = measure_curve(lambda: ctx.clear_seqs(scratch), batch, sizes, reps)
+    ctx.clear_seqs(scratch)
+    return curve
+
+
+class LookaheadStepper:
+    """Lookahead decoding: a Jacobi window and an n-gram pool, verified in one batch.
+
+    llama.cpp only: the window's rows live in several KV sequences at once.
+    """
+
+    def __init__(self, target: LlamaTarget, lookahead: Lookahead) -> None:
+        if target.ctx.n_seq_max < lookahead.max_seqs:
+            raise ValueError(f"lookahead needs {lookahead.max_seqs} sequences")
+        self.ctx, self.pick, self.la = target.ctx, target.pick, lookahead
+        self.stats = SpeculationStats(method=SpeculationMethod.LOOKAHEAD)
+        self._started = False
+
+    def step(self, root: int) -> list[int]:
+        ctx, la = self.ctx, self.la
+        if not self._started:
+            la.reset(ctx.tokens)
+            self._started = True
+        n_past = len(ctx.tokens)
+        for s in range(1, la.max_seqs):
+            ctx.clear_seqs(range(s, s + 1))
+            ctx.seq_cp(0, s)
+        plan = la.plan(root)
+        rows = [Row(r.token, n_past + r.depth, r.seq_ids, r.want_logits) for r in plan.rows]
+        ctx.decode(rows)
+        picks = [-1] * len(plan.rows)
+        for row in plan.logit_rows:  # llama_get_logits_ith takes the batch row index
+            picks[row] = self.pick(row)
+        result = la.update(plan, picks)
+        accepted = len(result.accepted_tokens)
+        n_keep = n_past + 1 + accepted
+        ctx.remove(-1, n_keep)
+        if accepted:
+            ctx.seq_keep(result.keep_seq)
+            if result.keep_seq != 0:
+                ctx.seq_cp(result.keep_seq, 0)
+                ctx.clear_seqs(range(result.keep_seq, result.keep_seq + 1))
+        for s in range(1, la.max_seqs):
+            ctx.clear_seqs(range(s, s + 1))
+        ctx.tokens.extend([root, *result.accepted_tokens])
+        self.stats.steps += 1
+        self.stats.drafted += plan.n_draft
+        self.stats.accepted += accepted
+        return [*result.accepted_tokens, result.next_token]

@@ -1,0 +1,286 @@
+"""One local backend over any engine: llama.cpp (``backends/llama``) or torch (``backends/torch``).
+
+``LocalBackend`` is the ``Backend`` protocol for a model running in this process: one
+worker thread runs every blocking engine call (so one KV cache is never used by two
+generations at once and the event loop never blocks), a lock queues generations, and
+the worker checks the generation's cancel flag before each step, so a cancelled
+generation stops within one step. The cache is kept between generations and reused for
+the longest common token prefix: typing one character re-evaluates only the tokens
+after the edit. What differs between engines is behind ``Engine`` (model-wide: tokens,
+text, targets, draft models) and ``steppers.Target`` (one generation's KV cache and
+sampler); the decoding methods are written once, in ``backends/steppers.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+from kode.backends.base import FinishReason, GenerationRequest, Sampling, SpeculationMethod
+from kode.backends.errors import BackendError, ContextOverflow, PrefillAborted
+from kode.backends.speculative import CostCurve
+from kode.backends.steppers import (
+    DraftModel,
+    DraftModelStepper,
+    NgramStepper,
+    PlainStepper,
+    Stepper,
+    Target,
+)
+from kode.backends.worker import (
+    BackendCounters,
+    Job,
+    NgramLearning,
+    WorkerGeneration,
+    WorkerRun,
+    run_job,
+)
+
+T = TypeVar("T", bound=Target)
+
+
+class TextStream(Protocol):
+    """Token ids in, text out, holding back an incomplete UTF-8 sequence."""
+
+    def push(self, token: int) -> str: ...
+
+    def flush(self) -> str:
+        """What is still held back, once generation ends."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class DraftOptions:
+    """How the draft model drafts: at most ``max_draft`` tokens, stopping when its top
+    probability falls below ``p_min``."""
+
+    max_draft: int = 4
+    p_min: float = 0.6
+
+
+class Engine(Protocol[T]):
+    """What a local backend needs of an engine; every method but ``tokenize`` runs on the
+    backend's worker thread."""
+
+    @property
+    def name(self) -> str:
+        """Short engine name, e.g. ``"llama.cpp"``."""
+        ...
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def n_ctx(self) -> int: ...
+
+    @property
+    def methods(self) -> frozenset[SpeculationMethod]:
+        """The speculation methods this engine runs (a draft model apart)."""
+        ...
+
+    @property
+    def has_draft(self) -> bool: ...
+
+    @property
+    def calls(self) -> int:
+        """Target calls so far, prompt batches included."""
+        ...
+
+    def tokenize(self, text: str, *, special: bool = True) -> list[int]:
+        """Token ids (thread-safe); ``special`` parses ``<|fim_prefix|>`` and friends."""
+        ...
+
+    def is_stop(self, token: int) -> bool: ...
+
+    def text_stream(self) -> TextStream: ...
+
+    def target(self, sampling: Sampling) -> T: ...
+
+    def draft(self, target: T) -> DraftModel:
+        """The draft model, sampling with ``target``'s generator (``has_draft`` only)."""
+        ...
+
+    def lookahead(self, target: T, sources: Sequence[Sequence[int]]) -> Stepper:
+        """A lookahead stepper (``LOOKAHEAD in methods`` only)."""
+        ...
+
+    def logit_gaps(self, prompt: str, tokens: Sequence[int]) -> list[float]: ...
+
+    def close(self) -> None: ...
+
+
+class LocalBackend(Generic[T]):
+    """The ``Backend`` protocol over ``engine``, every engine call on ``executor``'s one thread.
+
+    ``owns_executor``: shut the executor down on ``aclose`` (llama.cpp's thread is shared
+    by the process, see ``llama_thread``; torch's is the backend's own).
+    """
+
+    def __init__(
+        self,
+        engine: Engine[T],
+        executor: ThreadPoolExecutor,
+        *,
+        curve: CostCurve,
+        draft_options: DraftOptions = DraftOptions(),
+        owns_executor: bool,
+    ) -> None:
+        self.engine = engine
+        self.curve = curve
+        self.draft_options = draft_options
+        self.counters = BackendCounters()
+        self.learning = NgramLearning(curve)
+        self._executor = executor
+        self._owns_executor = owns_executor
+        self._lock = asyncio.Lock()
+        self._closed = False
+
+    # -- Backend protocol -------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self.engine.name
+
+    @property
+    def model_name(self) -> str:
+        return self.engine.model_name
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.engine.tokenize(text))
+
+    async def generate(self, request: GenerationRequest) -> WorkerGeneration:
+        if self._closed:
+            raise BackendError("backend is closed")
+        if request.max_tokens < 1:
+            raise BackendError("max_tokens must be at least 1")
+        self._check_method(request.speculation)
+        await self._lock.acquire()
+        loop = asyncio.get_running_loop()
+        job = Job(request, loop)
+        try:
+            done = loop.run_in_executor(self._executor, self._run, job)
+        except BaseException:
+            self._lock.release()
+            raise
+
+        def finished(_fut: asyncio.Future[None]) -> None:
+            self._lock.release()
+
+        done.add_done_callback(finished)
+        return WorkerGeneration(job, done)
+
+    async def health(self, timeout_s: float = 1.0) -> bool:
+        return not self._closed
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        async with self._lock:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self.engine.close)
+        if self._owns_executor:
+            self._executor.shutdown(wait=True)
+
+    async def logit_gaps(self, prompt: str, tokens: Sequence[int]) -> list[float]:
+        """Top-2 logit gap of plain decoding before each of ``tokens`` after ``prompt``.
+
+        For judging a divergence between two greedy runs: a gap below ~1e-3 is a true tie
+        that batched kernels may flip.
+        """
+        async with self._lock:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(
+                self._executor, self.engine.logit_gaps, prompt, list(tokens)
+            )
+
+    # -- worker thread ------------------------------------------------------------------
+
+    def _check_method(self, method: SpeculationMethod) -> None:
+        engine = self.engine
+        if method is SpeculationMethod.DRAFT and not engine.has_draft:
+            raise BackendError(
+                "speculation 'draft' needs a draft model (setting draftModel) loaded with "
+                "the target"
+            )
+        if method not in engine.methods and method is not SpeculationMethod.DRAFT:
+            offered = ", ".join(sorted(engine.methods | {SpeculationMethod.DRAFT}))
+            raise BackendError(
+                f"speculation '{method}' is not available on the {engine.name} engine "
+                f"(it offers {offered})"
+            )
+
+    def _run(self, job: Job) -> None:
+        run_job(job, LocalRun(self, job))
+
+
+class LocalRun(WorkerRun, Generic[T]):
+    """One generation, executed on the worker thread."""
+
+    def __init__(self, backend: LocalBackend[T], job: Job) -> None:
+        super().__init__(job)
+        self.backend = backend
+        self.engine = backend.engine
+        self.target = self.engine.target(job.request.sampling)
+        self.text = self.engine.text_stream()
+        self.calls_at_start = self.engine.calls
+
+    def execute(self) -> None:
+        req, stats, engine = self.job.request, self.stats, self.engine
+        prompt = engine.tokenize(req.prompt)
+        stats.prompt_tokens = len(prompt)
+        if not prompt:
+            raise BackendError("empty prompt")
+        if len(prompt) + req.max_tokens + 1 > engine.n_ctx:
+            raise ContextOverflow(
+                f"prompt ({len(prompt)} tokens) + max_tokens ({req.max_tokens}) exceeds the "
+                f"context window ({engine.n_ctx})"
+            )
+        try:
+            done = self.target.prefill(prompt, self.job.cancelled, req.moved_kv_drift)
+        except PrefillAborted as aborted:
+            stats.reused_prompt_tokens = aborted.reused
+            stats.evaluated_prompt_tokens = max(0, len(self.target.tokens) - aborted.reused)
+            self.finish(FinishReason.CANCELLED)
+            return
+        stats.reused_prompt_tokens, stats.moved_prompt_tokens = done.reused, done.moved
+        stats.evaluated_prompt_tokens = len(prompt) - done.reused
+        stats.prefill_ms = self.elapsed_ms()
+        first = self.target.pick(-1)
+        self.decode(first, self._stepper(req), engine.is_stop)
+
+    def _stepper(self, req: GenerationRequest) -> Stepper:
+        method, engine, target = req.speculation, self.engine, self.target
+        if method is SpeculationMethod.NONE:
+            return PlainStepper(target)
+        if method is SpeculationMethod.DRAFT:
+            opts = self.backend.draft_options
+            return DraftModelStepper(
+                target, engine.draft(target), max_draft=opts.max_draft, p_min=opts.p_min
+            )
+        learning = self.backend.learning
+        sources = [engine.tokenize(text, special=False) for text in req.draft_sources if text]
+        if method is SpeculationMethod.LOOKAHEAD:
+            return engine.lookahead(target, [*sources, *learning.history])
+        auto = method is SpeculationMethod.AUTO
+        return NgramStepper(
+            target,
+            learning.drafter_for(sources),
+            learning.policy_for(auto),
+            allow_plain=auto,
+            method=method,
+            tracker=learning.costs if auto else None,
+        )
+
+    def text_of(self, token: int) -> str:
+        return self.text.push(token)
+
+    def text_tail(self) -> str:
+        return self.text.flush()
+
+    def account(self) -> None:
+        self.stats.total_ms = self.elapsed_ms()
+        self.backend.counters.record(self.stats, self.engine.calls - self.calls_at_start)
+        self.backend.learning.remember(self.generated)

@@ -1,0 +1,289 @@
+"""Decoding methods, written once over any local engine's ``Target``.
+
+A ``Target`` is one generation's view of an engine's KV cache and sampler: llama.cpp's
+multi-sequence context (``backends/llama/target.py``) or a transformers model with one
+croppable cache (``backends/torch/target.py``). Each ``Stepper`` advances a generation by
+one *target* call, with one contract for every method (``root`` is the last emitted
+token, not yet evaluated)::
+
+    new = stepper.step(root)   # evaluate root (+ drafts) in ONE target batch
+    # afterwards: target.tokens == old tokens + [root] + new[:-1]   (the KV cache matches)
+    #             new[-1] is the next root (the target's own choice, never a draft)
+
+so cancellation, stop tokens and ``max_tokens`` stay the caller's business and a cancel
+still stops within one (verify) step. Drafts are verified by sample-and-match: the
+target picks its token at every row (argmax when greedy, a sample otherwise) and a draft
+token is accepted only if it equals that pick, so the output is exactly what plain
+decoding would produce; picks are computed lazily, only for rows on the accepted path.
+Draft-model chains sampled from the draft's own distribution ``q`` use the exact p/q
+rule (``accept_reject``) instead.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+from kode.backends.base import SpeculationMethod, SpeculationStats
+from kode.backends.speculative import (
+    AdaptivePolicy,
+    CostCurve,
+    CostTracker,
+    LazyPicks,
+    NgramDrafter,
+    TokenTree,
+    accept_reject,
+    build_tree,
+    verify,
+)
+
+Probs = npt.NDArray[np.float64]
+# (draft tokens [k], q [k, V], p [k + 1, V], rng) -> (accepted, next token)
+AcceptRule = Callable[[Sequence[int], Probs, Probs, np.random.Generator], tuple[int, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class Prefilled:
+    """What a prompt evaluation reused: ``reused`` positions kept from the cache, of them
+    ``moved`` entries that only moved after an edit (llama.cpp's moved-tail reuse)."""
+
+    reused: int
+    moved: int = 0
+
+
+class Target(Protocol):
+    """One generation's view of an engine: its KV cache and its sampler.
+
+    ``evaluate`` runs one batch (a token tree after ``tokens``); ``pick(row)`` is the
+    target's choice after row ``row`` of that batch (``pick(-1)`` after ``prefill``: the
+    first generated token); ``commit`` keeps the root and the accepted rows of one branch
+    and drops the rest. Between ``evaluate`` and ``commit``, ``tokens`` is unspecified.
+    """
+
+    @property
+    def trees(self) -> bool:
+        """Whether a batch may hold several branches (else drafts are single chains)."""
+        ...
+
+    @property
+    def tokens(self) -> list[int]:
+        """What the KV cache holds, position by position."""
+        ...
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """The sampler's generator (shared with a sampling draft model)."""
+        ...
+
+    def prefill(
+        self, prompt: Sequence[int], cancelled: Callable[[], bool], max_drift: int
+    ) -> Prefilled:
+        """Bring the cache to ``prompt`` (always evaluating its last token); raises
+        ``PrefillAborted`` when ``cancelled()`` turns true."""
+        ...
+
+    def evaluate(self, tree: TokenTree) -> None: ...
+
+    def pick(self, row: int) -> int: ...
+
+    def probs(self, rows: int) -> Probs:
+        """Sampling distributions after the first ``rows`` rows of the last batch [rows, V]."""
+        ...
+
+    def commit(self, tree: TokenTree, accepted: int, branch: int) -> None: ...
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (for timing)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    """A draft model's chain; ``q`` [k, V] when it was sampled (exact p/q rule), else None
+    (the draft's argmax: sample-and-match)."""
+
+    tokens: list[int]
+    q: Probs | None = None
+
+
+class DraftModel(Protocol):
+    """A smaller model that drafts a chain after ``history`` (its last token the root),
+    at most ``max_draft`` tokens, stopping when its top probability falls below ``p_min``."""
+
+    def draft(self, history: list[int], max_draft: int, p_min: float) -> Draft: ...
+
+
+class Stepper(Protocol):
+    """One target step of a decoding method: from the last token, the tokens it yields."""
+
+    stats: SpeculationStats
+
+    def step(self, root: int) -> list[int]: ...
+
+
+def timed_evaluate(target: Target, tree: TokenTree, tracker: CostTracker | None) -> None:
+    """``target.evaluate`` that reports its wall time by rows to ``tracker`` (when given)."""
+    if tracker is None:
+        target.evaluate(tree)
+        return
+    start = time.perf_counter()
+    target.evaluate(tree)
+    target.synchronize()
+    tracker.record(tree.n_rows, (time.perf_counter() - start) * 1000.0)
+
+
+def measure_curve(
+    reset: Callable[[], None],
+    batch: Callable[[int], None],
+    sizes: Sequence[int] = (1, 2, 4, 8),
+    reps: int = 2,
+) -> CostCurve:
+    """The batch-cost curve: best of ``reps`` timings of ``batch(n)`` (ms), ``reset()``
+    (untimed) before each. The engine warms up and cleans up around it."""
+    ms: dict[int, float] = {}
+    for n in sizes:
+        best = float("inf")
+        for _ in range(reps):
+            reset()
+            start = time.perf_counter()
+            batch(n)
+            best = min(best, time.perf_counter() - start)
+        ms[n] = max(best * 1000.0, 1e-3)
+    return CostCurve(ms)
+
+
+class PlainStepper:
+    """One token per target call."""
+
+    def __init__(self, target: Target, tracker: CostTracker | None = None) -> None:
+        self.target, self.tracker = target, tracker
+        self.stats = SpeculationStats(method=SpeculationMethod.NONE)
+
+    def step(self, root: int) -> list[int]:
+        tree = build_tree(root, [], max_rows=1)
+        timed_evaluate(self.target, tree, self.tracker)
+        token = self.target.pick(0)
+        self.target.commit(tree, 0, 0)
+        self.stats.steps += 1
+        return [token]
+
+
+class NgramStepper:
+    """Prompt lookup: candidates from the prompt, the suffix, other documents and the text
+    generated so far, merged into a token tree (a single chain where the target verifies
+    chains only) and verified in one batch.
+
+    ``policy`` picks the draft length from the batch-cost curve and the acceptance seen so
+    far; with ``allow_plain`` (``auto``) it may decide that drafting does not pay this
+    step (or, on a machine where it rarely pays, that the candidate's match is too short
+    to try: ``AdaptivePolicy.cautious``), otherwise (``ngram``) it drafts whenever a
+    candidate exists. With a ``tracker``
+    every batch's time updates the curve the policy uses, and one step in ``PROBE_EVERY``
+    is plain to keep the 1-row cost current.
+    """
+
+    PROBE_EVERY = 12
+
+    def __init__(
+        self,
+        target: Target,
+        drafter: NgramDrafter,
+        policy: AdaptivePolicy,
+        *,
+        allow_plain: bool,
+        method: SpeculationMethod = SpeculationMethod.NGRAM,
+        tracker: CostTracker | None = None,
+    ) -> None:
+        self.target, self.drafter, self.policy = target, drafter, policy
+        self.allow_plain = allow_plain
+        self.max_candidates = 3 if target.trees else 1
+        self.tracker = tracker
+        self.stats = SpeculationStats(method=method)
+        self._plain = PlainStepper(target, tracker)
+
+    def step(self, root: int) -> list[int]:
+        policy, stats = self.policy, self.stats
+        if self.tracker is not None and self.tracker.dirty:
+            policy.curve = self.tracker.curve()
+        history = [*self.target.tokens, root]
+        probe = self.allow_plain and stats.steps % self.PROBE_EVERY == self.PROBE_EVERY - 1
+        cands: list[list[int]] = []
+        match = 0
+        if policy.max_draft and not probe:
+            cands, match = self.drafter.propose_matched(
+                history, policy.max_draft, self.max_candidates
+            )
+        k = self._draft_len(max((len(c) for c in cands), default=0), match)
+        stats.steps += 1
+        if k == 0:
+            policy.observe(SpeculationMethod.NONE, 0, 0)
+            return self._plain.step(root)
+        cands = [c[:k] for c in cands]
+        # The first candidate gets k rows; later ones may add a short side branch.
+        extra = min(2, sum(len(c) for c in cands[1:]))
+        tree = build_tree(root, cands, max_rows=k + 1 + extra)
+        timed_evaluate(self.target, tree, self.tracker)
+        result = verify(tree, LazyPicks(tree.n_rows, self.target.pick))
+        accepted = len(result.accepted_tokens)
+        self.target.commit(tree, accepted, result.branch)
+        drafted = tree.n_rows - 1
+        policy.observe(
+            SpeculationMethod.NGRAM, min(drafted, k), accepted, match if self.allow_plain else None
+        )
+        stats.drafted += drafted
+        stats.accepted += accepted
+        return [*result.accepted_tokens, result.next_token]
+
+    def _draft_len(self, longest: int, match: int) -> int:
+        if not longest:
+            return 0
+        if self.allow_plain:
+            return self.policy.draft_len(SpeculationMethod.NGRAM, limit=longest, match=match)
+        return max(1, self.policy.draft_len(SpeculationMethod.NGRAM, limit=longest))
+
+
+class DraftModelStepper:
+    """A smaller model drafts a chain; the target verifies it in one batch.
+
+    A greedy draft (``q`` None) is verified by sample-and-match. A sampled draft is
+    judged by ``rule`` (the exact p/q rule, ``accept_reject``) against the target's
+    distributions; the draft's stop test looks at its top probability only, never at
+    the sampled token, so the draft length is a stopping time and the rule stays exact.
+    ``rule`` is a parameter so that a test can show that a wrong rule is caught.
+    """
+
+    def __init__(
+        self,
+        target: Target,
+        draft: DraftModel,
+        *,
+        max_draft: int = 4,
+        p_min: float = 0.6,
+        rule: AcceptRule = accept_reject,
+    ) -> None:
+        self.target, self.draft = target, draft
+        self.max_draft, self.p_min, self.rule = max_draft, p_min, rule
+        self.stats = SpeculationStats(method=SpeculationMethod.DRAFT)
+
+    def step(self, root: int) -> list[int]:
+        target = self.target
+        draft = self.draft.draft([*target.tokens, root], self.max_draft, self.p_min)
+        chain = draft.tokens
+        tree = build_tree(root, [chain] if chain else [], max_rows=len(chain) + 1)
+        target.evaluate(tree)
+        if draft.q is None:
+            result = verify(tree, LazyPicks(tree.n_rows, target.pick))
+            accepted, nxt, branch = list(result.accepted_tokens), result.next_token, result.branch
+        else:
+            a, nxt = self.rule(chain, draft.q, target.probs(tree.n_rows), target.rng)
+            accepted, branch = chain[:a], 0
+        target.commit(tree, len(accepted), branch)
+        # The draft's KV past the accepted point is stale; its next prefill trims it.
+        self.stats.steps += 1
+        self.stats.drafted += len(chain)
+        self.stats.accepted += len(accepted)
+        return [*accepted, nxt]
