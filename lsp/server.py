@@ -14,10 +14,16 @@ Requests and notifications handled:
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
-from typing import Any
+import sys
+from collections.abc import Awaitable, Callable
+from threading import Event
+from typing import Any, BinaryIO
 
 import msgspec
+from kode.backends.errors import KodeError
 from kode.completion import settings as settings_mod
 from kode.completion.backend_factory import load_backend
 from kode.completion.documents import Position, Range
@@ -28,11 +34,18 @@ from kode.completion.engine import (
     PartialCallback,
     Superseded,
 )
+from kode.lsp import framing
 from kode.lsp.errors import to_lsp_error
 from lsprotocol import types
-from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
+from pygls.exceptions import (
+    JsonRpcException,
+    JsonRpcInvalidParams,
+    JsonRpcInvalidRequest,
+    JsonRpcParseError,
+)
+from pygls.io_ import StdoutWriter
 from pygls.lsp.server import LanguageServer
-from pygls.protocol import LanguageServerProtocol
+from pygls.protocol import JsonRPCRequestMessage, LanguageServerProtocol
 
 log = logging.getLogger("kode.lsp")
 
@@ -42,11 +55,43 @@ PARTIAL_METHOD = "kode/inlineCompletionPartial"
 
 
 class KodeProtocol(LanguageServerProtocol):
-    """pygls' protocol, answering requests whose params cannot be read.
+    """pygls' protocol, answering what pygls leaves unanswered.
 
-    pygls logs such a request and drops it, leaving the client waiting forever; LSP
-    wants an error response (-32602), which this sends before the message is dropped.
+    - A request whose params cannot be read: pygls logs it and drops it, leaving the
+      client waiting forever; LSP wants an error response (-32602), sent here.
+    - A body that is not JSON but shows a request id: -32700 (``lsp.framing``).
+    - A request after ``shutdown``: pygls drops it with a log line; LSP wants
+      InvalidRequest (-32600).
     """
+
+    def handle_event(self, event: framing.Event) -> None:
+        """One event of ``framing.FrameParser``; never raises (the reader goes on)."""
+        if isinstance(event, framing.ParseError):
+            log.warning("a message could not be read as JSON (%s)", event.reason)
+            if event.request_id is not None:
+                error = JsonRpcParseError(f"Kode could not read the message: {event.reason}")
+                self._send_response(event.request_id, error=error.to_response_error())
+            return
+        if isinstance(event, framing.Rejected):
+            log.warning("message refused: %s", _describe(event.error))
+            return
+        if not hasattr(event.value, "jsonrpc"):
+            log.warning("dropped a JSON value that is not a JSON-RPC message")
+            return
+        try:
+            self.handle_message(event.value)
+        except Exception as exc:
+            log.error("could not handle a message: %s", _describe(exc))
+
+    def handle_message(self, message: Any) -> None:
+        request = isinstance(message, JsonRPCRequestMessage)
+        if self._shutdown and request and message.method != types.EXIT:
+            error = JsonRpcInvalidRequest(
+                f"the server is shutting down; {message.method} is not served"
+            )
+            self._send_response(message.id, error=error.to_response_error())
+            return
+        super().handle_message(message)
 
     def structure_message(self, data: dict[str, Any]) -> Any:
         try:
@@ -77,7 +122,45 @@ class KodeServer(LanguageServer):
 
     def report_server_error(self, error: Exception, source: Any) -> None:
         """Log only: a failed request already got its error response."""
-        log.error("%s: %s", getattr(source, "__name__", source), error)
+        log.error("%s: %s", getattr(source, "__name__", source), _describe(error))
+
+    def start_io(self, stdin: BinaryIO | None = None, stdout: BinaryIO | None = None) -> None:
+        """pygls' stdio server, reading through ``lsp.framing`` (resynchronising)."""
+        self._stop_event = Event()
+        self.protocol.set_writer(StdoutWriter(stdout or sys.stdout.buffer))
+        read = framing.stdin_reader(stdin or sys.stdin.buffer, self.thread_pool)
+        try:
+            asyncio.run(self._serve(read))
+        except BrokenPipeError:
+            log.error("the connection to the client is lost; shutting down")
+        except (KeyboardInterrupt, SystemExit):
+            pass
+        finally:
+            self.shutdown()  # type: ignore[no-untyped-call]
+
+    def start_tcp(self, host: str, port: int) -> None:
+        """pygls' TCP server (one client), reading through ``lsp.framing``."""
+        self._stop_event = Event()
+
+        async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.protocol.set_writer(writer)
+            await self._serve(framing.stream_reader(reader))
+            self.shutdown()  # type: ignore[no-untyped-call]
+
+        async def main() -> None:
+            self._server = await asyncio.start_server(connection, host, port)
+            async with self._server:
+                await self._server.serve_forever()
+
+        with contextlib.suppress(asyncio.CancelledError):
+            asyncio.run(main())
+
+    async def _serve(self, read: Callable[[], Awaitable[bytes]]) -> None:
+        protocol = self.protocol
+        assert isinstance(protocol, KodeProtocol)
+        parser = framing.FrameParser(json.JSONDecoder(object_hook=protocol.structure_message))
+        stop = self._stop_event
+        await framing.serve(read, protocol, parser, stopped=lambda: stop is None or stop.is_set())
 
     def apply_settings(self, raw: Any) -> list[str]:
         parsed, problems = settings_mod.parse(raw)
@@ -236,6 +319,15 @@ async def _warm_up(server: KodeServer) -> None:
         server.window_show_message(
             types.ShowMessageParams(type=types.MessageType.Error, message=f"Kode: {exc}")
         )
+
+
+def _describe(exc: BaseException) -> str:
+    """An exception for a log line: Kode's own errors say what happened in words and
+    carry no source; anything else is named by type only, since its text may quote
+    the code it failed on (a UnicodeEncodeError quotes the whole prompt)."""
+    if isinstance(exc, KodeError | JsonRpcException):
+        return str(exc)
+    return type(exc).__name__
 
 
 def _short(uri: str) -> str:
