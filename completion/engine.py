@@ -26,9 +26,9 @@ from kode.backends.base import (
     Sampling,
     SpeculationMethod,
 )
-from kode.backends.errors import SettingsError
+from kode.backends.errors import BackendError, KodeError, SettingsError
 from kode.completion import context as ctxmod
-from kode.completion.documents import Document, DocumentStore, Position
+from kode.completion.documents import Document, DocumentStore, Position, scrub
 from kode.completion.settings import DEFAULT, BackendKind, Settings
 from kode.completion.stops import StopRules
 from kode.completion.templates import TEMPLATES, FimTemplate, render
@@ -160,9 +160,7 @@ class CompletionEngine:
     ) -> _Live:
         settings = self._settings
         template = self.template()
-        budget = ctxmod.Budget(
-            settings.prefix_tokens, settings.suffix_tokens, settings.snippet_tokens
-        )
+        budget = prompt_budget(settings, max_tokens or settings.max_tokens)
         ctx = ctxmod.gather(
             doc,
             offset,
@@ -172,13 +170,16 @@ class CompletionEngine:
             anchor=self._anchors.get(uri),
         )
         self._anchors[uri] = ctx.prefix_start_line
-        prompt = render(
-            template,
-            ctx.prefix,
-            ctx.suffix,
-            path=ctx.path,
-            repo=_repo_name(uri),
-            snippets=ctx.snippets,
+        # Document text is scrubbed when stored; the URI (path, repo name) is not.
+        prompt = scrub(
+            render(
+                template,
+                ctx.prefix,
+                ctx.suffix,
+                path=ctx.path,
+                repo=_repo_name(uri),
+                snippets=ctx.snippets,
+            )
         )
         if settings.log_prompts:
             log.debug("prompt for %s:%s:\n%s", uri, doc.version, prompt)
@@ -258,6 +259,11 @@ class CompletionEngine:
             live.waiters -= 1
         if not current():
             raise Superseded(uri)
+        if live.error is not None:
+            # Told once, to this request; the next one starts a fresh generation.
+            if self._live.get(uri) is live:
+                del self._live[uri]
+            raise live.error
         text = live.final() if live.done.is_set() else live.visible().rstrip()
         answer = text[len(typed) :] if text.startswith(typed) else ""
         return Completion(
@@ -396,6 +402,7 @@ class _Live:
         self.done = asyncio.Event()
         self._changed = asyncio.Event()
         self.task: asyncio.Future[None] | None = None
+        self.error: KodeError | None = None  # why the generation failed, for the request
 
     async def pump(self) -> None:
         try:
@@ -404,8 +411,9 @@ class _Live:
                 self.wake()
                 if self.rules.scan(self.raw).stop:
                     break
-        except Exception as exc:  # surfaced to waiters through final()/stats
-            log.warning("generation failed: %s", exc)
+        except Exception as exc:  # kept for the request waiting on it (``_answer``)
+            self.error = exc if isinstance(exc, KodeError) else BackendError(_name(exc))
+            log.warning("generation failed: %s", self.error)
         finally:
             await self.generation.cancel()
             self.done.set()
@@ -456,6 +464,38 @@ class _Live:
         await self.generation.cancel()
         if self.task is not None:
             await self.task
+
+
+def _name(exc: BaseException) -> str:
+    """An unexpected exception in words without its text, which may quote source code
+    (a UnicodeEncodeError quotes the whole prompt)."""
+    return f"the generation failed unexpectedly ({type(exc).__name__})"
+
+
+# Tokens of the FIM template itself (special tokens, the file path, the repo name) and
+# slack for line-wise counting, which can undercount the joined prompt by a few tokens.
+_PROMPT_OVERHEAD = 64
+
+
+def prompt_budget(settings: Settings, max_tokens: int) -> ctxmod.Budget:
+    """The context budget, shrunk in proportion so that prompt plus ``max_tokens`` fits
+    ``contextSize``: otherwise every long file answers "context overflow".
+
+    >>> prompt_budget(Settings(context_size=1024), 128)
+    Budget(prefix_tokens=532, suffix_tokens=33, snippet_tokens=266)
+    """
+    wanted = settings.prefix_tokens + settings.suffix_tokens + settings.snippet_tokens
+    room = settings.context_size - max_tokens - _PROMPT_OVERHEAD
+    if wanted <= room:
+        return ctxmod.Budget(
+            settings.prefix_tokens, settings.suffix_tokens, settings.snippet_tokens
+        )
+    scale = max(room, 1) / wanted
+    return ctxmod.Budget(
+        max(1, int(settings.prefix_tokens * scale)),
+        int(settings.suffix_tokens * scale),
+        int(settings.snippet_tokens * scale),
+    )
 
 
 def _repo_name(uri: str) -> str:

@@ -27,7 +27,7 @@ import asyncio
 import json
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -105,17 +105,19 @@ class FrameParser:
             return True
         return self._buf.lstrip().startswith(b"{")  # a body that came without its header
 
-    def feed(self, data: bytes) -> list[Event]:
+    def feed(self, data: bytes) -> Iterator[Event]:
+        """Events for what ``data`` completes. Lazy, so that a message is decoded (and
+        the decoder's hook runs) only after the ones before it were handled: consume
+        them all before the next call."""
         self._buf += data
         return self._drain()
 
-    def idle(self) -> list[Event]:
+    def idle(self) -> Iterator[Event]:
         """The client went quiet: take what is buffered as the message it meant."""
-        events: list[Event] = []
         if self._held is not None:
             body, self._held = self._held + bytes(self._buf), None
             self._buf.clear()
-            events.append(self._last_try(body))
+            yield self._last_try(body)
         elif self._body is not None:
             body = bytes(self._buf)
             self._problem(
@@ -124,46 +126,45 @@ class FrameParser:
             )
             self._buf.clear()
             self._body, self._scanned = None, 0
-            events.extend(self._decode(body, retry=False))
+            yield from self._decode(body, retry=False)
         elif self._buf.lstrip().startswith(b"{"):
             body = bytes(self._buf)
             self._buf.clear()
             self._length = None
             self._problem("a message came without a Content-Length header")
-            events.append(self._last_try(body))
-        return events + self._drain()
+            yield self._last_try(body)
+        yield from self._drain()
 
-    def _drain(self) -> list[Event]:
-        events: list[Event] = []
+    def _drain(self) -> Iterator[Event]:
         while True:
             if self._held is not None:
                 at = _find_length(self._buf)
                 if at is None:
-                    return events
+                    return
                 body, self._held = self._held + bytes(self._buf[:at]), None
                 del self._buf[:at]
-                events.append(self._last_try(body))
+                yield self._last_try(body)
             elif self._body is not None:
                 if len(self._buf) < self._body:
                     early = self._early_end()
                     if early is None:
-                        return events
-                    events.append(early)
+                        return
+                    yield early
                     continue
                 body = bytes(self._buf[: self._body])
                 del self._buf[: self._body]
                 self._body, self._scanned = None, 0
-                events.extend(self._decode(body, retry=True))
+                yield from self._decode(body, retry=True)
             else:
                 end = self._buf.find(b"\n")
                 if end < 0:
                     if len(self._buf) > self._max_header:
                         self._problem(f"a header line longer than {self._max_header} bytes")
                         del self._buf[: len(self._buf) - 64]  # a header may start in the tail
-                    return events
+                    return
                 line = bytes(self._buf[: end + 1])
                 del self._buf[: end + 1]
-                events.extend(self._header(line))
+                yield from self._header(line)
 
     def _header(self, line: bytes) -> list[Event]:
         if not line.strip():
@@ -298,6 +299,7 @@ async def serve(
             if pending is None:
                 pending = asyncio.ensure_future(read())
             done, _ = await asyncio.wait({pending}, timeout=idle_s if parser.waiting else None)
+            events: Iterator[Event]
             if not done:
                 events = parser.idle()
             else:

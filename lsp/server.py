@@ -23,7 +23,7 @@ from threading import Event
 from typing import Any, BinaryIO
 
 import msgspec
-from kode.backends.errors import KodeError
+from kode.backends.errors import DocumentError, KodeError
 from kode.completion import settings as settings_mod
 from kode.completion.backend_factory import load_backend
 from kode.completion.documents import Position, Range
@@ -97,16 +97,31 @@ class KodeProtocol(LanguageServerProtocol):
         try:
             return super().structure_message(data)
         except JsonRpcException as exc:
-            if "id" in data and "method" in data:
-                message = f"invalid params for {data['method']}: {exc.__cause__ or exc}"
+            method = data.get("method")
+            if "id" in data and method is not None:
+                message = f"invalid params for {method}: {exc.__cause__ or exc}"
                 self._send_response(
                     data["id"], error=JsonRpcInvalidParams(message).to_response_error()
                 )
+            elif method == types.TEXT_DOCUMENT_DID_CHANGE:
+                # lsprotocol refuses a negative position; dropping the edit would leave
+                # our text different from the editor's for good. Clamp it as LSP clamps
+                # positions past the end, and say so if even that cannot be read.
+                clamped = _clamp_positions(data)
+                if clamped is not None:
+                    with contextlib.suppress(JsonRpcException):
+                        result = super().structure_message(clamped)
+                        log.warning("didChange with a negative position: clamped to 0")
+                        return result
+                if isinstance(self._server, KodeServer):
+                    self._server.out_of_sync(data)
             raise
 
 
 class KodeServer(LanguageServer):
     """pygls server holding one ``CompletionEngine``."""
+
+    frame_idle_s = framing.IDLE_S  # tests shorten it
 
     def __init__(self, backend_factory: BackendFactory | None = None) -> None:
         super().__init__(
@@ -118,6 +133,7 @@ class KodeServer(LanguageServer):
         self.pool = BackendPool(load_backend)
         self.engine = CompletionEngine(backend_factory or self.pool.get)
         self._pending_messages: list[str] = []
+        self.told: set[str] = set()  # completion failures shown to the user (tell_once)
         self._warmup: asyncio.Task[Any] | None = None
 
     def report_server_error(self, error: Exception, source: Any) -> None:
@@ -160,12 +176,50 @@ class KodeServer(LanguageServer):
         assert isinstance(protocol, KodeProtocol)
         parser = framing.FrameParser(json.JSONDecoder(object_hook=protocol.structure_message))
         stop = self._stop_event
-        await framing.serve(read, protocol, parser, stopped=lambda: stop is None or stop.is_set())
+        await framing.serve(
+            read,
+            protocol,
+            parser,
+            stopped=lambda: stop is None or stop.is_set(),
+            idle_s=self.frame_idle_s,
+        )
 
     def apply_settings(self, raw: Any) -> list[str]:
         parsed, problems = settings_mod.parse(raw)
         self.engine.update_settings(parsed)
+        self.told.clear()  # new settings may fail differently, or the same way again
         return problems
+
+    def out_of_sync(self, data: dict[str, Any]) -> None:
+        """A didChange could not be read: this document's text here no longer matches
+        the editor's, so stop completing it until it is reopened, and say so."""
+        params = data.get("params")
+        document = params.get("textDocument") if isinstance(params, dict) else None
+        uri = document.get("uri") if isinstance(document, dict) else None
+        if not isinstance(uri, str) or uri not in self.engine.documents:
+            return
+        self.engine.documents.close(uri)
+        self.window_show_message(
+            types.ShowMessageParams(
+                type=types.MessageType.Warning,
+                message=f"Kode: an edit to {_short(uri)} could not be read; completions "
+                "stop there until the file is closed and reopened",
+            )
+        )
+
+    def tell_once(self, message: str) -> bool:
+        """Show a completion failure (``window/showMessage``) unless it was shown since
+        the last success or settings change; True if shown now. A failure that repeats
+        on every keystroke (an unreachable server, a context that cannot fit) is told
+        once, as an error answer plus a message; its repeats answer an empty list."""
+        if message in self.told:
+            return False
+        self.told.add(message)
+        log.error("completion failed: %s", message)
+        self.window_show_message(
+            types.ShowMessageParams(type=types.MessageType.Error, message=message)
+        )
+        return True
 
     def report_problems(self, problems: list[str]) -> None:
         for problem in problems:
@@ -247,8 +301,14 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
             result = await engine.complete(uri, pos, on_partial=on_partial)
         except Superseded:
             return types.InlineCompletionList(items=[])
-        except Exception as exc:
-            raise to_lsp_error(exc) from exc
+        except DocumentError as exc:  # this request's own fault: answer it, every time
+            raise to_lsp_error(exc) from None
+        except Exception as exc:  # the model, the remote server, the settings
+            error = to_lsp_error(exc)
+            if not server.tell_once(error.message):
+                return types.InlineCompletionList(items=[])  # told already
+            raise error from None  # the cause's text may quote source code
+        server.told.clear()  # working again: a later failure is news
         if not result.text:
             return types.InlineCompletionList(items=[])
         item = types.InlineCompletionItem(
@@ -279,7 +339,7 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
                 "prefetches": server.engine.prefetches,
                 "readAheads": server.engine.read_aheads,
             },
-            "settings": msgspec.to_builtins(server.engine.settings),
+            "settings": _redacted(server.engine.settings),
         }
 
     @server.feature(types.SHUTDOWN)
@@ -319,6 +379,32 @@ async def _warm_up(server: KodeServer) -> None:
         server.window_show_message(
             types.ShowMessageParams(type=types.MessageType.Error, message=f"Kode: {exc}")
         )
+
+
+def _clamp_positions(data: dict[str, Any]) -> dict[str, Any] | None:
+    """A copy of a didChange message with negative range numbers set to 0; None if it
+    has none (or is not shaped like a didChange)."""
+    try:
+        copy = json.loads(json.dumps(data))
+        changed = False
+        for change in copy["params"]["contentChanges"]:
+            for end in ("start", "end"):
+                position = change.get("range", {}).get(end, {})
+                for key in ("line", "character"):
+                    if isinstance(position.get(key), int) and position[key] < 0:
+                        position[key] = 0
+                        changed = True
+    except (KeyError, TypeError, AttributeError, ValueError):
+        return None
+    return copy if changed else None
+
+
+def _redacted(settings: settings_mod.Settings) -> dict[str, Any]:
+    """Settings for ``kode/stats``: the remote API key is a secret, shown only as set."""
+    out: dict[str, Any] = msgspec.to_builtins(settings)
+    if out["remote"]["apiKey"]:
+        out["remote"]["apiKey"] = "(set)"
+    return out
 
 
 def _describe(exc: BaseException) -> str:

@@ -34,9 +34,9 @@ def ids(events: list[Any]) -> list[Any]:
 
 
 def run(parser: FrameParser, data: bytes, *, idle: bool = False) -> list[Any]:
-    events = parser.feed(data)
+    events = list(parser.feed(data))
     if idle:
-        events += parser.idle()
+        events += list(parser.idle())
     return ids(events)
 
 
@@ -45,7 +45,7 @@ def test_good_frames_pass_through_even_byte_by_byte() -> None:
     parser = FrameParser()
     events: list[Any] = []
     for i in range(len(data)):
-        events += parser.feed(data[i : i + 1])
+        events += list(parser.feed(data[i : i + 1]))
     assert ids(events) == [1, 2, 3]
     assert parser.problems == 0
     assert not parser.waiting
@@ -120,7 +120,7 @@ def test_content_length_inside_a_document_is_not_a_header() -> None:
     data = frame(body)
     events: list[Any] = []
     for i in range(0, len(data), 7):
-        events += parser.feed(data[i : i + 7])
+        events += list(parser.feed(data[i : i + 7]))
     assert ids(events) == [1]
     assert events[0].value["params"]["t"] == text
     assert parser.problems == 0
@@ -137,7 +137,7 @@ def test_malformed_json_with_an_id_is_a_parse_error_for_that_id() -> None:
 def test_an_endless_header_line_is_bounded() -> None:
     parser = FrameParser(max_header_line=1024)
     for _ in range(100):
-        parser.feed(b"x" * 4096)
+        list(parser.feed(b"x" * 4096))
     assert len(parser._buf) <= 1024 + 4096
     assert run(parser, b"\r\n" + frame(request(1))) == [1]
 
@@ -149,7 +149,7 @@ def test_a_decoder_hook_that_refuses_is_reported_not_raised() -> None:
         return data
 
     parser = FrameParser(json.JSONDecoder(object_hook=hook))
-    events = parser.feed(frame(b'{"id": 1, "method": "bad"}') + frame(request(2)))
+    events = list(parser.feed(frame(b'{"id": 1, "method": "bad"}') + frame(request(2))))
     assert isinstance(events[0], Rejected)
     assert ids(events[1:]) == [2]
 
@@ -193,10 +193,10 @@ def test_fuzz_framing_always_recovers(
         body = json.dumps({"jsonrpc": "2.0", "id": n, "method": "m", "params": text}).encode()
         stream += (junk or b"") + frame(body, max(0, len(body) + error))
     for i in range(0, len(stream), chunk):
-        parser.feed(stream[i : i + chunk])
-    parser.idle()
-    parser.idle()
-    events = parser.feed(frame(request(999)))
+        list(parser.feed(stream[i : i + chunk]))
+    list(parser.idle())
+    list(parser.idle())
+    events = list(parser.feed(frame(request(999))))
     if not events:
-        events = parser.idle()
+        events = list(parser.idle())
     assert 999 in ids(events), (stream, events)
