@@ -188,11 +188,13 @@ def _model(args: argparse.Namespace) -> int:
     if args.model_command == "install":
         which = list(models.DEFAULT_MODELS) if args.which == "all" else [args.which]
         for alias in which:
-            path = models.install(alias, force=args.force)
+            path = models.install(alias, force=args.force)  # hashes the whole file
             spec = models.DEFAULT_MODELS[alias]
             print(f"{alias}: {spec.title} -> {path} (sha256 {spec.sha256[:16]}… verified)")
         return 0
     rows = models.info(verify=args.verify)
+    # Non-zero when an installed model fails its check, so scripts and CI notice.
+    failed = 1 if any(r.installed and not r.verified for r in rows) else 0
     if args.json:
         print(
             json.dumps(
@@ -213,13 +215,16 @@ def _model(args: argparse.Namespace) -> int:
                 indent=2,
             )
         )
-        return 0
+        return failed
     print(f"cache: {models.cache_dir()}")
     for r in rows:
         state = "installed" if r.installed else "not installed"
         if r.installed:
             state += (
-                ", verified" if r.verified else ", NOT verified (run: kode model install --force)"
+                ", verified"
+                if r.verified
+                else f", DAMAGED: it does not match its sha256 (run: kode model install "
+                f"{r.alias} --force)"
             )
         print(f"{r.alias:8} {r.title}: {state}")
         print(f"         path:   {r.path}")
@@ -229,7 +234,7 @@ def _model(args: argparse.Namespace) -> int:
             print(f"         sha256: {r.sha256}")
         if not r.parts_available:
             print(f"         parts:  {r.problem}")
-    return 0
+    return failed
 
 
 if __name__ == "__main__":
