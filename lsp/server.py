@@ -374,11 +374,8 @@ async def _warm_up(server: KodeServer) -> None:
     """Load (and on first use, install) the model now rather than on the first keystroke."""
     try:
         await server.engine.backend()
-    except Exception as exc:
-        log.error("could not load the model: %s", exc)
-        server.window_show_message(
-            types.ShowMessageParams(type=types.MessageType.Error, message=f"Kode: {exc}")
-        )
+    except Exception as exc:  # told once: the first completion failing the same way is quiet
+        server.tell_once(to_lsp_error(exc).message)
 
 
 def _clamp_positions(data: dict[str, Any]) -> dict[str, Any] | None:

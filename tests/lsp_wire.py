@@ -112,9 +112,10 @@ def inline(n: int, uri: str, line: int, character: int) -> dict[str, Any]:
 class Wire:
     """One server, one client stream. Use as ``async with Wire(backend) as wire``."""
 
-    def __init__(self, backend: FailingBackend | None = None) -> None:
+    def __init__(self, backend: FailingBackend | None = None, *, real: bool = False) -> None:
+        """``real``: the server's own backend factory (settings decide), not ``backend``."""
         self.backend = backend or FailingBackend()
-        self.server: KodeServer = build_server(self.backend)
+        self.server: KodeServer = build_server(None if real else self.backend)
         self.server.frame_idle_s = IDLE_S
         self.inbox: asyncio.Queue[bytes] = asyncio.Queue()
         self.received: list[dict[str, Any]] = []
@@ -134,6 +135,7 @@ class Wire:
         async with asyncio.timeout(STEP_S):
             await self._task
             await self.server.engine.aclose()
+            await self.server.pool.aclose()
 
     # The server's writer.
     def write(self, data: bytes) -> None:

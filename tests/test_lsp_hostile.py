@@ -243,6 +243,22 @@ async def test_a_generation_error_is_told_once(fail_after: int) -> None:
         await wire.messages("window/showMessage", 3)
 
 
+async def test_an_unreachable_remote_server_is_told_once() -> None:
+    """The issue's probe: ``backend: "remote"`` with a server that cannot be reached
+    answered silent empty lists. Port 9 (discard) on loopback refuses connections."""
+    remote = {"url": "http://127.0.0.1:9", "timeoutMs": 2000}
+    async with Wire(real=True) as wire:
+        await wire.initialize({**QUIET, "backend": "remote", "remote": remote})
+        wire.send(did_open(URI, "x = "), inline(1, URI, 0, 4))
+        first = await wire.response(1)
+        assert first["error"]["code"] == -32803, first
+        await wire.messages("window/showMessage")
+        assert "127.0.0.1:9" in wire.shown()[0]
+        wire.send(inline(3, URI, 0, 4))
+        assert items(await wire.response(3)) == []
+        assert len(wire.shown()) == 1
+
+
 async def test_context_that_cannot_fit_max_tokens_is_reported_at_once() -> None:
     backend = FailingBackend()
     async with Wire(backend) as wire:
