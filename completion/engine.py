@@ -309,7 +309,7 @@ class CompletionEngine:
             await self._start(uri, doc, len(doc.text), backend, 1)
             self.read_aheads += 1
         except Exception as exc:  # best effort; the first request will do the work
-            log.debug("read-ahead failed: %s", exc)
+            log.debug("read-ahead failed: %s", _describe(exc))
 
     def document_changed(self, uri: str) -> None:
         """After an edit: keep the live suggestion if the user typed into it, else stop it.
@@ -349,7 +349,7 @@ class CompletionEngine:
             await self._start(uri, doc, offset, await self.backend(), None)
             self.prefetches += 1
         except Exception as exc:  # a prefetch is best effort; the next request will retry
-            log.debug("prefetch failed: %s", exc)
+            log.debug("prefetch failed: %s", _describe(exc))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -412,7 +412,7 @@ class _Live:
                 if self.rules.scan(self.raw).stop:
                     break
         except Exception as exc:  # kept for the request waiting on it (``_answer``)
-            self.error = exc if isinstance(exc, KodeError) else BackendError(_name(exc))
+            self.error = exc if isinstance(exc, KodeError) else BackendError(_describe(exc))
             log.warning("generation failed: %s", self.error)
         finally:
             await self.generation.cancel()
@@ -466,9 +466,12 @@ class _Live:
             await self.task
 
 
-def _name(exc: BaseException) -> str:
-    """An unexpected exception in words without its text, which may quote source code
-    (a UnicodeEncodeError quotes the whole prompt)."""
+def _describe(exc: BaseException) -> str:
+    """An exception in words for a log or the editor. Kode's own errors say what went
+    wrong without quoting code; anything else is named by its type only, since its text
+    may quote source code (a UnicodeEncodeError quotes the whole prompt)."""
+    if isinstance(exc, KodeError):
+        return str(exc)
     return f"the generation failed unexpectedly ({type(exc).__name__})"
 
 

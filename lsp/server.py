@@ -62,6 +62,7 @@ class KodeProtocol(LanguageServerProtocol):
     - A body that is not JSON but shows a request id: -32700 (``lsp.framing``).
     - A request after ``shutdown``: pygls drops it with a log line; LSP wants
       InvalidRequest (-32600).
+    - A request without ``params`` (JSON-RPC allows it): pygls fails to read it.
     """
 
     def handle_event(self, event: framing.Event) -> None:
@@ -77,6 +78,9 @@ class KodeProtocol(LanguageServerProtocol):
             return
         if not hasattr(event.value, "jsonrpc"):
             log.warning("dropped a JSON value that is not a JSON-RPC message")
+            if isinstance(event.value, dict) and isinstance(event.value.get("id"), int | str):
+                error = JsonRpcInvalidRequest("not a JSON-RPC 2.0 message")
+                self._send_response(event.value["id"], error=error.to_response_error())
             return
         try:
             self.handle_message(event.value)
@@ -94,6 +98,8 @@ class KodeProtocol(LanguageServerProtocol):
         super().handle_message(message)
 
     def structure_message(self, data: dict[str, Any]) -> Any:
+        if "method" in data and "params" not in data and "jsonrpc" in data:
+            data = {**data, "params": None}  # JSON-RPC lets params be left out; pygls not
         try:
             return super().structure_message(data)
         except JsonRpcException as exc:

@@ -153,6 +153,10 @@ async def test_malformed_json_with_an_id_is_answered_minus_32700() -> None:
         assert reply["error"]["code"] == -32700
         wire.send(request(10, "kode/stats"))
         assert "result" in await wire.response(10)
+        wire.send({"id": 11, "method": "kode/stats"})  # no "jsonrpc": "2.0"
+        assert (await wire.response(11))["error"]["code"] == -32600
+        wire.send({"jsonrpc": "2.0", "id": 12, "method": "kode/stats"})  # no params: allowed
+        assert "result" in await wire.response(12)
 
 
 def test_the_real_stdio_server_resynchronises() -> None:
