@@ -20,7 +20,7 @@ import logging
 import sys
 from collections.abc import Awaitable, Callable
 from threading import Event
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, ClassVar
 
 import msgspec
 from kode.backends.errors import DocumentError, KodeError
@@ -52,6 +52,43 @@ log = logging.getLogger("kode.lsp")
 VERSION = "0.1.0"
 STATS_METHOD = "kode/stats"
 PARTIAL_METHOD = "kode/inlineCompletionPartial"
+
+
+class _HideSource(logging.Filter):
+    """pygls logs message bodies and params: every response (completions), a failed
+    notification's params (a whole didOpen). Unless ``logPrompts`` is on, those
+    arguments are replaced; the rest of each line (method, id) stays."""
+
+    HIDDEN = "(not logged: logPrompts is off)"
+    # pygls' format string -> which of its arguments may quote code
+    QUOTING: ClassVar[dict[str, tuple[int, ...]]] = {
+        "Sending data: %s": (0,),
+        "Failed to handle notification %r: %s": (1,),
+        "Failed to handle request %s %s %s": (2,),
+        "Unable to deserialize message\n%s": (0,),
+        'Unknown message "%s"': (0,),
+        "Sending notification: '%s' %s": (1,),
+        'Sending request with id "%s": %s %s': (2,),
+        'Received result for message "%s": %s': (1,),
+        'Received error response to message "%s": %s': (1,),
+        "Client response for %s received: %s": (0, 1),
+    }
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log_prompts = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        hide = self.QUOTING.get(str(record.msg))
+        if hide and not self.log_prompts and isinstance(record.args, tuple):
+            record.args = tuple(
+                self.HIDDEN if i in hide else arg for i, arg in enumerate(record.args)
+            )
+        return True
+
+
+_hide_source = _HideSource()
+logging.getLogger("pygls.protocol.json_rpc").addFilter(_hide_source)
 
 
 class KodeProtocol(LanguageServerProtocol):
@@ -193,6 +230,7 @@ class KodeServer(LanguageServer):
     def apply_settings(self, raw: Any) -> list[str]:
         parsed, problems = settings_mod.parse(raw)
         self.engine.update_settings(parsed)
+        _hide_source.log_prompts = parsed.log_prompts
         self.told.clear()  # new settings may fail differently, or the same way again
         return problems
 

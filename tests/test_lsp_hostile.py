@@ -84,6 +84,22 @@ async def test_an_unexpected_backend_error_is_named_without_its_text(
     assert SECRET not in caplog.text
 
 
+@pytest.mark.parametrize("log_prompts", [False, True])
+async def test_pygls_logs_no_code_unless_log_prompts(
+    caplog: pytest.LogCaptureFixture, log_prompts: bool
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    async with Wire(FailingBackend(chunks=[" " + SECRET])) as wire:
+        await wire.initialize({**QUIET, "logPrompts": log_prompts})
+        wire.send(did_open(URI, "x\n"), inline(1, URI, 1, 0))
+        assert items(await wire.response(1)) == [" " + SECRET]
+        wire.send(notification("textDocument/didOpen", {"textDocument": {"text": SECRET}}))
+        wire.send(request(2, "kode/stats"))
+        await wire.response(2)
+    assert (SECRET in caplog.text) is log_prompts
+    assert "Sending data" in caplog.text
+
+
 def test_run_job_does_not_put_the_prompt_into_its_error() -> None:
     from kode.backends.base import GenerationRequest
     from kode.backends.errors import BackendError
