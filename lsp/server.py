@@ -107,8 +107,8 @@ class KodeProtocol(LanguageServerProtocol):
         if isinstance(event, framing.ParseError):
             log.warning("a message could not be read as JSON (%s)", event.reason)
             if event.request_id is not None:
-                error = JsonRpcParseError(f"Kode could not read the message: {event.reason}")
-                self._send_response(event.request_id, error=error.to_response_error())
+                parse = JsonRpcParseError(f"Kode could not read the message: {event.reason}")
+                self._send_response(event.request_id, error=parse.to_response_error())
             return
         if isinstance(event, framing.Rejected):
             log.warning("message refused: %s", _describe(event.error))
@@ -116,8 +116,8 @@ class KodeProtocol(LanguageServerProtocol):
         if not hasattr(event.value, "jsonrpc"):
             log.warning("dropped a JSON value that is not a JSON-RPC message")
             if isinstance(event.value, dict) and isinstance(event.value.get("id"), int | str):
-                error = JsonRpcInvalidRequest("not a JSON-RPC 2.0 message")
-                self._send_response(event.value["id"], error=error.to_response_error())
+                invalid = JsonRpcInvalidRequest("not a JSON-RPC 2.0 message")
+                self._send_response(event.value["id"], error=invalid.to_response_error())
             return
         try:
             self.handle_message(event.value)
