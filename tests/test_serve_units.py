@@ -330,3 +330,22 @@ def test_factory_rejects_a_missing_or_bad_url(url: str) -> None:
     settings, _ = parse({"backend": "auto", "remote": {"url": url}})
     with pytest.raises(SettingsError, match=r"remote\.url"):
         build_remote(settings)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--threads", "100000"], "--threads must be 0 (every core) to"),
+        (["--threads", "-1"], "--threads must be 0 (every core) to"),
+        (["--context-size", "10"], "--context-size must be 512 to 131072"),
+    ],
+)
+def test_serve_refuses_numbers_out_of_bounds(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #14 item 2, for ``kode serve``'s own flags: refused before anything starts."""
+    from kode.cli.main import _parser
+
+    args = _parser().parse_args(["serve", *argv])
+    assert args.func(args) == 2
+    assert message in capsys.readouterr().err
