@@ -14,8 +14,8 @@ file was still called verified. So each verification also records a fingerprint
 (``<file>.check``: size, mtime and a partial hash of ``_SAMPLES`` blocks spread over
 the file, 4 MB read) and every load compares it; a changed fingerprint means the full
 sha256 again, and a file that fails it is rebuilt from its parts, or the message says
-how. Measured on the 0.5B (2 shared cores, load 10): the load-time check 9 ms, of
-which the partial hash 16 ms cold / less warm; the full sha256 1.6 s. ``install`` and ``kode model info --verify`` always
+how. Measured on the 0.5B (2 shared cores, load 10): the load-time check 9-16 ms, the
+full sha256 1.6 s. ``install`` and ``kode model info --verify`` always
 hash the whole file.
 """
 
