@@ -245,7 +245,14 @@ def run_job(job: Job, run: Run) -> None:
         run.execute()
     except BaseException as exc:
         job.stats.finish_reason = FinishReason.ERROR
-        job.emit(exc if isinstance(exc, BackendError) else BackendError(repr(exc)))
+        job.emit(exc if isinstance(exc, BackendError) else _unexpected(exc))
     finally:
         run.account()
         job.emit(None)
+
+
+def _unexpected(exc: BaseException) -> BackendError:
+    """An unexpected error, named by its type only: its text may quote the prompt,
+    which is everyone's code (a UnicodeEncodeError's repr carries the whole prompt),
+    and the message reaches logs and the editor."""
+    return BackendError(f"the local backend failed unexpectedly ({type(exc).__name__})")

@@ -116,15 +116,25 @@ def _lsp(args: argparse.Namespace) -> int:
 
 
 def _read_source(path: Path) -> tuple[str, str]:
-    """The file's text and URI, or a one-line error."""
+    """The file's text and URI, or a one-line error.
+
+    UTF-8 (with or without a byte-order mark); a file that is not UTF-8 is read as
+    Latin-1, which every byte sequence is, and a note says so: old sources in Latin-1
+    (or cp1252) are common, and their few accented bytes rarely matter to a completion.
+    """
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         raise KodeError(f"no such file: {path}") from None
     except IsADirectoryError:
         raise KodeError(f"{path} is a directory, not a file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise KodeError(f"cannot read {path}: {exc}") from None
+    except OSError as exc:
+        raise KodeError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        text = data.decode("latin-1")
+        print(f"kode: note: {path} is not UTF-8; read it as Latin-1", file=sys.stderr)
     return text, path.resolve().as_uri()
 
 
@@ -196,11 +206,13 @@ def _model(args: argparse.Namespace) -> int:
     if args.model_command == "install":
         which = list(models.DEFAULT_MODELS) if args.which == "all" else [args.which]
         for alias in which:
-            path = models.install(alias, force=args.force)
+            path = models.install(alias, force=args.force)  # hashes the whole file
             spec = models.DEFAULT_MODELS[alias]
             print(f"{alias}: {spec.title} -> {path} (sha256 {spec.sha256[:16]}… verified)")
         return 0
     rows = models.info(verify=args.verify)
+    # Non-zero when an installed model fails its check, so scripts and CI notice.
+    failed = 1 if any(r.installed and not r.verified for r in rows) else 0
     if args.json:
         print(
             json.dumps(
@@ -221,13 +233,16 @@ def _model(args: argparse.Namespace) -> int:
                 indent=2,
             )
         )
-        return 0
+        return failed
     print(f"cache: {models.cache_dir()}")
     for r in rows:
         state = "installed" if r.installed else "not installed"
         if r.installed:
             state += (
-                ", verified" if r.verified else ", NOT verified (run: kode model install --force)"
+                ", verified"
+                if r.verified
+                else f", DAMAGED: it does not match its sha256 (run: kode model install "
+                f"{r.alias} --force)"
             )
         print(f"{r.alias:8} {r.title}: {state}")
         print(f"         path:   {r.path}")
@@ -237,7 +252,7 @@ def _model(args: argparse.Namespace) -> int:
             print(f"         sha256: {r.sha256}")
         if not r.parts_available:
             print(f"         parts:  {r.problem}")
-    return 0
+    return failed
 
 
 if __name__ == "__main__":

@@ -80,6 +80,18 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def _bounds_problem(args: argparse.Namespace) -> str | None:
+    """The same bounds as the editor settings (``threads: 100000`` aborted llama.cpp)."""
+    from kode.completion.settings import usable_cores
+
+    cores = usable_cores()
+    if not 0 <= args.threads <= cores:
+        return f"--threads must be 0 (every core) to {cores}, the cores this machine lets it use"
+    if not 512 <= args.context_size <= 1 << 17:
+        return "--context-size must be 512 to 131072 tokens"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     if args.api_keys is None and not is_loopback(args.host):
         print(
@@ -93,6 +105,10 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, name) < 1:
             print(f"kode serve: --{name.replace('_', '-')} must be at least 1", file=sys.stderr)
             return 2
+    problem = _bounds_problem(args)
+    if problem is not None:
+        print(f"kode serve: {problem}", file=sys.stderr)
+        return 2
     if logging.getLogger().level > logging.INFO:
         logging.getLogger().setLevel(logging.INFO)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call

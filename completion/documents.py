@@ -4,6 +4,11 @@ LSP positions count ``character`` in UTF-16 code units (the default position
 encoding). Python strings index code points, so a character outside the Basic
 Multilingual Plane (an emoji, say) is one index here and two UTF-16 units there.
 Line breaks are ``\\n``, ``\\r\\n`` and ``\\r``, as the LSP specification says.
+
+Text is stored with every lone surrogate (JSON allows ``"\\ud800"``; UTF-8 does not)
+replaced by U+FFFD: one UTF-16 unit for one, so every position stays where the editor
+has it, and the document can always be encoded into a prompt. One such document used
+to break every completion, since others are pulled into each prompt as context.
 """
 
 from __future__ import annotations
@@ -14,6 +19,20 @@ from dataclasses import dataclass, field
 from kode.backends.errors import DocumentError
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def scrub(text: str) -> str:
+    """``text`` with each lone surrogate replaced by U+FFFD (same UTF-16 length).
+
+    >>> scrub("a\\ud800b") == "a\\ufffdb"
+    True
+    """
+    try:
+        text.encode("utf-8")  # the common case: one C-speed pass, no regex
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text)
+    return text
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +88,7 @@ class Document:
     _line_starts: list[int] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
+        self.text = scrub(self.text)
         self._reindex()
 
     def _reindex(self) -> None:
@@ -130,16 +150,28 @@ class Document:
         return Position(lo, utf16_len(self.text[start:offset]))
 
     def apply_change(self, text: str, range_: Range | None = None) -> None:
-        """Replace ``range_`` (or the whole text when None) with ``text``."""
+        """Replace ``range_`` (or the whole text when None) with ``text``.
+
+        A range outside the document is clamped as the LSP specification asks; a
+        negative line or character (no client should send one) counts as 0, so the
+        edit still lands where the editor most likely made it rather than being lost.
+        """
+        text = scrub(text)
         if range_ is None:
             self.text = text
         else:
-            start = self.offset_at(range_.start, strict=False)
-            end = self.offset_at(range_.end, strict=False)
+            start = self.offset_at(_non_negative(range_.start), strict=False)
+            end = self.offset_at(_non_negative(range_.end), strict=False)
             if end < start:
                 start, end = end, start
             self.text = self.text[:start] + text + self.text[end:]
         self._reindex()
+
+
+def _non_negative(position: Position) -> Position:
+    if position.line >= 0 and position.character >= 0:
+        return position
+    return Position(max(0, position.line), max(0, position.character))
 
 
 def _clamp_index(line: str, character: int) -> int:

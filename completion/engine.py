@@ -28,9 +28,9 @@ from kode.backends.base import (
     Sampling,
     SpeculationMethod,
 )
-from kode.backends.errors import DocumentError, SettingsError
+from kode.backends.errors import BackendError, DocumentError, KodeError, SettingsError
 from kode.completion import context as ctxmod
-from kode.completion.documents import Document, DocumentStore, Position
+from kode.completion.documents import Document, DocumentStore, Position, scrub
 from kode.completion.settings import DEFAULT, BackendKind, Settings
 from kode.completion.stops import StopRules
 from kode.completion.templates import TEMPLATES, FimTemplate, render
@@ -219,9 +219,7 @@ class CompletionEngine:
         self, uri: str, doc: Document, offset: int, backend: Backend
     ) -> ctxmod.CompletionContext:
         settings = self._settings
-        budget = ctxmod.Budget(
-            settings.prefix_tokens, settings.suffix_tokens, settings.snippet_tokens
-        )
+        budget = prompt_budget(settings, settings.max_tokens)
         ctx = ctxmod.gather(
             doc,
             offset,
@@ -289,13 +287,16 @@ class CompletionEngine:
         return self._short_context(uri, doc, offset, backend, allowed)
 
     def _prompt(self, uri: str, ctx: ctxmod.CompletionContext) -> str:
-        return render(
-            self.template(),
-            ctx.prefix,
-            ctx.suffix,
-            path=ctx.path,
-            repo=_repo_name(uri),
-            snippets=ctx.snippets,
+        # Document text is scrubbed when stored; the URI (path, repo name) is not.
+        return scrub(
+            render(
+                self.template(),
+                ctx.prefix,
+                ctx.suffix,
+                path=ctx.path,
+                repo=_repo_name(uri),
+                snippets=ctx.snippets,
+            )
         )
 
     async def _launch(
@@ -394,6 +395,11 @@ class CompletionEngine:
             live.waiters -= 1
         if not current():
             raise Superseded(uri)
+        if live.error is not None:
+            # Told once, to this request; the next one starts a fresh generation.
+            if self._live.get(uri) is live:
+                del self._live[uri]
+            raise live.error
         text = live.final() if live.done.is_set() else live.visible().rstrip()
         answer = text[len(typed) :] if text.startswith(typed) else ""
         return Completion(
@@ -447,7 +453,7 @@ class CompletionEngine:
             self.read_aheads += 1
             await self._finish_prep(live)
         except Exception as exc:  # best effort; the first request will do the work
-            log.debug("read-ahead failed: %s", exc)
+            log.debug("read-ahead failed: %s", _describe(exc))
 
     def document_changed(self, uri: str) -> None:
         """After an edit: keep the live suggestion if the user typed into it, else stop it.
@@ -489,7 +495,7 @@ class CompletionEngine:
             await self._start(uri, doc, offset, await self.backend(), None)
             self.prefetches += 1
         except Exception as exc:  # a prefetch is best effort; the next request will retry
-            log.debug("prefetch failed: %s", exc)
+            log.debug("prefetch failed: %s", _describe(exc))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -681,6 +687,7 @@ class _Live:
         self.done = asyncio.Event()
         self._changed = asyncio.Event()
         self.task: asyncio.Future[None] | None = None
+        self.error: KodeError | None = None  # why the generation failed, for the request
 
     async def pump(self) -> None:
         try:
@@ -689,8 +696,9 @@ class _Live:
                 self.wake()
                 if self.rules.scan(self.raw).stop:
                     break
-        except Exception as exc:  # surfaced to waiters through final()/stats
-            log.warning("generation failed: %s", exc)
+        except Exception as exc:  # kept for the request waiting on it (``_answer``)
+            self.error = exc if isinstance(exc, KodeError) else BackendError(_describe(exc))
+            log.warning("generation failed: %s", self.error)
         finally:
             await self.generation.cancel()
             self.done.set()
@@ -741,6 +749,41 @@ class _Live:
         await self.generation.cancel()
         if self.task is not None:
             await self.task
+
+
+def _describe(exc: BaseException) -> str:
+    """An exception in words for a log or the editor. Kode's own errors say what went
+    wrong without quoting code; anything else is named by its type only, since its text
+    may quote source code (a UnicodeEncodeError quotes the whole prompt)."""
+    if isinstance(exc, KodeError):
+        return str(exc)
+    return f"the generation failed unexpectedly ({type(exc).__name__})"
+
+
+# Tokens of the FIM template itself (special tokens, the file path, the repo name) and
+# slack for line-wise counting, which can undercount the joined prompt by a few tokens.
+_PROMPT_OVERHEAD = 64
+
+
+def prompt_budget(settings: Settings, max_tokens: int) -> ctxmod.Budget:
+    """The context budget, shrunk in proportion so that prompt plus ``max_tokens`` fits
+    ``contextSize``: otherwise every long file answers "context overflow".
+
+    >>> prompt_budget(Settings(context_size=1024), 128)
+    Budget(prefix_tokens=532, suffix_tokens=33, snippet_tokens=266)
+    """
+    wanted = settings.prefix_tokens + settings.suffix_tokens + settings.snippet_tokens
+    room = settings.context_size - max_tokens - _PROMPT_OVERHEAD
+    if wanted <= room:
+        return ctxmod.Budget(
+            settings.prefix_tokens, settings.suffix_tokens, settings.snippet_tokens
+        )
+    scale = max(room, 1) / wanted
+    return ctxmod.Budget(
+        max(1, int(settings.prefix_tokens * scale)),
+        int(settings.suffix_tokens * scale),
+        int(settings.snippet_tokens * scale),
+    )
 
 
 def _repo_name(uri: str) -> str:

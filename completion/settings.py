@@ -9,6 +9,7 @@ its default; the others still apply.
 from __future__ import annotations
 
 import enum
+import os
 from typing import Annotated, Any, TypeVar
 
 import msgspec
@@ -16,8 +17,12 @@ from kode.backends.base import BackendKind as BackendKind  # re-exported: the `b
 from kode.backends.base import SpeculationMethod
 from kode.completion.stops import MultilineMode
 
-_Positive = Annotated[int, msgspec.Meta(ge=1)]
-_NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+# Every number has bounds: a value past them is reported and its default used. The
+# upper bounds are far above any useful value and far below the ones that break
+# things (``threads: 100000`` aborted the process with std::bad_alloc).
+_TOKENS = 1 << 17  # Qwen2.5-Coder's longest context, with YaRN: 131072
+_Tokens = Annotated[int, msgspec.Meta(ge=0, le=_TOKENS)]
+_Ms = Annotated[int, msgspec.Meta(ge=0, le=600_000)]  # ten minutes
 
 
 class LocalEngine(enum.StrEnum):
@@ -39,8 +44,8 @@ class RemoteSettings(
     api: RemoteApi = RemoteApi.SGLANG
     api_key: str = ""  # sent as a bearer token
     model: str = ""  # model name for the OpenAI API
-    timeout_ms: Annotated[int, msgspec.Meta(ge=1)] = 5000
-    latency_budget_ms: Annotated[int, msgspec.Meta(ge=1)] = 1500  # auto: fall back past this
+    timeout_ms: Annotated[int, msgspec.Meta(ge=1, le=600_000)] = 5000
+    latency_budget_ms: Annotated[int, msgspec.Meta(ge=1, le=600_000)] = 1500  # auto: fall back
 
 
 class Settings(
@@ -57,22 +62,22 @@ class Settings(
     max_tokens: Annotated[int, msgspec.Meta(ge=1, le=2048)] = 128
     temperature: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] = 0.0
     top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] = 1.0
-    seed: int | None = None
+    seed: Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)] | None = None  # llama.cpp: uint32
     speculation: SpeculationMethod = SpeculationMethod.AUTO
     multiline: MultilineMode = MultilineMode.AUTO
-    max_lines: _Positive = 32
-    prefix_tokens: _Positive = 1024
-    suffix_tokens: _NonNegative = 64
+    max_lines: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 32
+    prefix_tokens: Annotated[int, msgspec.Meta(ge=1, le=_TOKENS)] = 1024
+    suffix_tokens: _Tokens = 64
     # llama.cpp: after a keystroke, reuse the cached suffix at its new position while at
     # most this many edited tokens went unseen by it (kode bench quality, mode `moved`);
     # 0: re-evaluate the suffix on every keystroke.
-    moved_suffix_drift: _NonNegative = 32
-    snippet_tokens: _NonNegative = 512
-    context_size: Annotated[int, msgspec.Meta(ge=512)] = 4096
-    threads: _NonNegative = 0  # 0: every core
+    moved_suffix_drift: _Tokens = 32
+    snippet_tokens: _Tokens = 512
+    context_size: Annotated[int, msgspec.Meta(ge=512, le=_TOKENS)] = 4096
+    threads: Annotated[int, msgspec.Meta(ge=0)] = 0  # 0: every core; at most usable_cores()
     log_prompts: bool = False  # never log source code unless asked to
     partial_completions: bool = False  # send kode/inlineCompletionPartial while text grows
-    time_budget_ms: _NonNegative = 0  # 0: no budget; else answer with what is ready by then
+    time_budget_ms: _Ms = 0  # 0: no budget; else answer with what is ready by then
     prefetch: bool = True  # after a suggestion is accepted, start the next one
     read_ahead: bool = True  # local engine: evaluate a newly opened document's prompt early
     # Local engine: the most a keystroke may spend evaluating prompt tokens, at the prefill
@@ -88,15 +93,53 @@ class Settings(
 DEFAULT = Settings()
 
 
-def parse(raw: Any) -> tuple[Settings, list[str]]:
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def parse(raw: Any, *, cores: int | None = None) -> tuple[Settings, list[str]]:
     """Settings from editor JSON, and one message per rejected setting.
 
     Each setting is validated on its own (nested objects field by field), so a bad one
-    falls back to its default and is named in a message while the others still apply.
+    falls back to its default and is named in a message while the others still apply;
+    then what each value allows alone but the machine or the other values do not.
+    ``cores``: the most ``threads`` may be (default: ``usable_cores()``).
 
     >>> print(*parse({"maxTokens": 64, "speculation": "warp"})[1])
     speculation: 'warp' is not one of auto, none, ngram, lookahead, draft, remote; using the default
     """
+    settings, problems = _parse_fields(raw)
+    return _check_together(settings, problems, usable_cores() if cores is None else cores)
+
+
+def _check_together(
+    settings: Settings, problems: list[str], cores: int
+) -> tuple[Settings, list[str]]:
+    """What each value allows alone but the machine or the other values do not."""
+    if settings.threads > cores:
+        # More threads than cores only slows llama.cpp down (600 on 2 cores: 4x slower)
+        # and 100000 aborted the process (std::bad_alloc).
+        problems.append(
+            f"threads: {settings.threads} is more than the {cores} cores this machine "
+            "lets Kode use; using 0 (every core)"
+        )
+        settings = msgspec.structs.replace(settings, threads=0)
+    if settings.max_tokens > settings.context_size // 2:
+        fallback = min(DEFAULT.max_tokens, settings.context_size // 4)
+        problems.append(
+            f"maxTokens: {settings.max_tokens} leaves too little of contextSize "
+            f"{settings.context_size} for the code around the cursor (at most half of "
+            f"it); using {fallback}"
+        )
+        settings = msgspec.structs.replace(settings, max_tokens=fallback)
+    return settings, problems
+
+
+def _parse_fields(raw: Any) -> tuple[Settings, list[str]]:
     if raw is None or raw == []:  # Lua encodes an empty table as []
         return DEFAULT, []
     if isinstance(raw, dict) and isinstance(raw.get("kode"), dict):

@@ -21,4 +21,5 @@ def to_lsp_error(exc: BaseException) -> JsonRpcException:
         return JsonRpcInvalidParams(str(exc))
     if isinstance(exc, ModelError | BackendError | KodeError):
         return RequestFailed(f"Kode: {exc}")
-    return JsonRpcInternalError(f"Kode internal error: {type(exc).__name__}: {exc}")
+    # Named by type only: the text of an unexpected error may quote source code.
+    return JsonRpcInternalError(f"Kode internal error: {type(exc).__name__}")

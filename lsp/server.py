@@ -14,11 +14,17 @@ Requests and notifications handled:
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
-from typing import Any
+import sys
+from collections.abc import Awaitable, Callable
+from threading import Event
+from typing import Any, BinaryIO, ClassVar
 
 import msgspec
 from kode.backends.base import KvMemoryReport
+from kode.backends.errors import DocumentError, KodeError
 from kode.completion import settings as settings_mod
 from kode.completion.backend_factory import load_backend
 from kode.completion.documents import Position, Range
@@ -29,11 +35,18 @@ from kode.completion.engine import (
     PartialCallback,
     Superseded,
 )
+from kode.lsp import framing
 from kode.lsp.errors import to_lsp_error
 from lsprotocol import types
-from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
+from pygls.exceptions import (
+    JsonRpcException,
+    JsonRpcInvalidParams,
+    JsonRpcInvalidRequest,
+    JsonRpcParseError,
+)
+from pygls.io_ import StdoutWriter
 from pygls.lsp.server import LanguageServer
-from pygls.protocol import LanguageServerProtocol
+from pygls.protocol import JsonRPCRequestMessage, LanguageServerProtocol
 
 log = logging.getLogger("kode.lsp")
 
@@ -43,27 +56,117 @@ PARTIAL_METHOD = "kode/inlineCompletionPartial"
 CURSOR_METHOD = "kode/didMoveCursor"
 
 
-class KodeProtocol(LanguageServerProtocol):
-    """pygls' protocol, answering requests whose params cannot be read.
+class _HideSource(logging.Filter):
+    """pygls logs message bodies and params: every response (completions), a failed
+    notification's params (a whole didOpen). Unless ``logPrompts`` is on, those
+    arguments are replaced; the rest of each line (method, id) stays."""
 
-    pygls logs such a request and drops it, leaving the client waiting forever; LSP
-    wants an error response (-32602), which this sends before the message is dropped.
+    HIDDEN = "(not logged: logPrompts is off)"
+    # pygls' format string -> which of its arguments may quote code
+    QUOTING: ClassVar[dict[str, tuple[int, ...]]] = {
+        "Sending data: %s": (0,),
+        "Failed to handle notification %r: %s": (1,),
+        "Failed to handle request %s %s %s": (2,),
+        "Unable to deserialize message\n%s": (0,),
+        'Unknown message "%s"': (0,),
+        "Sending notification: '%s' %s": (1,),
+        'Sending request with id "%s": %s %s': (2,),
+        'Received result for message "%s": %s': (1,),
+        'Received error response to message "%s": %s': (1,),
+        "Client response for %s received: %s": (0, 1),
+    }
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log_prompts = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        hide = self.QUOTING.get(str(record.msg))
+        if hide and not self.log_prompts and isinstance(record.args, tuple):
+            record.args = tuple(
+                self.HIDDEN if i in hide else arg for i, arg in enumerate(record.args)
+            )
+        return True
+
+
+_hide_source = _HideSource()
+logging.getLogger("pygls.protocol.json_rpc").addFilter(_hide_source)
+
+
+class KodeProtocol(LanguageServerProtocol):
+    """pygls' protocol, answering what pygls leaves unanswered.
+
+    - A request whose params cannot be read: pygls logs it and drops it, leaving the
+      client waiting forever; LSP wants an error response (-32602), sent here.
+    - A body that is not JSON but shows a request id: -32700 (``lsp.framing``).
+    - A request after ``shutdown``: pygls drops it with a log line; LSP wants
+      InvalidRequest (-32600).
+    - A request without ``params`` (JSON-RPC allows it): pygls fails to read it.
     """
 
+    def handle_event(self, event: framing.Event) -> None:
+        """One event of ``framing.FrameParser``; never raises (the reader goes on)."""
+        if isinstance(event, framing.ParseError):
+            log.warning("a message could not be read as JSON (%s)", event.reason)
+            if event.request_id is not None:
+                parse = JsonRpcParseError(f"Kode could not read the message: {event.reason}")
+                self._send_response(event.request_id, error=parse.to_response_error())
+            return
+        if isinstance(event, framing.Rejected):
+            log.warning("message refused: %s", _describe(event.error))
+            return
+        if not hasattr(event.value, "jsonrpc"):
+            log.warning("dropped a JSON value that is not a JSON-RPC message")
+            if isinstance(event.value, dict) and isinstance(event.value.get("id"), int | str):
+                invalid = JsonRpcInvalidRequest("not a JSON-RPC 2.0 message")
+                self._send_response(event.value["id"], error=invalid.to_response_error())
+            return
+        try:
+            self.handle_message(event.value)
+        except Exception as exc:
+            log.error("could not handle a message: %s", _describe(exc))
+
+    def handle_message(self, message: Any) -> None:
+        request = isinstance(message, JsonRPCRequestMessage)
+        if self._shutdown and request and message.method != types.EXIT:
+            error = JsonRpcInvalidRequest(
+                f"the server is shutting down; {message.method} is not served"
+            )
+            self._send_response(message.id, error=error.to_response_error())
+            return
+        super().handle_message(message)
+
     def structure_message(self, data: dict[str, Any]) -> Any:
+        if "method" in data and "params" not in data and "jsonrpc" in data:
+            data = {**data, "params": None}  # JSON-RPC lets params be left out; pygls not
         try:
             return super().structure_message(data)
         except JsonRpcException as exc:
-            if "id" in data and "method" in data:
-                message = f"invalid params for {data['method']}: {exc.__cause__ or exc}"
+            method = data.get("method")
+            if "id" in data and method is not None:
+                message = f"invalid params for {method}: {exc.__cause__ or exc}"
                 self._send_response(
                     data["id"], error=JsonRpcInvalidParams(message).to_response_error()
                 )
+            elif method == types.TEXT_DOCUMENT_DID_CHANGE:
+                # lsprotocol refuses a negative position; dropping the edit would leave
+                # our text different from the editor's for good. Clamp it as LSP clamps
+                # positions past the end, and say so if even that cannot be read.
+                clamped = _clamp_positions(data)
+                if clamped is not None:
+                    with contextlib.suppress(JsonRpcException):
+                        result = super().structure_message(clamped)
+                        log.warning("didChange with a negative position: clamped to 0")
+                        return result
+                if isinstance(self._server, KodeServer):
+                    self._server.out_of_sync(data)
             raise
 
 
 class KodeServer(LanguageServer):
     """pygls server holding one ``CompletionEngine``."""
+
+    frame_idle_s = framing.IDLE_S  # tests shorten it
 
     def __init__(self, backend_factory: BackendFactory | None = None) -> None:
         super().__init__(
@@ -75,16 +178,94 @@ class KodeServer(LanguageServer):
         self.pool = BackendPool(load_backend)
         self.engine = CompletionEngine(backend_factory or self.pool.get)
         self._pending_messages: list[str] = []
+        self.told: set[str] = set()  # completion failures shown to the user (tell_once)
         self._warmup: asyncio.Task[Any] | None = None
 
     def report_server_error(self, error: Exception, source: Any) -> None:
         """Log only: a failed request already got its error response."""
-        log.error("%s: %s", getattr(source, "__name__", source), error)
+        log.error("%s: %s", getattr(source, "__name__", source), _describe(error))
+
+    def start_io(self, stdin: BinaryIO | None = None, stdout: BinaryIO | None = None) -> None:
+        """pygls' stdio server, reading through ``lsp.framing`` (resynchronising)."""
+        self._stop_event = Event()
+        self.protocol.set_writer(StdoutWriter(stdout or sys.stdout.buffer))
+        read = framing.stdin_reader(stdin or sys.stdin.buffer, self.thread_pool)
+        try:
+            asyncio.run(self._serve(read))
+        except BrokenPipeError:
+            log.error("the connection to the client is lost; shutting down")
+        except (KeyboardInterrupt, SystemExit):
+            pass
+        finally:
+            self.shutdown()  # type: ignore[no-untyped-call]
+
+    def start_tcp(self, host: str, port: int) -> None:
+        """pygls' TCP server (one client), reading through ``lsp.framing``."""
+        self._stop_event = Event()
+
+        async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.protocol.set_writer(writer)
+            await self._serve(framing.stream_reader(reader))
+            self.shutdown()  # type: ignore[no-untyped-call]
+
+        async def main() -> None:
+            self._server = await asyncio.start_server(connection, host, port)
+            async with self._server:
+                await self._server.serve_forever()
+
+        with contextlib.suppress(asyncio.CancelledError):
+            asyncio.run(main())
+
+    async def _serve(self, read: Callable[[], Awaitable[bytes]]) -> None:
+        protocol = self.protocol
+        assert isinstance(protocol, KodeProtocol)
+        parser = framing.FrameParser(json.JSONDecoder(object_hook=protocol.structure_message))
+        stop = self._stop_event
+        await framing.serve(
+            read,
+            protocol,
+            parser,
+            stopped=lambda: stop is None or stop.is_set(),
+            idle_s=self.frame_idle_s,
+        )
 
     def apply_settings(self, raw: Any) -> list[str]:
         parsed, problems = settings_mod.parse(raw)
         self.engine.update_settings(parsed)
+        _hide_source.log_prompts = parsed.log_prompts
+        self.told.clear()  # new settings may fail differently, or the same way again
         return problems
+
+    def out_of_sync(self, data: dict[str, Any]) -> None:
+        """A didChange could not be read: this document's text here no longer matches
+        the editor's, so stop completing it until it is reopened, and say so."""
+        params = data.get("params")
+        document = params.get("textDocument") if isinstance(params, dict) else None
+        uri = document.get("uri") if isinstance(document, dict) else None
+        if not isinstance(uri, str) or uri not in self.engine.documents:
+            return
+        self.engine.documents.close(uri)
+        self.window_show_message(
+            types.ShowMessageParams(
+                type=types.MessageType.Warning,
+                message=f"Kode: an edit to {_short(uri)} could not be read; completions "
+                "stop there until the file is closed and reopened",
+            )
+        )
+
+    def tell_once(self, message: str) -> bool:
+        """Show a completion failure (``window/showMessage``) unless it was shown since
+        the last success or settings change; True if shown now. A failure that repeats
+        on every keystroke (an unreachable server, a context that cannot fit) is told
+        once, as an error answer plus a message; its repeats answer an empty list."""
+        if message in self.told:
+            return False
+        self.told.add(message)
+        log.error("completion failed: %s", message)
+        self.window_show_message(
+            types.ShowMessageParams(type=types.MessageType.Error, message=message)
+        )
+        return True
 
     def report_problems(self, problems: list[str]) -> None:
         for problem in problems:
@@ -181,8 +362,14 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
             result = await engine.complete(uri, pos, on_partial=on_partial)
         except Superseded:
             return types.InlineCompletionList(items=[])
-        except Exception as exc:
-            raise to_lsp_error(exc) from exc
+        except DocumentError as exc:  # this request's own fault: answer it, every time
+            raise to_lsp_error(exc) from None
+        except Exception as exc:  # the model, the remote server, the settings
+            error = to_lsp_error(exc)
+            if not server.tell_once(error.message):
+                return types.InlineCompletionList(items=[])  # told already
+            raise error from None  # the cause's text may quote source code
+        server.told.clear()  # working again: a later failure is news
         if not result.text:
             return types.InlineCompletionList(items=[])
         item = types.InlineCompletionItem(
@@ -217,7 +404,7 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
                 "prefillTokensPerS": server.engine.rate.value,
             },
             "kvMemory": backend.kv_memory if isinstance(backend, KvMemoryReport) else None,
-            "settings": msgspec.to_builtins(server.engine.settings),
+            "settings": _redacted(server.engine.settings),
         }
 
     @server.feature(types.SHUTDOWN)
@@ -253,11 +440,43 @@ async def _warm_up(server: KodeServer) -> None:
     and learn this machine's prefill speed."""
     try:
         await server.engine.warm_up()
-    except Exception as exc:
-        log.error("could not load the model: %s", exc)
-        server.window_show_message(
-            types.ShowMessageParams(type=types.MessageType.Error, message=f"Kode: {exc}")
-        )
+    except Exception as exc:  # told once: the first completion failing the same way is quiet
+        server.tell_once(to_lsp_error(exc).message)
+
+
+def _clamp_positions(data: dict[str, Any]) -> dict[str, Any] | None:
+    """A copy of a didChange message with negative range numbers set to 0; None if it
+    has none (or is not shaped like a didChange)."""
+    try:
+        copy = json.loads(json.dumps(data))
+        changed = False
+        for change in copy["params"]["contentChanges"]:
+            for end in ("start", "end"):
+                position = change.get("range", {}).get(end, {})
+                for key in ("line", "character"):
+                    if isinstance(position.get(key), int) and position[key] < 0:
+                        position[key] = 0
+                        changed = True
+    except (KeyError, TypeError, AttributeError, ValueError):
+        return None
+    return copy if changed else None
+
+
+def _redacted(settings: settings_mod.Settings) -> dict[str, Any]:
+    """Settings for ``kode/stats``: the remote API key is a secret, shown only as set."""
+    out: dict[str, Any] = msgspec.to_builtins(settings)
+    if out["remote"]["apiKey"]:
+        out["remote"]["apiKey"] = "(set)"
+    return out
+
+
+def _describe(exc: BaseException) -> str:
+    """An exception for a log line: Kode's own errors say what happened in words and
+    carry no source; anything else is named by type only, since its text may quote
+    the code it failed on (a UnicodeEncodeError quotes the whole prompt)."""
+    if isinstance(exc, KodeError | JsonRpcException):
+        return str(exc)
+    return type(exc).__name__
 
 
 def _short(uri: str) -> str:

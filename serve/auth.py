@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from kode.backends.errors import SettingsError
+
+log = logging.getLogger("kode.serve")
 
 ANONYMOUS = "anonymous"  # the caller's name when the server runs without keys
 MIN_KEY_LENGTH = 16
@@ -61,10 +65,27 @@ class KeyRing:
 
     @classmethod
     def load(cls, path: Path) -> KeyRing:
+        """Keys from ``path``: UTF-8 (a byte-order mark is fine); a file others may
+        read is used, with a warning, since its keys are no longer secret."""
         try:
-            text = path.read_text(encoding="utf-8")
+            data = path.read_bytes()
+            mode = path.stat().st_mode
         except OSError as exc:
             raise SettingsError(f"cannot read the API keys file {path}: {exc.strerror}") from None
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise SettingsError(
+                f"the API keys file {path} is not UTF-8 text (byte {exc.start}); save it "
+                "as UTF-8, one 'name:key' per line"
+            ) from None
+        if mode & (stat.S_IRGRP | stat.S_IROTH):
+            log.warning(
+                "the API keys file %s can be read by other users (mode %o); run: chmod 600 %s",
+                path,
+                stat.S_IMODE(mode),
+                path,
+            )
         return cls.parse(text, source=str(path))
 
     def identify(self, presented: str) -> str | None:

@@ -68,6 +68,62 @@ def test_missing_keys_file(tmp_path: Path) -> None:
         KeyRing.load(tmp_path / "nope.txt")
 
 
+def test_keys_file_encodings_and_permissions(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue #14: not UTF-8 was a traceback, a BOM a misleading message, a file that
+    everyone may read no warning."""
+    path = tmp_path / "keys.txt"
+    path.write_bytes(b"alice:\xe9t\xe9-key-0123456789abcdef\n")  # Latin-1
+    with pytest.raises(SettingsError, match="is not UTF-8 text"):
+        KeyRing.load(path)
+    path.write_bytes("\ufeffalice:alice-key-0123456789abcdef\n".encode())
+    path.chmod(0o600)
+    with caplog.at_level("WARNING", logger="kode.serve"):
+        assert KeyRing.load(path).identify("alice-key-0123456789abcdef") == "alice"
+    assert not caplog.records
+    path.chmod(0o644)
+    with caplog.at_level("WARNING", logger="kode.serve"):
+        KeyRing.load(path)
+    assert "can be read by other users (mode 644); run: chmod 600" in caplog.text
+    assert "alice-key" not in caplog.text
+
+
+async def test_stop_strings_and_request_fields_are_bounded() -> None:
+    """Issue #14: 70,000 stop strings stalled the event loop for everyone."""
+    import time
+
+    import httpx
+    from kode.serve.app import MAX_STOPS, ServeConfig, build_app
+
+    local = FakeLocal(chunks=["x"])
+    service = CompletionService(Workers([local]), max_per_key=4)
+    app = build_app(service, ServeConfig())
+    transport = httpx.ASGITransport(app=app)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://kode") as client:
+            many = {"prompt": "p", "max_tokens": 1, "stop": ["\n"] * 70_000}
+            started = time.perf_counter()
+            reply = await client.post("/v1/completions", json=many)
+            assert reply.status_code == 400
+            assert f"length <= {MAX_STOPS}" in reply.json()["error"]["message"]
+            assert time.perf_counter() - started < 1.0
+            assert local.requests == []  # refused before any work
+            for body in (
+                {"prompt": "p", "stop": "x" * 10_000},
+                {"prompt": "p", "seed": -1},
+                {"prompt": "p", "n": 2},
+                {"text": "p", "rid": "r" * 10_000},
+            ):
+                path = "/generate" if "text" in body else "/v1/completions"
+                assert (await client.post(path, json=body)).status_code == 400, body
+            ok = {"prompt": "p", "max_tokens": 1, "stop": ["\n"] * MAX_STOPS}
+            assert (await client.post("/v1/completions", json=ok)).status_code == 200
+            assert (await client.get("/health")).status_code == 200
+    finally:
+        await service.aclose()
+
+
 # -- metrics --------------------------------------------------------------------------
 
 
@@ -274,3 +330,22 @@ def test_factory_rejects_a_missing_or_bad_url(url: str) -> None:
     settings, _ = parse({"backend": "auto", "remote": {"url": url}})
     with pytest.raises(SettingsError, match=r"remote\.url"):
         build_remote(settings)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--threads", "100000"], "--threads must be 0 (every core) to"),
+        (["--threads", "-1"], "--threads must be 0 (every core) to"),
+        (["--context-size", "10"], "--context-size must be 512 to 131072"),
+    ],
+)
+def test_serve_refuses_numbers_out_of_bounds(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #14 item 2, for ``kode serve``'s own flags: refused before anything starts."""
+    from kode.cli.main import _parser
+
+    args = _parser().parse_args(["serve", *argv])
+    assert args.func(args) == 2
+    assert message in capsys.readouterr().err

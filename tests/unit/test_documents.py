@@ -11,6 +11,7 @@ from kode.completion.documents import (
     DocumentStore,
     Position,
     Range,
+    scrub,
     utf16_len,
     utf16_to_index,
 )
@@ -99,3 +100,77 @@ def test_random_edit_matches_string_splice(text: str, data: st.DataObject) -> No
     assert doc.offset_at(start) == i and doc.offset_at(end) == j
     doc.apply_change(insert, Range(start, end))
     assert doc.text == text[:i] + insert + text[j:]
+
+
+# Issue #14: random edits at random UTF-16 positions, with lone surrogates and NULs.
+
+_text = st.text(
+    alphabet=st.one_of(
+        st.characters(codec=None),  # any code point, lone surrogates included
+        st.sampled_from(["\n", "\r", "\x00", "😀", "é"]),
+    ),
+    max_size=12,
+)
+
+
+def _edits() -> st.SearchStrategy[list[tuple[int, int, int, int, str, bool]]]:
+    return st.lists(
+        st.tuples(
+            st.integers(-2, 6),
+            st.integers(-3, 14),
+            st.integers(-2, 6),
+            st.integers(-3, 14),
+            _text,
+            st.booleans(),
+        ),
+        max_size=8,
+    )
+
+
+def _utf16_units(text: str) -> int:
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
+
+
+@given(_text, _edits())
+def test_fuzz_edits_never_break_the_store(
+    initial: str, edits: list[tuple[int, int, int, int, str, bool]]
+) -> None:
+    """Whatever the client sends, the store keeps a text that encodes as UTF-8, keeps
+    the editor's UTF-16 length for each line, and places valid edits exactly."""
+    store = DocumentStore()
+    store.open("file:///f.py", initial, 1)
+    doc = store.get("file:///f.py")
+    expected = initial
+    for version, (l1, c1, l2, c2, new, valid) in enumerate(edits, start=2):
+        if valid:  # a position the editor could send: from an offset in our text
+            a, b = sorted((abs(l1 * 7 + c1) % (len(doc.text) + 1), abs(c2) % (len(doc.text) + 1)))
+            if doc.text[a - 1 : a + 1] == "\r\n" or doc.text[b - 1 : b + 1] == "\r\n":
+                continue  # between \r and \n is no LSP position
+            start, end = doc.position_at(a), doc.position_at(b)
+            assert doc.offset_at(start) == a and doc.offset_at(end) == b
+            expected = doc.text[:a] + scrub(new) + doc.text[b:]
+        rng = Range(start, end) if valid else Range(Position(l1, c1), Position(l2, c2))
+        store.change("file:///f.py", version, [(new, rng)])
+        doc.text.encode("utf-8")  # never raises: lone surrogates are gone
+        if valid:
+            assert doc.text == expected
+        assert doc.version == version
+        for number in range(doc.line_count):  # every line end is a valid position
+            line = doc.line(number)
+            assert doc.offset_at(Position(number, utf16_len(line))) >= 0
+
+
+def test_a_lone_surrogate_keeps_utf16_positions() -> None:
+    doc = Document("file:///s.py", "a\ud800b\n\udc00😀c")
+    assert doc.text == "a\ufffdb\n\ufffd😀c"
+    assert doc.offset_at(Position(1, 3)) == len("a\ufffdb\n\ufffd😀")  # 1 + 2 units
+    doc.apply_change("\ud83d", Range(Position(0, 3), Position(0, 3)))
+    assert doc.line(0) == "a\ufffdb\ufffd"
+
+
+def test_a_negative_position_in_an_edit_counts_as_zero() -> None:
+    doc = Document("file:///n.py", "abc\ndef")
+    doc.apply_change("Z", Range(Position(0, -1), Position(0, 1)))
+    assert doc.text == "Zbc\ndef"
+    doc.apply_change("Y", Range(Position(-5, 0), Position(1, 1)))
+    assert doc.text == "Yef"

