@@ -20,6 +20,7 @@ from typing import Any
 
 from kode.backends.base import (
     Backend,
+    FinishReason,
     Generation,
     GenerationRequest,
     GenerationStats,
@@ -426,10 +427,11 @@ class _Live:
             await asyncio.wait_for(self._changed.wait(), seconds)
 
     def visible(self) -> str:
-        return self.raw[: self.rules.scan(self.raw).keep]
+        return self.rules.provisional(self.raw)
 
     def final(self) -> str:
-        return self.rules.finish(self.raw)
+        ended = self.generation.stats.finish_reason is FinishReason.END
+        return self.rules.finish(self.raw, ended=ended)
 
     def typed_into(self, text: str) -> str | None:
         """What the user typed into this suggestion, if ``text`` is consistent with it."""

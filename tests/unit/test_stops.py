@@ -17,18 +17,70 @@ def rules(line_prefix: str, line_suffix: str = "", suffix: str = "", **kw: objec
     )
 
 
-def test_mid_line_cursor_is_single_line() -> None:
-    r = rules("print(", ")")
-    assert r.single_line
+def test_never_is_one_line() -> None:
+    r = rules("print(", ")", mode=MultilineMode.NEVER)
+    assert r.single_line and not r.mid_line
     assert r.scan("x, y)\nmore").keep == len("x, y)")
     assert r.scan("x, y)\nmore").stop
     assert not r.scan("x, y").stop
 
 
 def test_end_of_line_cursor_is_multi_line_unless_disabled() -> None:
-    assert not rules("x = ").single_line
+    assert not rules("x = ").single_line and not rules("x = ").mid_line
     assert rules("x = ", mode=MultilineMode.NEVER).single_line
-    assert not rules("f(", ")", mode=MultilineMode.ALWAYS).single_line
+    always = rules("f(", ")", mode=MultilineMode.ALWAYS)
+    assert not always.single_line and not always.mid_line
+
+
+# The hole of HumanEval/31 as a random span: it starts mid-line and ends mid-word.
+PRIME_PREFIX = "    for k in range(2, n - 1):\n        if"
+PRIME_SUFFIX = "ue\n"
+PRIME_FILL = " n % k == 0:\n            return False\n    return Tr"
+
+
+def test_mid_line_fill_spans_lines_when_the_model_ends_it() -> None:
+    r = rules("        if", "ue", "\n", max_lines=32)
+    assert r.mid_line and not r.single_line
+    assert not r.scan(PRIME_FILL).stop  # the model decides, not the line break
+    assert r.finish(PRIME_FILL, ended=True) == PRIME_FILL
+
+
+def test_mid_line_fill_falls_back_to_one_line_when_the_model_runs_on() -> None:
+    r = rules("        if", "ue", "\n", max_lines=32)
+    # max_tokens reached without the end token: only the first line is trusted.
+    assert r.finish(PRIME_FILL, ended=False) == " n % k == 0:"
+    long = "".join(f"x{i}\n" for i in range(40))
+    cut = r.scan(long)
+    assert cut.stop  # max_lines bounds the wait for the model
+    assert r.finish(long, ended=True) == "x0"
+
+
+def test_mid_line_shows_only_the_first_line_until_the_model_decides() -> None:
+    r = rules("        if", "ue", "\n")
+    assert r.provisional(PRIME_FILL) == " n % k == 0:"
+    assert r.provisional(" n % k") == " n % k"
+
+
+def test_mid_line_fill_keeps_the_break_and_indent_that_join_the_suffix() -> None:
+    # The hole ends at the start of a line's code: its line break and indent are the seam.
+    r = rules("    is_prime = Tr", "return is_prime", "\n")
+    fill = "ue\n    for k in ks:\n        is_prime = False\n    "
+    assert r.finish(fill, ended=True) == fill
+
+
+def test_mid_line_fill_that_runs_into_the_suffix_is_cut_where_it_begins() -> None:
+    r = rules("    if a < 0:\n        ", "area = a * a", "\n    return area\n")
+    text = "return -1\n    area = a * a\n    return area\n"
+    cut = r.scan(text)
+    assert cut.stop and cut.joined
+    assert r.finish(text) == "return -1\n    "
+
+
+def test_mid_line_fill_that_closes_a_bracket_the_line_never_opened_is_one_line() -> None:
+    r = rules("x = f(a", ")", "\n")
+    # The fill closes f( and one more: the suffix's ")" is then left unmatched.
+    assert r.finish(", b))\ny = 1", ended=True) == ", b)"
+    assert r.finish(",\n      b", ended=True) == ",\n      b"
 
 
 def test_block_ends_at_dedent() -> None:
