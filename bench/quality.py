@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 import time
 from collections.abc import Sequence
@@ -304,10 +305,19 @@ async def _one_model(
                             )
                         result.model, result.set = model, set_
                         results.append(result)
+                        _append_partial(options.out, result)
                         bar.update(1)
     finally:
         await engine.aclose()
         await pool.aclose()
+
+
+def _append_partial(out: Path, result: Result) -> None:
+    """Each result as it is judged (``results.partial.jsonl``): a run stopped early, or
+    one that crashes, keeps what it measured."""
+    common.prepare_out(out)
+    with open(out / "results.partial.jsonl", "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(asdict(result), ensure_ascii=False) + "\n")
 
 
 async def _one_task(
@@ -363,6 +373,7 @@ async def measure(options: Options) -> tuple[list[Result], dict[str, str]]:
 
     tasks = {s: load_set(s, options.tasks, options.seed, options.data_dir) for s in options.sets}
     results: list[Result] = []
+    (options.out / "results.partial.jsonl").unlink(missing_ok=True)
     facts = {"machine_before": common.machine_note()}
     binary = None
     if "llama-server" in options.modes:

@@ -22,6 +22,8 @@ import enum
 import itertools
 from dataclasses import dataclass
 
+from kode.completion.syntax import FillCheck
+
 _TAB = 4
 
 
@@ -169,19 +171,26 @@ class StopRules:
     def _runs_into_suffix(self, stripped: str) -> bool:
         return len(self.next_suffix_line) >= 3 and stripped == self.next_suffix_line
 
-    def finish(self, text: str, *, ended: bool = False) -> str:
+    def finish(self, text: str, *, ended: bool = False, fits: FillCheck | None = None) -> str:
         """The text to show once generation ended: cut, then trimmed against the suffix.
 
         ``ended``: the model ended the generation itself (its end token), rather than
         ``max_tokens``, a stop rule or a cancel; a mid-line fill spans lines only then,
-        or when it ran into the suffix.
+        or when it ran into the suffix. ``fits``: whether the document with a fill in
+        place parses (``completion.syntax``); a multi-line fill must not parse worse
+        than its first line alone.
         """
         cut = self.scan(text)
         text = text[: cut.keep]
         if self.mid_line and "\n" in text:
-            if (cut.joined or (ended and not cut.stop)) and self._joins(text):
+            first = text[: text.index("\n")]
+            if (
+                (cut.joined or (ended and not cut.stop))
+                and self._joins(text)
+                and (fits is None or fits(text) or not fits(first))
+            ):
                 return text
-            text = text[: text.index("\n")]
+            text = first
         if "\n" not in text:
             return _trim_overlap(self.line_prefix, text.rstrip(), self.line_suffix.rstrip())
         return text.rstrip()

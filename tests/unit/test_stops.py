@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from kode.completion import syntax
 from kode.completion.stops import MultilineMode, StopRules, indent_width
 from kode.completion.templates import QWEN25_CODER
 
@@ -150,3 +151,24 @@ def test_trimming_text_that_duplicates_the_suffix(
 def test_indent_width_counts_tabs() -> None:
     assert indent_width("\t  x") == 6
     assert indent_width("") == 0
+
+
+def test_a_multi_line_fill_must_not_parse_worse_than_its_first_line() -> None:
+    before = "def clamp(v, lo, hi):\n    if v < lo:\n        return lo\n    "
+    after = "v\n"
+    fits = syntax.checker("python", before, after)
+    assert fits is not None
+    r = rules("    ", "v", "\n")
+    good = "elif v > hi:\n        return hi\n    return "
+    assert r.finish(good, ended=True, fits=fits) == good
+    # Indented one level too shallow: the document breaks; its first line alone does not.
+    bad = "if v > hi:\n    return hi\n    return "
+    assert not fits(bad) and fits("if v > hi: ")
+    assert r.finish(bad, ended=True, fits=fits) == "if v > hi:"
+
+
+def test_fill_checks_exist_only_for_languages_kode_parses() -> None:
+    assert syntax.checker("rust", "", "") is None
+    assert syntax.python_parses("if x:\n    y = 1\n")
+    assert not syntax.python_parses("if x:\ny = 1\n")
+    assert not syntax.python_parses("x = '\0'")  # null bytes: ValueError, not a crash
