@@ -184,23 +184,14 @@ class StopRules:
         text = text[: cut.keep]
         if self.mid_line and "\n" in text:
             first = text[: text.index("\n")]
-            if (
-                (cut.joined or (ended and not cut.stop))
-                and self._joins(text)
-                and (fits is None or fits(text) or not fits(first))
+            if (cut.joined or (ended and not cut.stop)) and (
+                fits is None or fits(text) or not fits(first)
             ):
                 return text
             text = first
         if "\n" not in text:
             return _trim_overlap(self.line_prefix, text.rstrip(), self.line_suffix.rstrip())
         return text.rstrip()
-
-    def _joins(self, text: str) -> bool:
-        """Whether a multi-line mid-line fill fits the cursor's line: it closes no bracket
-        the line did not open (the suffix closes what it opens)."""
-        return _excess_closers(self.line_prefix + text + self.line_suffix) <= _excess_closers(
-            self.line_prefix + self.line_suffix
-        )
 
 
 _OPEN, _CLOSE = "([{", ")]}"

@@ -77,11 +77,17 @@ def test_mid_line_fill_that_runs_into_the_suffix_is_cut_where_it_begins() -> Non
     assert r.finish(text) == "return -1\n    "
 
 
-def test_mid_line_fill_that_closes_a_bracket_the_line_never_opened_is_one_line() -> None:
-    r = rules("x = f(a", ")", "\n")
-    # The fill closes f( and one more: the suffix's ")" is then left unmatched.
-    assert r.finish(", b))\ny = 1", ended=True) == ", b)"
-    assert r.finish(",\n      b", ended=True) == ",\n      b"
+def test_mid_line_fill_may_close_brackets_opened_lines_before() -> None:
+    # The hole ends a dict literal begun two lines up: a per-line bracket count would
+    # call the "}" unmatched (measured: it rejected a passing fill), the parser does not.
+    before = 'D = {\n    8: "Eight",\n    9: "N'
+    after = "\nx = sorted(D)\n"
+    fill = 'ine",\n}\ny = 1'
+    fits = syntax.checker("python", before, after)
+    r = rules('    9: "N', "", after)
+    assert not r.mid_line  # nothing after the cursor on its line: the block rules apply
+    r = rules('    9: "N', "  # nine", after)
+    assert r.finish(fill + "  # nine", ended=True, fits=fits).startswith('ine",\n}')
 
 
 def test_block_ends_at_dedent() -> None:
