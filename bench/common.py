@@ -8,6 +8,12 @@ Tasks come from two places:
   of rows. The hole is a whole line (or lines): ``prompt`` ends with a line break and the
   canonical solution ends with one, so in an editor the hole is an empty line between
   ``prompt`` and ``suffix``.
+- Random-span infilling (``random_span``): a multi-line task's canonical solution cut at
+  two seeded random characters; the hole is what lies between, so it starts and ends
+  mid-line, as in the SantaCoder/StarCoder FIM evaluations. Judged by the same tests.
+- Real-file mid-line holes (``file_span_tasks``): large files of the standard library cut
+  at a random character inside a line, the hole running to a random character up to
+  three lines on. No tests exist for these: the fill passes when it restores the file.
 - "Edit-like" tasks cut from real source files: a line that shares a long run of words
   with an earlier line (``self.width * self.height`` after ``self.radius**2`` ...), the
   file cut at the start of that line. These are the completions where copying from the
@@ -16,6 +22,7 @@ Tasks come from two places:
 
 from __future__ import annotations
 
+import enum
 import gzip
 import json
 import math
@@ -23,6 +30,7 @@ import os
 import random
 import re
 import sys
+import sysconfig
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +41,8 @@ HUMANEVAL_FILES = {
     "single": "HumanEval-SingleLineInfilling.jsonl.gz",
     "multi": "HumanEval-MultiLineInfilling.jsonl.gz",
 }
+# The random-span set is cut from the multi-line set's tasks.
+SPAN_SOURCE = "multi"
 # The repository's own sources used for edit-like tasks (examples/ first: it is stable).
 SOURCE_DIRS = ("examples", "backends", "completion", "lsp", "cli")
 T = TypeVar("T")
@@ -42,9 +52,21 @@ UNKNOWN = "–"  # shown for a value that could not be measured
 # -- tasks ------------------------------------------------------------------------------
 
 
+class Judge(enum.Enum):
+    """How a fill is judged."""
+
+    TESTS = "tests"  # run the task's tests in the sandbox
+    EXACT = "exact"  # the filled text equals the original (line-end whitespace aside)
+
+
 @dataclass(frozen=True, slots=True)
 class HumanEvalTask:
-    """One infilling problem: ``prompt`` + hole + ``suffix``, checked by ``test``."""
+    """One infilling problem: ``prompt`` + hole + ``suffix``, checked by ``test``.
+
+    ``separator`` is what the editor holds between ``prompt`` and ``suffix`` besides the
+    fill: a line break for the line-based HumanEval sets (the hole is an empty line),
+    nothing for a span cut mid-line.
+    """
 
     task_id: str
     prompt: str
@@ -52,11 +74,134 @@ class HumanEvalTask:
     canonical_solution: str
     test: str
     entry_point: str
+    separator: str = "\n"
+    judge: Judge = Judge.TESTS
+
+    def document(self) -> str:
+        """The text the editor holds, the cursor at ``len(prompt)``."""
+        return self.prompt + self.separator + self.suffix
 
     def program(self, completion: str) -> str:
-        """The program to run when ``completion`` fills the hole (an empty line in the
-        editor, so a line break separates the completion from the suffix)."""
-        return f"{self.prompt}{completion}\n{self.suffix}\n{self.test}\ncheck({self.entry_point})\n"
+        """The program to run when ``completion`` fills the hole."""
+        return (
+            f"{self.prompt}{completion}{self.separator}{self.suffix}\n{self.test}\n"
+            f"check({self.entry_point})\n"
+        )
+
+    def restores(self, completion: str) -> bool:
+        """Whether ``completion`` gives back the original text (judge ``EXACT``);
+        whitespace at line ends does not count."""
+        return _line_ends_stripped(self.prompt + completion + self.suffix) == _line_ends_stripped(
+            self.prompt + self.canonical_solution + self.suffix
+        )
+
+
+def _line_ends_stripped(text: str) -> str:
+    return "\n".join(line.rstrip() for line in text.split("\n"))
+
+
+def random_span(task: HumanEvalTask, seed: int) -> HumanEvalTask:
+    """``task``'s canonical solution cut at two random characters (seeded by ``seed`` and
+    the task id, so independent of sampling order); the hole is what lies between and
+    holds more than whitespace. The suffix is joined without a separator.
+
+    Example: solution ``"    y = x + 1\n"`` may give prompt ``... "    y = x"``, hole
+    ``" + 1\n  "`` and suffix ``"  return y"``.
+    """
+    body = task.canonical_solution
+    if body.endswith("\n") and task.suffix.startswith("\n"):
+        body = body[:-1]  # the set's suffix brings this line break back
+    rng = random.Random(f"{seed}:{task.task_id}")
+    if not body.strip():
+        raise ValueError(f"{task.task_id}: empty canonical solution")
+    while True:
+        i, j = sorted(rng.sample(range(len(body) + 1), 2))
+        if body[i:j].strip():
+            break
+    return HumanEvalTask(
+        task_id=f"{task.task_id}/S{i}_{j}",
+        prompt=task.prompt + body[:i],
+        suffix=body[j:] + task.suffix,
+        canonical_solution=body[i:j],
+        test=task.test,
+        entry_point=task.entry_point,
+        separator="",
+    )
+
+
+def file_span_tasks(
+    files: Sequence[Path],
+    n: int,
+    seed: int,
+    *,
+    before_lines: int = 40,
+    after_lines: int = 20,
+    max_span_lines: int = 3,
+) -> list[HumanEvalTask]:
+    """``n`` holes cut from real files, round-robin over ``files``: each starts at a
+    random character inside a line with code on both sides of it (a mid-line cursor)
+    and ends at a random character of that line or of one of the next
+    ``max_span_lines`` lines. The document keeps ``before_lines`` lines before the
+    cursor line and ``after_lines`` after the hole's last line (prefill is slow here).
+    Judged ``EXACT``."""
+    rng = random.Random(seed)
+    texts: list[tuple[str, list[str]]] = []
+    for path in files:
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+        except (OSError, UnicodeDecodeError):
+            continue
+        texts.append((path.name, lines))
+    out: list[HumanEvalTask] = []
+    attempts = 0
+    while texts and len(out) < n and attempts < 100 * n:
+        attempts += 1
+        name, lines = texts[len(out) % len(texts)]
+        row = rng.randrange(before_lines, max(before_lines + 1, len(lines) - after_lines - 4))
+        line = lines[row].rstrip("\r\n") if row < len(lines) else ""
+        body = line.strip()
+        if len(body) < 12 or body.startswith(("#", '"', "'")):
+            continue
+        indent = len(line) - len(line.lstrip())
+        start = rng.randrange(indent + 1, len(line))
+        if not line[start:].strip():
+            continue
+        last = min(len(lines) - 1, row + rng.randrange(max_span_lines + 1))
+        begin = sum(len(x) for x in lines[:row]) + start
+        end_line = lines[last].rstrip("\r\n")
+        text = "".join(lines)
+        line_start = sum(len(x) for x in lines[:last])
+        low = start + 1 if last == row else 0
+        if low > len(end_line):
+            continue
+        end = line_start + rng.randrange(low, len(end_line) + 1)
+        hole = text[begin:end]
+        if not hole.strip() or "\r" in hole:
+            continue
+        head = sum(len(x) for x in lines[: row - before_lines])
+        tail = sum(len(x) for x in lines[: last + 1 + after_lines])
+        out.append(
+            HumanEvalTask(
+                task_id=f"{name}:{row + 1}:{start}",
+                prompt=text[head:begin],
+                suffix=text[end:tail],
+                canonical_solution=hole,
+                test="",
+                entry_point="",
+                separator="",
+                judge=Judge.EXACT,
+            )
+        )
+    return out
+
+
+def stdlib_files(count: int = 12) -> list[Path]:
+    """The ``count`` largest modules of this Python's standard library (tests and
+    vendored packages aside), largest first: stable for one Python version."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    found = [p for p in root.glob("*.py") if p.is_file() and not p.name.startswith(("_", "test"))]
+    found.sort(key=lambda p: (-p.stat().st_size, p.name))
+    return found[:count]
 
 
 @dataclass(frozen=True, slots=True)

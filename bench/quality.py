@@ -1,11 +1,15 @@
 """pass@1 on HumanEval infilling, through the same engine the language server uses.
 
-Each task is opened as a document ``prompt + "\\n" + suffix`` (the hole is an empty line,
-as in an editor) and completed at the start of that line by ``CompletionEngine.complete``
+Sets: ``single`` and ``multi`` (HumanEval single- and multi-line infilling: each task is
+opened as the document ``prompt + "\\n" + suffix``, the hole an empty line, and completed
+at the start of that line); ``span`` (random spans: the multi-line tasks' solutions cut at
+two random characters, opened as ``prompt + suffix``, so the hole starts and ends
+mid-line); ``file`` (mid-line holes cut from large standard-library modules, judged by
+whether the fill restores the file). Each is completed by ``CompletionEngine.complete``
 with the user's default settings: context window, FIM prompt, stop rules, trimming. The
-program ``prompt + completion + "\\n" + suffix + test + check(entry_point)`` then runs in
-the sandbox (``bench/sandbox.py``); exit status 0 is a pass. Greedy decoding, so one
-sample per task is pass@1.
+program ``prompt + completion + separator + suffix + test + check(entry_point)`` then
+runs in the sandbox (``bench/sandbox.py``); exit status 0 is a pass. Greedy decoding, so
+one sample per task is pass@1.
 
 Modes:
 
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 import time
 from collections.abc import Sequence
@@ -45,7 +50,8 @@ from kode.bench.common import HumanEvalTask, fmt, fmt_ratio, markdown_table
 MODES = ("engine", "raw", "moved", "spm", "llama-server")
 DEFAULT_MODES = ("engine", "raw", "llama-server")
 MOVED_CHARS = 12  # characters typed between the cached prompt and the measured one
-SETS = ("single", "multi")
+SETS = ("single", "multi")  # the default sets
+ALL_SETS = ("single", "multi", "span", "file")
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +109,30 @@ def task_uri(task: HumanEvalTask) -> str:
 
 
 def document_text(task: HumanEvalTask) -> str:
-    """The document the editor holds: the hole is an empty line after ``prompt``."""
-    return task.prompt + "\n" + task.suffix
+    """The document the editor holds (for the line sets the hole is an empty line)."""
+    return task.document()
+
+
+def load_set(
+    name: str, n: int | None, seed: int, folder: Path | None = None
+) -> list[HumanEvalTask]:
+    """A seeded sample of ``n`` tasks (all: ``None``) of set ``name`` (``ALL_SETS``)."""
+    if name in common.HUMANEVAL_FILES:
+        return common.sample(common.load_humaneval(common.humaneval_path(name, folder)), n, seed)
+    if name == "span":
+        source = common.load_humaneval(common.humaneval_path(common.SPAN_SOURCE, folder))
+        return [common.random_span(t, seed) for t in common.sample(source, n, seed)]
+    if name == "file":
+        return common.file_span_tasks(common.stdlib_files(), 20 if n is None else n, seed)
+    raise ValueError(f"unknown set {name!r}; known: {', '.join(ALL_SETS)}")
+
+
+def judge(task: HumanEvalTask, completion: str, limits: sandbox.Limits) -> str:
+    """The verdict for ``completion`` (blocking: run it in a thread)."""
+    if task.judge is common.Judge.EXACT:
+        passed = task.restores(completion)
+        return str(sandbox.Verdict.PASSED if passed else sandbox.Verdict.FAILED)
+    return str(sandbox.run_program(task.program(completion), limits).verdict)
 
 
 def summarize(results: Sequence[Result]) -> list[Row]:
@@ -219,7 +247,7 @@ async def _moved(
     uri = task_uri(task)
     cut = max(0, len(task.prompt) - MOVED_CHARS)
     engine.update_settings(settings)
-    engine.documents.open(uri, task.prompt[:cut] + "\n" + task.suffix, 0, "python")
+    engine.documents.open(uri, task.prompt[:cut] + task.separator + task.suffix, 0, "python")
     await _raw(engine, backend, uri, cut, 1)  # leaves the earlier prompt in the cache
     engine.documents.close(uri)
     engine.documents.open(uri, document_text(task), 1, "python")
@@ -272,16 +300,24 @@ async def _one_model(
                             engine, backend, server, task, mode, moved_settings, max_tokens
                         )
                         if not result.error:
-                            outcome = await asyncio.to_thread(
-                                sandbox.run_program, task.program(result.completion), limits
+                            result.verdict = await asyncio.to_thread(
+                                judge, task, result.completion, limits
                             )
-                            result.verdict = str(outcome.verdict)
                         result.model, result.set = model, set_
                         results.append(result)
+                        _append_partial(options.out, result)
                         bar.update(1)
     finally:
         await engine.aclose()
         await pool.aclose()
+
+
+def _append_partial(out: Path, result: Result) -> None:
+    """Each result as it is judged (``results.partial.jsonl``): a run stopped early, or
+    one that crashes, keeps what it measured."""
+    common.prepare_out(out)
+    with open(out / "results.partial.jsonl", "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(asdict(result), ensure_ascii=False) + "\n")
 
 
 async def _one_task(
@@ -308,7 +344,7 @@ async def _one_task(
             completion, tokens = done.text, done.stats.completion_tokens
             moved = done.stats.moved_prompt_tokens
         elif mode == "llama-server":
-            data = await server.infill(task.prompt, "\n" + task.suffix, max_tokens)
+            data = await server.infill(task.prompt, task.separator + task.suffix, max_tokens)
             completion = str(data.get("content", ""))
             tokens = (data.get("timings") or {}).get("predicted_n")
         else:
@@ -335,15 +371,9 @@ async def _one_task(
 async def measure(options: Options) -> tuple[list[Result], dict[str, str]]:
     from kode.backends import models
 
-    tasks = {
-        s: common.sample(
-            common.load_humaneval(common.humaneval_path(s, options.data_dir)),
-            options.tasks,
-            options.seed,
-        )
-        for s in options.sets
-    }
+    tasks = {s: load_set(s, options.tasks, options.seed, options.data_dir) for s in options.sets}
     results: list[Result] = []
+    (options.out / "results.partial.jsonl").unlink(missing_ok=True)
     facts = {"machine_before": common.machine_note()}
     binary = None
     if "llama-server" in options.modes:

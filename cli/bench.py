@@ -1,7 +1,8 @@
 """``kode bench``: the benchmarks (speculation, quality, latency); see docs/benchmarks.md.
 
 kode bench speculation [--model M] [--tasks N] [--max-tokens N] [--methods a,b] [--seed S]
-kode bench quality [--model M ... | --models a,b] [--set single|multi|both] [--tasks N | --full]
+kode bench quality [--model M ... | --models a,b] [--set both|all|single,multi,span,file]
+                   [--tasks N | --full]
 kode bench latency [--model M] [--cadence-ms 120] [--files F ...] [--humaneval N]
 
 Only argument parsing lives here; the benchmark modules are imported when one runs, so
@@ -15,6 +16,24 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+
+
+def _quality_sets(names: tuple[str, ...]) -> tuple[str, ...] | None:
+    """``--set`` names expanded (``both``: single and multi; ``all``: every set), or None
+    when one is unknown."""
+    from kode.bench.quality import ALL_SETS, SETS
+
+    out: list[str] = []
+    for name in names:
+        if name == "both":
+            out.extend(SETS)
+        elif name == "all":
+            out.extend(ALL_SETS)
+        elif name in ALL_SETS:
+            out.append(name)
+        else:
+            return None
+    return tuple(dict.fromkeys(out))
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -55,7 +74,12 @@ def register(subparsers: Any) -> None:
         help="default | small | a GGUF path; may be given more than once",
     )
     quality.add_argument("--models", type=_csv, default=None, help="comma list, e.g. default,small")
-    quality.add_argument("--set", choices=["single", "multi", "both"], default="both")
+    quality.add_argument(
+        "--set",
+        type=_csv,
+        default=("both",),
+        help="comma list of single,multi,span,file; both = single,multi; all = every set",
+    )
     size = quality.add_mutually_exclusive_group()
     size.add_argument("--tasks", type=int, default=8, help="tasks per set (default 8)")
     size.add_argument("--full", action="store_true", help="every task (hours on a small CPU)")
@@ -159,10 +183,18 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
+        sets = _quality_sets(args.set)
+        if sets is None:
+            print(
+                f"kode bench quality: unknown set in {','.join(args.set)}; "
+                f"known: both, all, {', '.join(quality.ALL_SETS)}",
+                file=sys.stderr,
+            )
+            return 2
         return quality.main(
             quality.Options(
                 models=tuple(dict.fromkeys(names)),
-                sets=("single", "multi") if args.set == "both" else (args.set,),
+                sets=sets,
                 tasks=None if args.full else args.tasks,
                 max_tokens=args.max_tokens,
                 modes=args.modes,

@@ -30,9 +30,11 @@ from kode.backends.base import (
 )
 from kode.backends.errors import BackendError, DocumentError, KodeError, SettingsError
 from kode.completion import context as ctxmod
+from kode.completion import syntax
 from kode.completion.documents import Document, DocumentStore, Position, scrub
 from kode.completion.settings import DEFAULT, BackendKind, Settings
 from kode.completion.stops import StopRules
+from kode.completion.syntax import FillCheck
 from kode.completion.templates import TEMPLATES, FimTemplate, render
 
 log = logging.getLogger("kode.completion")
@@ -332,11 +334,13 @@ class CompletionEngine:
             moved_kv_drift=settings.moved_suffix_drift,
         )
         generation = await backend.generate(request)
+        before, after = doc.text[:offset], doc.text[offset:]
         live = _Live(
             start=offset,
-            before=doc.text[:offset],
-            after=doc.text[offset:],
+            before=before,
+            after=after,
             rules=rules,
+            fits=syntax.checker(doc.language_id, before, after) if rules.mid_line else None,
             generation=generation,
             model=backend.model_name,
             backend=backend.name,
@@ -676,9 +680,12 @@ class _Live:
         generation: Generation,
         model: str,
         backend: str,
+        fits: FillCheck | None = None,
     ) -> None:
         self.start, self.before, self.after = start, before, after
         self.rules = rules
+        self.fits = fits
+        self._final: str | None = None
         self.generation = generation
         self.model, self.backend = model, backend
         self.raw = ""
@@ -719,10 +726,14 @@ class _Live:
             await asyncio.wait_for(self._changed.wait(), seconds)
 
     def visible(self) -> str:
-        return self.raw[: self.rules.scan(self.raw).keep]
+        return self.rules.provisional(self.raw)
 
     def final(self) -> str:
-        return self.rules.finish(self.raw)
+        """The shown text once ``done`` (computed once: it may parse the document)."""
+        if self._final is None:
+            ended = self.generation.stats.finish_reason is FinishReason.END
+            self._final = self.rules.finish(self.raw, ended=ended, fits=self.fits)
+        return self._final
 
     def typed_into(self, text: str) -> str | None:
         """What the user typed into this suggestion, if ``text`` is consistent with it."""

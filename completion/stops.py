@@ -2,24 +2,33 @@
 
 - Special tokens (end of text, FIM markers) end it: the backend stops on control
   tokens, and ``stop_texts`` catch them should they appear as text.
-- Single-line mode (the cursor sits before other text on its line): the first line
-  break ends it.
+- Single-line mode (``multiline: never``): the first line break ends it.
+- Mid-line (the cursor sits before other text on its line, ``multiline: auto``): the
+  fill may span lines, but only when the model decides it: it must end the fill itself
+  (its end token) and the fill must join the text after the cursor. Otherwise (it ran
+  on to ``max_lines`` or ``max_tokens``, or two blank lines) only its first line is
+  shown. A fill that runs into the suffix (it writes the rest of the cursor's line and
+  the line after it) is cut where the suffix begins. Its line breaks and indentation
+  are kept to the last character: they are what joins it to the suffix.
 - Multi-line mode: it ends at the end of the block (a line indented less than the
   cursor's block), after two blank lines, after ``max_lines``, or when a generated
   line repeats the next line of the suffix (the model ran into the existing code).
-- Finally, text that duplicates what already follows the cursor is trimmed.
+- Finally, a one-line fill that duplicates what already follows the cursor is trimmed.
 """
 
 from __future__ import annotations
 
 import enum
+import itertools
 from dataclasses import dataclass
+
+from kode.completion.syntax import FillCheck
 
 _TAB = 4
 
 
 class MultilineMode(enum.StrEnum):
-    AUTO = "auto"  # single-line when the cursor is mid-line, else multi-line
+    AUTO = "auto"  # mid-line: multi-line only when the model ends the fill, else multi-line
     ALWAYS = "always"
     NEVER = "never"
 
@@ -43,6 +52,7 @@ class Cut:
 
     keep: int
     stop: bool
+    joined: bool = False  # cut where the text began repeating the suffix
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +64,8 @@ class StopRules:
     next_suffix_line: str  # first non-blank suffix line after the cursor line, stripped
     stop_texts: tuple[str, ...] = ()
     max_lines: int = 64
+    mid_line: bool = False  # multi-line only if the model ends the fill (see the module doc)
+    suffix_head: str = ""  # mid-line: the rest of the cursor line, its break and the next line
 
     @classmethod
     def build(
@@ -68,13 +80,16 @@ class StopRules:
     ) -> StopRules:
         """Rules for a cursor after ``line_prefix`` and before ``line_suffix`` on its line.
 
-        Example: cursor in ``print(|)`` gives single-line rules (``)`` follows it);
+        Example: cursor in ``print(|)`` gives mid-line rules (``)`` follows it);
         cursor at the start of an empty, 4-space indented line gives multi-line rules
         ending at the first line indented less than 4.
         """
-        mid_line = line_suffix.strip() != ""
-        single = mode is MultilineMode.NEVER or (mode is MultilineMode.AUTO and mid_line)
+        mid_line = mode is MultilineMode.AUTO and line_suffix.strip() != ""
+        single = mode is MultilineMode.NEVER
         rest = suffix.split("\n")[1:] if "\n" in suffix else []
+        head = ""
+        if mid_line and rest and rest[0].strip():
+            head = line_suffix + "\n" + rest[0]
         next_line = next((line.strip() for line in rest if line.strip()), "")
         base = indent_width(line_prefix)
         if line_prefix.rstrip().endswith((":", "{", "(", "[")):
@@ -87,6 +102,8 @@ class StopRules:
             next_suffix_line=next_line,
             stop_texts=stop_texts,
             max_lines=max_lines,
+            mid_line=mid_line,
+            suffix_head=head,
         )
 
     def scan(self, text: str) -> Cut:
@@ -100,6 +117,8 @@ class StopRules:
         if self.single_line:
             at = text.find("\n")
             return Cut(at, True) if at != -1 else Cut(keep, stop)
+        if self.mid_line:
+            return self._scan_mid_line(text, stop)
         lines = text.split("\n")
         base = self.base_indent
         if not self.line_prefix.strip() and lines[0].strip():
@@ -127,12 +146,49 @@ class StopRules:
             offset += len(line) + 1
         return Cut(keep, stop)
 
+    def provisional(self, text: str) -> str:
+        """What of ``text`` may be shown while the model is still generating: a mid-line
+        fill's later lines wait for the model to end it (``finish``)."""
+        text = text[: self.scan(text).keep]
+        if self.mid_line and "\n" in text:
+            return text[: text.index("\n")]
+        return text
+
+    def _scan_mid_line(self, text: str, stop: bool) -> Cut:
+        """Mid-line: run on across lines (the model decides), up to ``max_lines``, two
+        blank lines, or the suffix written out again (cut where it starts)."""
+        if self.suffix_head:
+            at = text.find(self.suffix_head)
+            if at != -1:
+                return Cut(at, True, joined=True)
+        lines = text.split("\n")
+        if len(lines) > self.max_lines:
+            return Cut(len(text), True)
+        if any(not a.strip() and not b.strip() for a, b in itertools.pairwise(lines[1:-1])):
+            return Cut(len(text), True)
+        return Cut(len(text), stop)
+
     def _runs_into_suffix(self, stripped: str) -> bool:
         return len(self.next_suffix_line) >= 3 and stripped == self.next_suffix_line
 
-    def finish(self, text: str) -> str:
-        """The text to show once generation ended: cut, then trimmed against the suffix."""
-        text = text[: self.scan(text).keep]
+    def finish(self, text: str, *, ended: bool = False, fits: FillCheck | None = None) -> str:
+        """The text to show once generation ended: cut, then trimmed against the suffix.
+
+        ``ended``: the model ended the generation itself (its end token), rather than
+        ``max_tokens``, a stop rule or a cancel; a mid-line fill spans lines only then,
+        or when it ran into the suffix. ``fits``: whether the document with a fill in
+        place parses (``completion.syntax``); a multi-line fill must not parse worse
+        than its first line alone.
+        """
+        cut = self.scan(text)
+        text = text[: cut.keep]
+        if self.mid_line and "\n" in text:
+            first = text[: text.index("\n")]
+            if (cut.joined or (ended and not cut.stop)) and (
+                fits is None or fits(text) or not fits(first)
+            ):
+                return text
+            text = first
         if "\n" not in text:
             return _trim_overlap(self.line_prefix, text.rstrip(), self.line_suffix.rstrip())
         return text.rstrip()

@@ -240,6 +240,63 @@ def test_quality_program_and_document() -> None:
     assert quality.task_uri(task) == "file:///kode-bench/humaneval/t_0.py"
 
 
+def test_random_spans_start_and_end_anywhere_and_their_solutions_pass() -> None:
+    tasks = quality.load_set("span", 6, 0)
+    assert [t.task_id for t in tasks] == [t.task_id for t in quality.load_set("span", 6, 0)]
+    source = common.sample(common.load_humaneval(common.humaneval_path("multi")), 6, 0)
+    for task, whole in zip(tasks, source, strict=True):
+        assert task.task_id.startswith(whole.task_id + "/S")
+        assert task.separator == "" and task.canonical_solution.strip()
+        # Cutting moves text between prompt, hole and suffix; it never adds or loses any.
+        body = whole.canonical_solution
+        if whole.suffix.startswith("\n"):  # the set's suffix brings the line break back
+            body = body.removesuffix("\n")
+        assert task.prompt + task.canonical_solution + task.suffix == (
+            whole.prompt + body + whole.suffix
+        )
+        assert quality.document_text(task) == task.prompt + task.suffix
+        assert sandbox.run_program(task.program(task.canonical_solution)).passed, task.task_id
+    assert not sandbox.run_program(tasks[0].program("")).passed
+    # Spans are cut inside lines: some of these holes start mid-line.
+    assert any(t.prompt.split("\n")[-1].strip() for t in tasks)
+
+
+def test_random_span_is_seeded_by_the_task_not_the_order() -> None:
+    task = common.sample(common.load_humaneval(common.humaneval_path("multi")), 1, 3)[0]
+    assert common.random_span(task, 0) == common.random_span(task, 0)
+    assert {common.random_span(task, s).task_id for s in range(5)} != {task.task_id}
+
+
+def test_file_spans_cut_real_files_mid_line(tmp_path: Path) -> None:
+    lines = [f"    value_{i} = compute(value_{i - 1}, {i})  # step\n" for i in range(120)]
+    path = tmp_path / "big.py"
+    path.write_text("".join(lines), encoding="utf-8")
+    tasks = common.file_span_tasks([path], 5, 0, before_lines=10, after_lines=5)
+    assert len(tasks) == 5
+    text = "".join(lines)
+    for task in tasks:
+        assert task.judge is common.Judge.EXACT
+        whole = task.prompt + task.canonical_solution + task.suffix
+        assert whole in text
+        assert task.prompt.split("\n")[-1].strip()  # the cursor is after code ...
+        assert task.canonical_solution.strip()
+        assert task.restores(task.canonical_solution)
+        assert not task.restores("")
+        assert quality.judge(task, task.canonical_solution, sandbox.Limits()) == "passed"
+        assert quality.judge(task, "x", sandbox.Limits()) == "failed"
+    assert common.file_span_tasks([path], 5, 0, before_lines=10, after_lines=5) == tasks
+    # Whitespace at a line's end does not count; anywhere else it does.
+    task = HumanEvalTask("t", "x = (", "\ny = 2\n", "1)", "", "", "", common.Judge.EXACT)
+    assert task.restores("1)  ") and not task.restores("1 )")
+
+
+def test_stdlib_files_are_large_modules() -> None:
+    files = common.stdlib_files(3)
+    assert len(files) == 3
+    sizes = [f.stat().st_size for f in files]
+    assert sizes == sorted(sizes, reverse=True) and sizes[-1] > 50_000
+
+
 def test_quality_summary() -> None:
     results = [
         quality.Result("m", "single", "engine", "a", "passed", "x", 10.0),
@@ -428,6 +485,11 @@ def test_cli_parses_each_benchmark() -> None:
     args = _parse(["bench", "quality", "--model", "default", "--model", "small", "--full"])
     assert args.model == ["default", "small"]
     assert args.full
+    args = _parse(["bench", "quality", "--set", "span,file"])
+    assert cli_bench._quality_sets(args.set) == ("span", "file")
+    assert cli_bench._quality_sets(("both",)) == ("single", "multi")
+    assert cli_bench._quality_sets(("all", "single")) == quality.ALL_SETS
+    assert cli_bench._quality_sets(("single", "nope")) is None
     args = _parse(["bench", "latency", "--cadence-ms", "80", "--files", "a.py"])
     assert args.cadence_ms == 80.0
     assert args.files == [Path("a.py")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from kode.completion import syntax
 from kode.completion.stops import MultilineMode, StopRules, indent_width
 from kode.completion.templates import QWEN25_CODER
 
@@ -17,18 +18,76 @@ def rules(line_prefix: str, line_suffix: str = "", suffix: str = "", **kw: objec
     )
 
 
-def test_mid_line_cursor_is_single_line() -> None:
-    r = rules("print(", ")")
-    assert r.single_line
+def test_never_is_one_line() -> None:
+    r = rules("print(", ")", mode=MultilineMode.NEVER)
+    assert r.single_line and not r.mid_line
     assert r.scan("x, y)\nmore").keep == len("x, y)")
     assert r.scan("x, y)\nmore").stop
     assert not r.scan("x, y").stop
 
 
 def test_end_of_line_cursor_is_multi_line_unless_disabled() -> None:
-    assert not rules("x = ").single_line
+    assert not rules("x = ").single_line and not rules("x = ").mid_line
     assert rules("x = ", mode=MultilineMode.NEVER).single_line
-    assert not rules("f(", ")", mode=MultilineMode.ALWAYS).single_line
+    always = rules("f(", ")", mode=MultilineMode.ALWAYS)
+    assert not always.single_line and not always.mid_line
+
+
+# The hole of HumanEval/31 as a random span: it starts mid-line and ends mid-word.
+PRIME_PREFIX = "    for k in range(2, n - 1):\n        if"
+PRIME_SUFFIX = "ue\n"
+PRIME_FILL = " n % k == 0:\n            return False\n    return Tr"
+
+
+def test_mid_line_fill_spans_lines_when_the_model_ends_it() -> None:
+    r = rules("        if", "ue", "\n", max_lines=32)
+    assert r.mid_line and not r.single_line
+    assert not r.scan(PRIME_FILL).stop  # the model decides, not the line break
+    assert r.finish(PRIME_FILL, ended=True) == PRIME_FILL
+
+
+def test_mid_line_fill_falls_back_to_one_line_when_the_model_runs_on() -> None:
+    r = rules("        if", "ue", "\n", max_lines=32)
+    # max_tokens reached without the end token: only the first line is trusted.
+    assert r.finish(PRIME_FILL, ended=False) == " n % k == 0:"
+    long = "".join(f"x{i}\n" for i in range(40))
+    cut = r.scan(long)
+    assert cut.stop  # max_lines bounds the wait for the model
+    assert r.finish(long, ended=True) == "x0"
+
+
+def test_mid_line_shows_only_the_first_line_until_the_model_decides() -> None:
+    r = rules("        if", "ue", "\n")
+    assert r.provisional(PRIME_FILL) == " n % k == 0:"
+    assert r.provisional(" n % k") == " n % k"
+
+
+def test_mid_line_fill_keeps_the_break_and_indent_that_join_the_suffix() -> None:
+    # The hole ends at the start of a line's code: its line break and indent are the seam.
+    r = rules("    is_prime = Tr", "return is_prime", "\n")
+    fill = "ue\n    for k in ks:\n        is_prime = False\n    "
+    assert r.finish(fill, ended=True) == fill
+
+
+def test_mid_line_fill_that_runs_into_the_suffix_is_cut_where_it_begins() -> None:
+    r = rules("    if a < 0:\n        ", "area = a * a", "\n    return area\n")
+    text = "return -1\n    area = a * a\n    return area\n"
+    cut = r.scan(text)
+    assert cut.stop and cut.joined
+    assert r.finish(text) == "return -1\n    "
+
+
+def test_mid_line_fill_may_close_brackets_opened_lines_before() -> None:
+    # The hole ends a dict literal begun two lines up: a per-line bracket count would
+    # call the "}" unmatched (measured: it rejected a passing fill), the parser does not.
+    before = 'D = {\n    8: "Eight",\n    9: "N'
+    after = "\nx = sorted(D)\n"
+    fill = 'ine",\n}\ny = 1'
+    fits = syntax.checker("python", before, after)
+    r = rules('    9: "N', "", after)
+    assert not r.mid_line  # nothing after the cursor on its line: the block rules apply
+    r = rules('    9: "N', "  # nine", after)
+    assert r.finish(fill + "  # nine", ended=True, fits=fits).startswith('ine",\n}')
 
 
 def test_block_ends_at_dedent() -> None:
@@ -98,3 +157,24 @@ def test_trimming_text_that_duplicates_the_suffix(
 def test_indent_width_counts_tabs() -> None:
     assert indent_width("\t  x") == 6
     assert indent_width("") == 0
+
+
+def test_a_multi_line_fill_must_not_parse_worse_than_its_first_line() -> None:
+    before = "def clamp(v, lo, hi):\n    if v < lo:\n        return lo\n    "
+    after = "v\n"
+    fits = syntax.checker("python", before, after)
+    assert fits is not None
+    r = rules("    ", "v", "\n")
+    good = "elif v > hi:\n        return hi\n    return "
+    assert r.finish(good, ended=True, fits=fits) == good
+    # Indented one level too shallow: the document breaks; its first line alone does not.
+    bad = "if v > hi:\n    return hi\n    return "
+    assert not fits(bad) and fits("if v > hi: ")
+    assert r.finish(bad, ended=True, fits=fits) == "if v > hi:"
+
+
+def test_fill_checks_exist_only_for_languages_kode_parses() -> None:
+    assert syntax.checker("rust", "", "") is None
+    assert syntax.python_parses("if x:\n    y = 1\n")
+    assert not syntax.python_parses("if x:\ny = 1\n")
+    assert not syntax.python_parses("x = '\0'")  # null bytes: ValueError, not a crash
