@@ -11,12 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 from kode.backends.base import (
     Backend,
@@ -29,9 +32,11 @@ from kode.backends.base import (
 from kode.backends.errors import SettingsError
 from kode.completion import context as ctxmod
 from kode.completion.documents import Document, DocumentStore, Position
+from kode.completion.retrieval import Retrieved, Retriever
 from kode.completion.settings import DEFAULT, BackendKind, Settings
 from kode.completion.stops import StopRules
 from kode.completion.templates import TEMPLATES, FimTemplate, render
+from kode.completion.workspace import IndexLimits, WorkspaceIndex, read_text
 
 log = logging.getLogger("kode.completion")
 
@@ -42,6 +47,11 @@ BackendFactory = Callable[[Settings], Awaitable[Backend]]
 _CANCEL_GRACE_S = 0.1
 # A document opened and left within this long (tabs flicked past) is not read ahead.
 _READ_AHEAD_DELAY_S = 0.3
+# An edited document is re-indexed once the user pauses this long (not per keystroke).
+_REINDEX_DELAY_S = 1.0
+# Characters of retrieved text asked for per token of ``retrievalTokens``; the context
+# then fits it exactly (Qwen2.5's tokenizer: ~3.3 characters per token of Python).
+_CHARS_PER_TOKEN = 4
 PartialCallback = Callable[[str], None]
 
 
@@ -86,6 +96,9 @@ class CompletionEngine:
         self._counter: Callable[[str], int] | None = None
         self._counter_owner: Backend | None = None
         self._background: set[asyncio.Future[None]] = set()
+        self.workspace: WorkspaceIndex | None = None
+        self._index_cancel: threading.Event | None = None
+        self._reindex: dict[str, int] = {}  # uri -> document version awaiting re-index
 
     @property
     def settings(self) -> Settings:
@@ -161,8 +174,12 @@ class CompletionEngine:
         settings = self._settings
         template = self.template()
         budget = ctxmod.Budget(
-            settings.prefix_tokens, settings.suffix_tokens, settings.snippet_tokens
+            settings.prefix_tokens,
+            settings.suffix_tokens,
+            settings.snippet_tokens,
+            settings.retrieval_tokens,
         )
+        retrieved = await self.retrieve(uri, doc.text, offset)
         ctx = ctxmod.gather(
             doc,
             offset,
@@ -170,6 +187,7 @@ class CompletionEngine:
             budget,
             others=self.documents.others(uri) if settings.snippet_tokens else (),
             anchor=self._anchors.get(uri),
+            retrieved=retrieved,
         )
         self._anchors[uri] = ctx.prefix_start_line
         prompt = render(
@@ -311,6 +329,7 @@ class CompletionEngine:
         If the user typed (or accepted) the whole finished suggestion, prefetch the next
         completion at the new cursor.
         """
+        self._schedule_reindex(uri)
         live = self._live.get(uri)
         if live is None:
             return
@@ -323,6 +342,107 @@ class CompletionEngine:
         live.wake()
         if live.done.is_set() and typed and typed == live.final() and self._settings.prefetch:
             self._spawn(self._prefetch(uri, live.start + len(typed)))
+
+    # -- the workspace index (project context) -------------------------------------------
+
+    def open_workspace(self, roots: list[Path]) -> None:
+        """Index ``roots`` in a worker thread (setting ``workspaceIndex``); a keystroke
+        never waits for it: retrieval uses whatever is indexed so far."""
+        settings = self._settings
+        if not settings.workspace_index or not roots:
+            return
+        if self._index_cancel is not None:
+            self._index_cancel.set()
+        limits = IndexLimits(settings.index_max_files, settings.index_max_file_bytes)
+        index = WorkspaceIndex(roots, limits)
+        self.workspace = index
+        self._index_cancel = cancel = threading.Event()
+        self._spawn(self._build_index(index, cancel))
+
+    async def _build_index(self, index: WorkspaceIndex, cancel: threading.Event) -> None:
+        try:
+            stats = await asyncio.to_thread(index.build, cancel)
+        except Exception as exc:  # an unreadable tree must not take the server down
+            log.error("workspace index failed: %s", exc)
+            return
+        log.info(
+            "workspace index: %d files, %d words, ~%.1f MB, %.1f s%s",
+            stats.files,
+            stats.words,
+            stats.approx_bytes / 1e6,
+            stats.build_s,
+            " (a limit stopped it)" if stats.truncated else "",
+        )
+
+    def files_changed(self, changes: list[tuple[str, bool]]) -> None:
+        """Saved, created, changed (``False``) or deleted (``True``) files, by URI."""
+        index = self.workspace
+        if index is None:
+            return
+        for uri, deleted in changes:
+            path = _file_path(uri)
+            if path is None:
+                continue
+            text = None if deleted or uri not in self.documents else self.documents.get(uri).text
+            if deleted:
+                self._spawn(asyncio.to_thread(index.remove, path))
+            else:
+                self._spawn(self._update_index(index, path, text))
+
+    async def _update_index(self, index: WorkspaceIndex, path: Path, text: str | None) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            await asyncio.to_thread(index.update, path, text)
+
+    def _schedule_reindex(self, uri: str) -> None:
+        if self.workspace is None or uri not in self.documents:
+            return
+        pending = uri in self._reindex
+        self._reindex[uri] = self.documents.get(uri).version
+        if not pending:
+            self._spawn(self._reindex_when_idle(uri))
+
+    async def _reindex_when_idle(self, uri: str) -> None:
+        """Re-index an edited document once its version stops changing."""
+        while True:
+            version = self._reindex.get(uri)
+            await asyncio.sleep(_REINDEX_DELAY_S)
+            if uri not in self.documents:
+                self._reindex.pop(uri, None)
+                return
+            if self._reindex.get(uri) == version:
+                break
+        self._reindex.pop(uri, None)
+        self.files_changed([(uri, False)])
+
+    async def retrieve(self, uri: str, text: str, offset: int) -> tuple[Retrieved, ...]:
+        """Project context for a cursor (setting ``retrievalTokens``), chosen in a worker
+        thread; () without a workspace index."""
+        index = self.workspace
+        tokens = self._settings.retrieval_tokens
+        if index is None or tokens == 0 or len(index) == 0:
+            return ()
+        open_texts: dict[Path, str] = {}
+        for other in self.documents.others(uri):
+            path = _file_path(other.uri)
+            if path is not None:
+                open_texts[path] = other.text
+        limit = index.limits.max_file_bytes
+
+        def read(path: Path) -> str | None:
+            found = open_texts.get(path)
+            return found if found is not None else read_text(path, limit)
+
+        def work() -> tuple[Retrieved, ...]:
+            path = _file_path(uri)
+            resolved = None if path is None else path.resolve()
+            retriever = Retriever(index, read)
+            return tuple(retriever.retrieve(resolved, text, offset, tokens * _CHARS_PER_TOKEN))
+
+        try:
+            return await asyncio.to_thread(work)
+        except Exception as exc:  # best effort: complete without project context
+            log.debug("retrieval failed: %s", type(exc).__name__)
+            return ()
 
     async def _drop_if_abandoned(self, uri: str, live: _Live) -> None:
         await asyncio.sleep(_CANCEL_GRACE_S)
@@ -456,6 +576,14 @@ class _Live:
         await self.generation.cancel()
         if self.task is not None:
             await self.task
+
+
+def _file_path(uri: str) -> Path | None:
+    """The local path of a ``file:`` URI (None for other schemes)."""
+    parsed = urlparse(uri)
+    if parsed.scheme != "file":
+        return None
+    return Path(url2pathname(parsed.path))
 
 
 def _repo_name(uri: str) -> str:

@@ -75,6 +75,12 @@ class Settings(
     # 0: re-evaluate the suffix on every keystroke.
     moved_suffix_drift: _NonNegative = 32
     snippet_tokens: _NonNegative = 512
+    # Project context (completion/retrieval.py): definitions, module outlines and similar
+    # code from the workspace folders' files, after the open documents; 0: off.
+    retrieval_tokens: _NonNegative = 512
+    workspace_index: bool = True  # index the workspace folders (needed for retrieval)
+    index_max_files: _Positive = 20000
+    index_max_file_bytes: _Positive = 1_000_000  # larger files are not indexed
     context_size: Annotated[int, msgspec.Meta(ge=512)] = 4096
     threads: _NonNegative = 0  # 0: every core
     log_prompts: bool = False  # never log source code unless asked to
