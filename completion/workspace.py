@@ -271,6 +271,7 @@ class WorkspaceIndex:
         self._files: dict[Path, FileEntry] = {}
         self._modules: dict[str, Path] = {}
         self._postings: dict[str, list[int]] = {}
+        self._defined: dict[str, list[int]] = {}  # top-level name -> ids of defining files
         self._alive: dict[int, Path] = {}  # file id -> path; ids of replaced files vanish
         self._dead_postings = 0
         self._next_id = 0
@@ -307,11 +308,11 @@ class WorkspaceIndex:
         """Files defining ``name`` at top level (the language-agnostic route)."""
         out: list[tuple[Path, Definition]] = []
         with self._lock:
-            for file_id in self._postings.get(name, ()):
+            for file_id in self._defined.get(name, ()):
                 path = self._alive.get(file_id)
                 entry = None if path is None else self._files.get(path)
-                if entry is not None and name in entry.definitions:
-                    out.append((path, entry.definitions[name]))  # type: ignore[arg-type]
+                if path is not None and entry is not None and name in entry.definitions:
+                    out.append((path, entry.definitions[name]))
                     if len(out) >= limit:
                         break
         return out
@@ -506,6 +507,9 @@ class WorkspaceIndex:
                 else:
                     ids.append(file_id)
             self.stats.postings += len(vocabulary)
+            for name in definitions:
+                if "." not in name:
+                    self._defined.setdefault(sys.intern(name), []).append(file_id)
             self.stats.files = len(self._files)
             self._versions[path] = self._versions.get(path, 0) + 1
         return True
@@ -535,6 +539,12 @@ class WorkspaceIndex:
                 total += len(ids)
             else:
                 del self._postings[word]
+        for name in list(self._defined):
+            ids = [i for i in self._defined[name] if i in alive]
+            if ids:
+                self._defined[name] = ids
+            else:
+                del self._defined[name]
         self.stats.postings = total
         self.stats.words = len(self._postings)
         self._dead_postings = 0
