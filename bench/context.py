@@ -63,6 +63,8 @@ class Options:
     max_tokens: int = 48
     latency_files: int = 0  # 0: skip the index measurement
     skip_model: bool = False
+    threads: int = 0  # llama.cpp threads; 0: every core
+    prefix_tokens: int | None = None  # None: the setting's default
     out: Path = Path("results/context")
 
 
@@ -481,6 +483,8 @@ async def measure(options: Options) -> tuple[list[Result], dict[str, str]]:
             "movedSuffixDrift": 0,
             "readAhead": False,
             "prefetch": False,
+            "threads": options.threads,
+            **({} if options.prefix_tokens is None else {"prefixTokens": options.prefix_tokens}),
         }
     )
     if problems:
@@ -573,6 +577,7 @@ def report(
         lines += [
             f"- model: {options.model}; {facts.get('holes')} holes (seed {options.seed}) from "
             f"{', '.join(options.packages)}; retrievalTokens {options.retrieval_tokens}; "
+            f"prefixTokens {options.prefix_tokens or 'default'}; threads {options.threads}; "
             f"greedy, max {options.max_tokens} tokens",
             f"- retrieval closes {fmt(None if closed is None else 100 * closed, 0)}% of the "
             "open -> oracle gap on the name metric",

@@ -113,6 +113,8 @@ def register(subparsers: Any) -> None:
         "--latency-files", type=int, default=0, help="also time the index on N real files"
     )
     context.add_argument("--skip-model", action="store_true", help="only the index timing")
+    context.add_argument("--threads", type=int, default=0, help="llama.cpp threads (0: all)")
+    context.add_argument("--prefix-tokens", type=int, default=None)
     context.add_argument("--out", type=Path, default=Path("results/context"))
 
 
@@ -206,6 +208,8 @@ def run(args: argparse.Namespace) -> int:
                 max_tokens=args.max_tokens,
                 latency_files=args.latency_files,
                 skip_model=args.skip_model,
+                threads=args.threads,
+                prefix_tokens=args.prefix_tokens,
                 out=args.out,
             )
         )

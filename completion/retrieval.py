@@ -11,9 +11,9 @@ Three sources, best first (``Source``; the best goes nearest the cursor):
 3. **windows**: the 20-line window most similar (Jaccard over identifiers) to the lines
    before the cursor, in the files that share the rarest words with them.
 
-Stable between keystrokes: the query is the 30 lines before the cursor's 10-line block
-(it moves once every ten lines) plus the names the cursor line resolves, so typing
-inside a line changes the snippets only when a newly typed name resolves. The snippets'
+Stable between keystrokes: the query is the whole lines before the cursor's line (from a
+first line that moves once every ten lines) plus the names the cursor line resolves, so
+typing inside a line changes the snippets only when a newly typed name resolves. The snippets'
 prompt order is (source, path, line), not score, so a re-ranking with the same set
 leaves the cached prompt as it was.
 
@@ -37,8 +37,8 @@ from kode.completion.workspace import WORD, Definition, WorkspaceIndex, words
 
 ReadText = Callable[[Path], str | None]
 
-BLOCK_LINES = 10  # the query window moves in steps of this many lines
-QUERY_LINES = 30  # lines before the block that make the query
+BLOCK_LINES = 10  # the query's first line moves in steps of this many lines
+QUERY_LINES = 30  # at least this many lines before the cursor's line make the query
 WINDOW_LINES = 20  # a lexical window
 WINDOW_STRIDE = 10
 DEFINITION_CHARS = 400  # one definition excerpt: its header, docstring, first lines
@@ -269,10 +269,11 @@ def _cut(text: str, max_chars: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Query:
-    """What retrieval looks at: the lines before the cursor's block and the cursor line."""
+    """What retrieval looks at: the whole lines before the cursor's line, from a start
+    that moves in steps of ``BLOCK_LINES``, and the cursor line (for resolution only)."""
 
-    context: str  # the QUERY_LINES lines before the cursor's BLOCK_LINES block
-    near: str  # from the block's first line to the cursor (resolution only)
+    context: str  # lines [start of the block QUERY_LINES back, cursor line)
+    near: str  # the cursor line up to the cursor
     file_text: str
 
     @staticmethod
@@ -280,11 +281,8 @@ class Query:
         before = text[:offset]
         lines = before.split("\n")
         cursor = len(lines) - 1
-        block = cursor - cursor % BLOCK_LINES
-        first = max(0, block - QUERY_LINES)
-        context = "\n".join(lines[first:block])
-        near = "\n".join(lines[block:])
-        return Query(context=context, near=near, file_text=text)
+        first = max(0, cursor - cursor % BLOCK_LINES - QUERY_LINES)
+        return Query(context="\n".join(lines[first:cursor]), near=lines[cursor], file_text=text)
 
 
 # -- retrieval --------------------------------------------------------------------------
