@@ -531,7 +531,9 @@ def measure_index(n_files: int, queries: int, seed: int) -> dict[str, Any]:
     roots = latency_tree()
     tracemalloc.start()
     index = WorkspaceIndex(roots, IndexLimits(max_files=n_files))
+    build_cpu = time.process_time()
     stats = index.build()
+    build_cpu = time.process_time() - build_cpu
     _, peak = tracemalloc.get_traced_memory()
     current, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
@@ -539,28 +541,35 @@ def measure_index(n_files: int, queries: int, seed: int) -> dict[str, Any]:
     files = sorted(p for root in roots for p in root.rglob("*.py") if index.entry(p) is not None)
     retriever = Retriever(index, lambda p: read_text(p, index.limits.max_file_bytes))
     times: list[float] = []
+    cpu: list[float] = []
     chars: list[float] = []
     for path in rng.sample(files, min(queries, len(files))):
         text = read_text(path, index.limits.max_file_bytes) or ""
         offset = rng.randrange(len(text) + 1)
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.thread_time()
         got = retriever.retrieve(path, text, offset, 512 * 4)
         times.append((time.perf_counter() - started) * 1000.0)
+        cpu.append((time.thread_time() - started_cpu) * 1000.0)
         chars.append(float(sum(len(r.snippet.text) for r in got)))
     return {
         "files": stats.files,
         "words": stats.words,
         "postings": stats.postings,
         "build_s": round(stats.build_s, 2),
+        "build_cpu_s (traced)": round(build_cpu, 2),
         "truncated": stats.truncated,
         "skipped": [stats.skipped_ignored, stats.skipped_binary, stats.skipped_large],
         "approx_mb": round(stats.approx_bytes / 1e6, 1),
         "traced_mb": round(current / 1e6, 1),
         "traced_peak_mb": round(peak / 1e6, 1),
         "queries": len(times),
-        "p50_ms": common.percentile(times, 50),
-        "p95_ms": common.percentile(times, 95),
-        "max_ms": max(times) if times else None,
+        "wall_p50_ms": common.percentile(times, 50),
+        "wall_p95_ms": common.percentile(times, 95),
+        "wall_max_ms": max(times) if times else None,
+        "cpu_p50_ms": common.percentile(cpu, 50),
+        "cpu_p95_ms": common.percentile(cpu, 95),
+        "cpu_max_ms": max(cpu) if cpu else None,
+        "load_after": common.machine_note(),
         "mean_chars": common.mean(chars),
     }
 

@@ -28,6 +28,7 @@ import enum
 import functools
 import keyword
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
@@ -320,7 +321,8 @@ class Retriever:
     def _definitions(self, path: Path | None, query: Query, skip: set[Path]) -> list[Retrieved]:
         near_text = query.context + "\n" + query.near
         near_words = WORD.findall(near_text)
-        used = set(near_words)
+        near_counts = Counter(near_words)
+        used = set(near_counts)
         entry = None if path is None else self.index.entry(path)
         own = entry.definitions if entry is not None else {}
         module = None if entry is None else entry.module
@@ -344,7 +346,7 @@ class Retriever:
         attributes = _ATTRIBUTE.findall(near_text)
         modules_used: dict[Path, float] = {}
         if is_python:
-            file_words = WORD.findall(query.file_text)
+            file_words = Counter(WORD.findall(query.file_text))
             for name, binding in python_imports(query.file_text, module, is_package).items():
                 target, attr = self._resolve(binding)
                 if target is None or target in skip or target == path:
@@ -358,8 +360,8 @@ class Retriever:
                     continue
                 # A module: its outline, ranked by how often the code near the cursor
                 # (else the file) names it; and the members named near the cursor.
-                near_uses = near_words.count(name)
-                weight = near_uses + 1.0 if near_uses else 0.01 * (file_words.count(name) - 1)
+                near_uses = near_counts[name]
+                weight = near_uses + 1.0 if near_uses else 0.01 * (file_words[name] - 1)
                 if weight > 0:
                     modules_used[target] = max(modules_used.get(target, 0.0), weight)
                 for base, member in attributes:

@@ -54,6 +54,8 @@ _DEF_FALLBACK = re.compile(
     r"|module|object)\s+\*?([A-Za-z_][A-Za-z0-9_]*)"
 )
 _SNIFF_BYTES = 8192
+RANK_WORDS = 24  # query words walked by ``rank_files``, rarest first
+RARE_SHARE = 0.05  # ... among those held by at most this share of the files
 
 
 class Language(enum.StrEnum):
@@ -94,14 +96,17 @@ class IndexStats:
     skipped_large: int = 0
     postings: int = 0
     words: int = 0
+    definitions: int = 0
     build_s: float = 0.0
     complete: bool = False  # the first build finished (and was not cut by a limit)
     truncated: bool = False  # a limit stopped indexing
 
     @property
     def approx_bytes(self) -> int:
-        """Postings (8-byte list slots) + words (~60 B each) + entries (~600 B each)."""
-        return self.postings * 8 + self.words * 60 + self.files * 600
+        """Postings (8-byte list slots), words (~100 B each with their dict slot),
+        definitions (~250 B: the object, its first line, two dict slots), entries
+        (~600 B). Checked against tracemalloc by ``kode bench context --latency-files``."""
+        return self.postings * 8 + self.words * 100 + self.definitions * 250 + self.files * 600
 
 
 # -- .gitignore -------------------------------------------------------------------------
@@ -321,17 +326,18 @@ class WorkspaceIndex:
         self, query: Iterable[str], *, exclude: Path | None = None, limit: int = 4
     ) -> list[tuple[Path, float]]:
         """Files sharing the most informative words with ``query`` (BM25's idf, no length
-        normalisation: windows inside the file are chosen afterwards). Words in more
-        than a fifth of the files carry little and would make the walk slow; skipped."""
+        normalisation: windows inside the file are chosen afterwards). Only the
+        ``RANK_WORDS`` rarest query words held by at most ``RARE_SHARE`` of the files are
+        walked: common words carry little weight, and walking their postings made a
+        query on 5,000 files take 50 ms."""
         scores: dict[int, float] = {}
         with self._lock:
             n = max(len(self._files), 1)
-            common = max(n // 5, 8)
-            for word in set(query):
-                ids = self._postings.get(word)
-                if not ids or len(ids) > common:
-                    continue
-                weight = _idf(len(ids), n)
+            rare = max(int(n * RARE_SHARE), 8)
+            found = [(len(ids), ids) for w in set(query) if (ids := self._postings.get(w))]
+            found = sorted((f for f in found if f[0] <= rare), key=lambda f: f[0])[:RANK_WORDS]
+            for df, ids in found:
+                weight = _idf(df, n)
                 for file_id in ids:
                     scores[file_id] = scores.get(file_id, 0.0) + weight
             ranked = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -507,6 +513,7 @@ class WorkspaceIndex:
                 else:
                     ids.append(file_id)
             self.stats.postings += len(vocabulary)
+            self.stats.definitions += len(definitions)
             for name in definitions:
                 if "." not in name:
                     self._defined.setdefault(sys.intern(name), []).append(file_id)
@@ -520,6 +527,7 @@ class WorkspaceIndex:
         if entry is None:
             return
         self._alive.pop(entry.file_id, None)
+        self.stats.definitions -= len(entry.definitions)
         if entry.module is not None and self._modules.get(entry.module) == path:
             del self._modules[entry.module]
         self._versions[path] = self._versions.get(path, 0) + 1
