@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import json
 import random
 import re
 import shutil
@@ -435,6 +436,13 @@ async def _complete(
             engine.documents.close(other)
 
 
+def _append(path: Path, record: dict[str, Any]) -> None:
+    """One result more in ``path``: a long run keeps what it measured if stopped."""
+    common.prepare_out(path.parent)
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record) + "\n")
+
+
 async def _one_hole(
     options: Options, engine: Any, prepared: Prepared, bar: Any, results: list[Result]
 ) -> None:
@@ -466,6 +474,7 @@ async def _one_hole(
         result.ms = (time.perf_counter() - started) * 1000.0
         result.retrieval_ms = retrieval_ms
         results.append(result)
+        await asyncio.to_thread(_append, options.out / "partial.jsonl", asdict(result))
         bar.update(1)
     engine.workspace = None
 
