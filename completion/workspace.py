@@ -467,6 +467,7 @@ class WorkspaceIndex:
                 return True
             if stat.st_size > self.limits.max_file_bytes:
                 self.stats.skipped_large += 1
+                self.remove(path)  # it may have been small before
                 return True
             text = read_text(path, self.limits.max_file_bytes)
             if text is None:
@@ -475,6 +476,7 @@ class WorkspaceIndex:
                 return True
         elif len(text) > self.limits.max_file_bytes:
             self.stats.skipped_large += 1
+            self.remove(path)
             return True
         rel = path.relative_to(root)
         is_python = path.suffix in (".py", ".pyi")

@@ -178,3 +178,11 @@ def test_python_definitions_fall_back_when_the_file_does_not_parse() -> None:
     assert set(python_definitions(broken)) >= {"ok", "half_typed"}
     good = "class A:\n    def m(self): ...\nX: int = 1\n"
     assert set(python_definitions(good)) == {"A", "A.m", "X"}
+
+
+def test_a_file_that_grows_too_large_leaves_the_index(project: Path) -> None:
+    index = build(project)
+    util = (project / "pkg/util.py").resolve()
+    assert index.entry(util) is not None
+    assert index.update(util, "x = 1\n" * 1000)  # over max_file_bytes (2000)
+    assert index.entry(util) is None and index.find_definitions("helper_zeta") == []
