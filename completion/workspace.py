@@ -380,7 +380,7 @@ class WorkspaceIndex:
         if root is None or self._ignored(path, root):
             self.remove(path)
             return False
-        return self._index_path(path, root, text)
+        return self._index_path(path, root, text) and self.entry(path) is not None
 
     def remove(self, path: Path) -> None:
         path = Path(path).resolve()

@@ -184,5 +184,5 @@ def test_a_file_that_grows_too_large_leaves_the_index(project: Path) -> None:
     index = build(project)
     util = (project / "pkg/util.py").resolve()
     assert index.entry(util) is not None
-    assert index.update(util, "x = 1\n" * 1000)  # over max_file_bytes (2000)
+    assert not index.update(util, "x = 1\n" * 1000)  # over max_file_bytes (2000)
     assert index.entry(util) is None and index.find_definitions("helper_zeta") == []
