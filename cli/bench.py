@@ -4,6 +4,7 @@ kode bench speculation [--model M] [--tasks N] [--max-tokens N] [--methods a,b] 
 kode bench quality [--model M ... | --models a,b] [--set both|all|single,multi,span,file]
                    [--tasks N | --full]
 kode bench latency [--model M] [--cadence-ms 120] [--files F ...] [--humaneval N]
+kode bench context [--model M] [--holes 24] [--retrieval-tokens 512] [--latency-files 5000]
 
 Only argument parsing lives here; the benchmark modules are imported when one runs, so
 ``kode`` itself starts fast.
@@ -141,6 +142,24 @@ def register(subparsers: Any) -> None:
     )
     latency.add_argument("--out", type=Path, default=Path("results/latency"))
 
+    context = sub.add_parser("context", help="cross-file holes: project context vs open tabs")
+    context.add_argument("--model", default="default")
+    context.add_argument("--holes", type=int, default=24)
+    context.add_argument("--seed", type=int, default=0)
+    context.add_argument("--packages", type=_csv, default=None, help="comma list of packages")
+    context.add_argument(
+        "--conditions", type=_csv, default=None, help="comma list of in-file,open,retrieval,oracle"
+    )
+    context.add_argument("--retrieval-tokens", type=int, default=512)
+    context.add_argument("--max-tokens", type=int, default=48)
+    context.add_argument(
+        "--latency-files", type=int, default=0, help="also time the index on N real files"
+    )
+    context.add_argument("--skip-model", action="store_true", help="only the index timing")
+    context.add_argument("--threads", type=int, default=0, help="llama.cpp threads (0: all)")
+    context.add_argument("--prefix-tokens", type=int, default=None)
+    context.add_argument("--out", type=Path, default=Path("results/context"))
+
 
 def _setting(item: str) -> tuple[str, object]:
     """``KEY=JSON`` (a bare word that is not JSON is taken as a string)."""
@@ -231,4 +250,27 @@ def run(args: argparse.Namespace) -> int:
                 args.model, args.files, args.lines, args.seed, args.rate, args.out
             )
         return latency.main(options)
+    if args.bench_command == "context":
+        from kode.bench import context
+
+        unknown = [c for c in (args.conditions or ()) if c not in context.CONDITIONS]
+        if unknown:
+            print(f"kode bench context: unknown condition(s) {', '.join(unknown)}", file=sys.stderr)
+            return 2
+        return context.main(
+            context.Options(
+                model=args.model,
+                holes=args.holes,
+                seed=args.seed,
+                packages=args.packages or context.DEFAULT_PACKAGES,
+                conditions=args.conditions or context.CONDITIONS,
+                retrieval_tokens=args.retrieval_tokens,
+                max_tokens=args.max_tokens,
+                latency_files=args.latency_files,
+                skip_model=args.skip_model,
+                threads=args.threads,
+                prefix_tokens=args.prefix_tokens,
+                out=args.out,
+            )
+        )
     return 2

@@ -8,12 +8,14 @@ the prompt's first tokens and throw away the whole KV cache on every keystroke.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
 
 from kode.completion.documents import Document, split_lines
+from kode.completion.retrieval import Retrieved, best_window
 from kode.completion.templates import Snippet
+from kode.completion.workspace import words
 
 CountTokens = Callable[[str], int]
 
@@ -24,6 +26,8 @@ _HEADROOM = 0.25
 # tokens re-evaluated one line further down); a tenth lets a person type a few lines.
 _FIRST_HEADROOM = 0.1
 _CHARS_PER_TOKEN_FLOOR = 2  # for cutting a single giant line, never fewer chars per token
+_QUERY_LINES = 30  # lines before the cursor that choose the part of a large open document
+_MIN_PART_TOKENS = 48  # a part of an open document smaller than this is not worth its header
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +35,7 @@ class Budget:
     prefix_tokens: int = 1024
     suffix_tokens: int = 64
     snippet_tokens: int = 512
+    retrieval_tokens: int = 0  # project context from the workspace index (retrieval.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,11 +65,14 @@ def gather(
     *,
     others: Sequence[Document] = (),
     anchor: int | None = None,
+    retrieved: Sequence[Retrieved] = (),
 ) -> CompletionContext:
     """Context for a completion at string index ``offset`` of ``doc``.
 
     ``anchor``: the prefix start line used for the previous request on this document,
-    kept if the prefix from there still fits the budget.
+    kept if the prefix from there still fits the budget. ``retrieved``: project context
+    in prompt order (``retrieval.Retriever``), fitted to ``budget.retrieval_tokens`` after
+    the open documents; pieces of documents already in the prompt whole are left out.
     """
     before, after = doc.text[:offset], doc.text[offset:]
     before_lines = split_lines(before)
@@ -74,7 +82,9 @@ def gather(
 
     prefix, start = _prefix_window(before, before_lines, cursor_line, count_tokens, budget, anchor)
     suffix = _suffix_window(after_lines, count_tokens, budget.suffix_tokens)
-    snippets = _snippets(others, count_tokens, budget.snippet_tokens)
+    query = words("\n".join(before_lines[-_QUERY_LINES:]))
+    snippets = _snippets(others, count_tokens, budget.snippet_tokens, query)
+    snippets += _project_snippets(retrieved, snippets, count_tokens, budget.retrieval_tokens)
     return CompletionContext(
         prefix=prefix,
         suffix=suffix,
@@ -165,18 +175,76 @@ def _suffix_window(lines: list[str], count_tokens: CountTokens, limit: int) -> s
 
 
 def _snippets(
-    others: Sequence[Document], count_tokens: CountTokens, limit: int
+    others: Sequence[Document],
+    count_tokens: CountTokens,
+    limit: int,
+    query: Set[str] = frozenset(),
 ) -> tuple[Snippet, ...]:
-    """Whole other documents that fit, most recently used first chosen, emitted in a stable
-    (URI) order so that switching files does not reorder the cached prompt."""
-    chosen: list[Document] = []
+    """Other documents, most recently used first chosen, emitted in a stable (URI) order
+    so that switching files does not reorder the cached prompt. A document over the
+    budget that is left enters in part: its 20-line window most like the lines before
+    the cursor (``retrieval.best_window``), cut to fit; before, it was dropped whole, so
+    no open file over 512 tokens ever reached the prompt."""
+    chosen: list[tuple[str, Snippet]] = []
     used = 0
     for doc in others:
         if not doc.text.strip():
             continue
         cost = count_tokens(doc.text) + 8  # + the file header
         if used + cost <= limit:
-            chosen.append(doc)
+            chosen.append((doc.uri, Snippet(uri_to_path(doc.uri), doc.text)))
             used += cost
-    chosen.sort(key=lambda d: d.uri)
-    return tuple(Snippet(uri_to_path(d.uri), d.text) for d in chosen)
+            continue
+        left = limit - used - 8
+        if left < _MIN_PART_TOKENS:
+            continue
+        _, part, _ = best_window(doc.text, query, left * 4)
+        part = _fit(part, count_tokens, left)
+        if part.strip():
+            chosen.append((doc.uri, Snippet(uri_to_path(doc.uri), part)))
+            used += count_tokens(part) + 8
+    chosen.sort(key=lambda item: item[0])
+    return tuple(snippet for _, snippet in chosen)
+
+
+def _project_snippets(
+    retrieved: Sequence[Retrieved],
+    open_snippets: Sequence[Snippet],
+    count_tokens: CountTokens,
+    limit: int,
+) -> tuple[Snippet, ...]:
+    """Retrieved pieces that fit ``limit`` tokens, in the order given (the retriever's
+    stable prompt order), skipping text the open documents already put in the prompt."""
+    if limit <= 0:
+        return ()
+    present = [s.text for s in open_snippets]
+    out: list[Snippet] = []
+    used = 0
+    for item in retrieved:
+        text = item.snippet.text
+        if any(text in shown for shown in present):
+            continue
+        cost = count_tokens(text) + 8
+        if used + cost > limit:
+            text = _fit(text, count_tokens, limit - used - 8)
+            if len(text.strip()) == 0:
+                continue
+            cost = count_tokens(text) + 8
+        out.append(Snippet(item.snippet.path, text))
+        used += cost
+    return tuple(out)
+
+
+def _fit(text: str, count_tokens: CountTokens, limit: int) -> str:
+    """``text`` cut to whole lines that fit ``limit`` tokens."""
+    if limit <= 0:
+        return ""
+    kept: list[str] = []
+    used = 0
+    for line in text.splitlines(keepends=True):
+        cost = count_tokens(line)
+        if used + cost > limit:
+            break
+        kept.append(line)
+        used += cost
+    return "".join(kept)

@@ -11,12 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 from kode.backends.base import (
     Backend,
@@ -32,10 +35,12 @@ from kode.backends.errors import BackendError, DocumentError, KodeError, Setting
 from kode.completion import context as ctxmod
 from kode.completion import syntax
 from kode.completion.documents import Document, DocumentStore, Position, scrub
+from kode.completion.retrieval import Retrieved, Retriever
 from kode.completion.settings import DEFAULT, BackendKind, Settings
 from kode.completion.stops import StopRules
 from kode.completion.syntax import FillCheck
 from kode.completion.templates import TEMPLATES, FimTemplate, render
+from kode.completion.workspace import IndexLimits, WorkspaceIndex, read_text
 
 log = logging.getLogger("kode.completion")
 
@@ -57,6 +62,11 @@ _SHORT_WINDOWS = 3
 _CALIBRATION_TEXT = "".join(
     f"def step_{i}(value, scale={i}):\n    return value * scale + {i}\n\n" for i in range(12)
 )
+# An edited document is re-indexed once the user pauses this long (not per keystroke).
+_REINDEX_DELAY_S = 1.0
+# Characters of retrieved text asked for per token of ``retrievalTokens``; the context
+# then fits it exactly (Qwen2.5's tokenizer: ~3.3 characters per token of Python).
+_CHARS_PER_TOKEN = 4
 PartialCallback = Callable[[str], None]
 
 
@@ -133,6 +143,9 @@ class CompletionEngine:
         self._counter: Callable[[str], int] | None = None
         self._counter_owner: Backend | None = None
         self._background: set[asyncio.Future[None]] = set()
+        self.workspace: WorkspaceIndex | None = None
+        self._index_cancel: threading.Event | None = None
+        self._reindex: dict[str, int] = {}  # uri -> document version awaiting re-index
 
     @property
     def settings(self) -> Settings:
@@ -212,13 +225,19 @@ class CompletionEngine:
     async def _start(
         self, uri: str, doc: Document, offset: int, backend: Backend, max_tokens: int | None
     ) -> _Live:
-        ctx = self._request_context(uri, doc, offset, backend)
+        retrieved = await self.retrieve(uri, doc.text, offset)
+        ctx = self._request_context(uri, doc, offset, backend, retrieved)
         return await self._launch(uri, doc, offset, backend, ctx, max_tokens)
 
     # -- which window: the latency budget ------------------------------------------------
 
     def _full_context(
-        self, uri: str, doc: Document, offset: int, backend: Backend
+        self,
+        uri: str,
+        doc: Document,
+        offset: int,
+        backend: Backend,
+        retrieved: tuple[Retrieved, ...] = (),
     ) -> ctxmod.CompletionContext:
         settings = self._settings
         budget = prompt_budget(settings, settings.max_tokens)
@@ -229,6 +248,7 @@ class CompletionEngine:
             budget,
             others=self.documents.others(uri) if settings.snippet_tokens else (),
             anchor=self._anchors.get(uri),
+            retrieved=retrieved,
         )
         self._anchors[uri] = ctx.prefix_start_line
         return ctx
@@ -268,13 +288,18 @@ class CompletionEngine:
         return total - cached
 
     def _request_context(
-        self, uri: str, doc: Document, offset: int, backend: Backend
+        self,
+        uri: str,
+        doc: Document,
+        offset: int,
+        backend: Backend,
+        retrieved: tuple[Retrieved, ...] = (),
     ) -> ctxmod.CompletionContext:
         """The full window, unless evaluating what it still needs would take longer than
         ``firstAnswerMs`` at the measured prefill speed: then the largest remembered
         shorter window that fits, else a new one sized to fit. Background preparation
         (``cursor_moved``) then works towards the full window for the next keystroke."""
-        full = self._full_context(uri, doc, offset, backend)
+        full = self._full_context(uri, doc, offset, backend, retrieved)
         budget_ms = self._settings.first_answer_ms
         allowed = self.rate.tokens_within(budget_ms) if budget_ms else None
         if allowed is None or not isinstance(backend, PromptCache):
@@ -452,7 +477,8 @@ class CompletionEngine:
             ctx = ctxmod.gather(doc, len(doc.text), counter, budget, anchor=None)
             if ctx.prefix_start_line != 0:
                 return
-            full = self._full_context(uri, doc, len(doc.text), backend)
+            retrieved = await self.retrieve(uri, doc.text, len(doc.text))
+            full = self._full_context(uri, doc, len(doc.text), backend, retrieved)
             live = await self._launch(uri, doc, len(doc.text), backend, full, 1, background=True)
             self.read_aheads += 1
             await self._finish_prep(live)
@@ -468,6 +494,7 @@ class CompletionEngine:
         doc = self.documents.get(uri)
         self._touch(uri, None, None)
         self._spawn(self._cancel_background())
+        self._schedule_reindex(uri)
         live = self._live.get(uri)
         if live is None:
             return
@@ -479,6 +506,107 @@ class CompletionEngine:
         live.wake()
         if live.done.is_set() and typed and typed == live.final() and self._settings.prefetch:
             self._spawn(self._prefetch(uri, live.start + len(typed)))
+
+    # -- the workspace index (project context) -------------------------------------------
+
+    def open_workspace(self, roots: list[Path]) -> None:
+        """Index ``roots`` in a worker thread (setting ``workspaceIndex``); a keystroke
+        never waits for it: retrieval uses whatever is indexed so far."""
+        settings = self._settings
+        if not settings.workspace_index or not roots:
+            return
+        if self._index_cancel is not None:
+            self._index_cancel.set()
+        limits = IndexLimits(settings.index_max_files, settings.index_max_file_bytes)
+        index = WorkspaceIndex(roots, limits)
+        self.workspace = index
+        self._index_cancel = cancel = threading.Event()
+        self._spawn(self._build_index(index, cancel))
+
+    async def _build_index(self, index: WorkspaceIndex, cancel: threading.Event) -> None:
+        try:
+            stats = await asyncio.to_thread(index.build, cancel)
+        except Exception as exc:  # an unreadable tree must not take the server down
+            log.error("workspace index failed: %s", exc)
+            return
+        log.info(
+            "workspace index: %d files, %d words, ~%.1f MB, %.1f s%s",
+            stats.files,
+            stats.words,
+            stats.approx_bytes / 1e6,
+            stats.build_s,
+            " (a limit stopped it)" if stats.truncated else "",
+        )
+
+    def files_changed(self, changes: list[tuple[str, bool]]) -> None:
+        """Saved, created, changed (``False``) or deleted (``True``) files, by URI."""
+        index = self.workspace
+        if index is None:
+            return
+        for uri, deleted in changes:
+            path = _file_path(uri)
+            if path is None:
+                continue
+            text = None if deleted or uri not in self.documents else self.documents.get(uri).text
+            if deleted:
+                self._spawn(asyncio.to_thread(index.remove, path))
+            else:
+                self._spawn(self._update_index(index, path, text))
+
+    async def _update_index(self, index: WorkspaceIndex, path: Path, text: str | None) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            await asyncio.to_thread(index.update, path, text)
+
+    def _schedule_reindex(self, uri: str) -> None:
+        if self.workspace is None or uri not in self.documents:
+            return
+        pending = uri in self._reindex
+        self._reindex[uri] = self.documents.get(uri).version
+        if not pending:
+            self._spawn(self._reindex_when_idle(uri))
+
+    async def _reindex_when_idle(self, uri: str) -> None:
+        """Re-index an edited document once its version stops changing."""
+        while True:
+            version = self._reindex.get(uri)
+            await asyncio.sleep(_REINDEX_DELAY_S)
+            if uri not in self.documents:
+                self._reindex.pop(uri, None)
+                return
+            if self._reindex.get(uri) == version:
+                break
+        self._reindex.pop(uri, None)
+        self.files_changed([(uri, False)])
+
+    async def retrieve(self, uri: str, text: str, offset: int) -> tuple[Retrieved, ...]:
+        """Project context for a cursor (setting ``retrievalTokens``), chosen in a worker
+        thread; () without a workspace index."""
+        index = self.workspace
+        tokens = self._settings.retrieval_tokens
+        if index is None or tokens == 0 or len(index) == 0:
+            return ()
+        open_texts: dict[Path, str] = {}
+        for other in self.documents.others(uri):
+            path = _file_path(other.uri)
+            if path is not None:
+                open_texts[path] = other.text
+        limit = index.limits.max_file_bytes
+
+        def read(path: Path) -> str | None:
+            found = open_texts.get(path)
+            return found if found is not None else read_text(path, limit)
+
+        def work() -> tuple[Retrieved, ...]:
+            path = _file_path(uri)
+            resolved = None if path is None else path.resolve()
+            retriever = Retriever(index, read)
+            return tuple(retriever.retrieve(resolved, text, offset, tokens * _CHARS_PER_TOKEN))
+
+        try:
+            return await asyncio.to_thread(work)
+        except Exception as exc:  # best effort: complete without project context
+            log.debug("retrieval failed: %s", type(exc).__name__)
+            return ()
 
     async def _drop_if_abandoned(self, uri: str, live: _Live) -> None:
         await asyncio.sleep(_CANCEL_GRACE_S)
@@ -614,7 +742,8 @@ class CompletionEngine:
                 backend = await self.backend()
                 if not isinstance(backend, PromptCache) or self._busy():
                     return
-                ctx = self._next_to_prepare(uri, doc, offset, backend)
+                retrieved = await self.retrieve(uri, doc.text, offset)
+                ctx = self._next_to_prepare(uri, doc, offset, backend, retrieved)
                 if ctx is None:
                     return
                 if self._prep is not None:
@@ -628,9 +757,14 @@ class CompletionEngine:
             log.debug("preparation failed: %s", type(exc).__name__)
 
     def _next_to_prepare(
-        self, uri: str, doc: Document, offset: int, backend: Backend
+        self,
+        uri: str,
+        doc: Document,
+        offset: int,
+        backend: Backend,
+        retrieved: tuple[Retrieved, ...],
     ) -> ctxmod.CompletionContext | None:
-        full = self._full_context(uri, doc, offset, backend)
+        full = self._full_context(uri, doc, offset, backend, retrieved)
         left = self._to_evaluate(uri, full, backend)
         if left <= 1:
             return None
@@ -781,20 +915,26 @@ def prompt_budget(settings: Settings, max_tokens: int) -> ctxmod.Budget:
     ``contextSize``: otherwise every long file answers "context overflow".
 
     >>> prompt_budget(Settings(context_size=1024), 128)
-    Budget(prefix_tokens=532, suffix_tokens=33, snippet_tokens=266)
+    Budget(prefix_tokens=403, suffix_tokens=25, snippet_tokens=201, retrieval_tokens=201)
     """
-    wanted = settings.prefix_tokens + settings.suffix_tokens + settings.snippet_tokens
-    room = settings.context_size - max_tokens - _PROMPT_OVERHEAD
-    if wanted <= room:
-        return ctxmod.Budget(
-            settings.prefix_tokens, settings.suffix_tokens, settings.snippet_tokens
-        )
-    scale = max(room, 1) / wanted
-    return ctxmod.Budget(
-        max(1, int(settings.prefix_tokens * scale)),
-        int(settings.suffix_tokens * scale),
-        int(settings.snippet_tokens * scale),
+    parts = (
+        settings.prefix_tokens,
+        settings.suffix_tokens,
+        settings.snippet_tokens,
+        settings.retrieval_tokens,
     )
+    room = settings.context_size - max_tokens - _PROMPT_OVERHEAD
+    scale = min(1.0, max(room, 1) / sum(parts))
+    prefix, suffix, snippets, retrieval = (int(n * scale) for n in parts)
+    return ctxmod.Budget(max(1, prefix), suffix, snippets, retrieval)
+
+
+def _file_path(uri: str) -> Path | None:
+    """The local path of a ``file:`` URI (None for other schemes)."""
+    parsed = urlparse(uri)
+    if parsed.scheme != "file":
+        return None
+    return Path(url2pathname(parsed.path))
 
 
 def _repo_name(uri: str) -> str:

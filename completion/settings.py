@@ -73,6 +73,13 @@ class Settings(
     # 0: re-evaluate the suffix on every keystroke.
     moved_suffix_drift: _Tokens = 32
     snippet_tokens: _Tokens = 512
+    # Project context (completion/retrieval.py): definitions, module outlines and similar
+    # code from the workspace folders' files, after the open documents; 0: off.
+    retrieval_tokens: _Tokens = 512
+    workspace_index: bool = True  # index the workspace folders (needed for retrieval)
+    index_max_files: Annotated[int, msgspec.Meta(ge=1, le=10_000_000)] = 20000
+    # larger files are not indexed
+    index_max_file_bytes: Annotated[int, msgspec.Meta(ge=1, le=1 << 30)] = 1_000_000
     context_size: Annotated[int, msgspec.Meta(ge=512, le=_TOKENS)] = 4096
     threads: Annotated[int, msgspec.Meta(ge=0)] = 0  # 0: every core; at most usable_cores()
     log_prompts: bool = False  # never log source code unless asked to

@@ -5,6 +5,9 @@ Requests and notifications handled:
 - ``initialize`` (settings from ``initializationOptions``), ``initialized`` (warms up
   the model in the background), ``workspace/didChangeConfiguration``;
 - ``textDocument/didOpen|didChange|didClose`` (full and incremental sync);
+- the workspace index (``completion/workspace.py``): the folders from ``initialize``,
+  ``textDocument/didSave``, ``workspace/didChangeWatchedFiles`` (a watcher for every
+  file is registered when the client allows it) and ``workspace/didChangeWorkspaceFolders``;
 - ``textDocument/inlineCompletion`` (LSP 3.18), an ``async`` handler: pygls cancels
   its task on ``$/cancelRequest`` and answers -32800, and the engine stops the
   generation within one decode step;
@@ -20,7 +23,10 @@ import logging
 import sys
 from collections.abc import Awaitable, Callable
 from threading import Event
+from pathlib import Path
 from typing import Any, BinaryIO, ClassVar
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 import msgspec
 from kode.backends.base import KvMemoryReport
@@ -179,6 +185,7 @@ class KodeServer(LanguageServer):
         self.engine = CompletionEngine(backend_factory or self.pool.get)
         self._pending_messages: list[str] = []
         self.told: set[str] = set()  # completion failures shown to the user (tell_once)
+        self.workspace_roots: list[Path] = []
         self._warmup: asyncio.Task[Any] | None = None
 
     def report_server_error(self, error: Exception, source: Any) -> None:
@@ -281,6 +288,7 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
     @server.feature(types.INITIALIZE)
     def initialize(params: types.InitializeParams) -> None:
         server._pending_messages = server.apply_settings(params.initialization_options)
+        server.workspace_roots = _workspace_roots(params)
 
     @server.feature(types.INITIALIZED)
     def initialized(params: types.InitializedParams) -> None:
@@ -288,6 +296,27 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
         server._pending_messages = []
         if server.engine.settings.enabled:
             server._warmup = asyncio.ensure_future(_warm_up(server))
+            server.engine.open_workspace(server.workspace_roots)
+            if server.engine.workspace is not None:
+                _watch_files(server)
+
+    @server.feature(types.TEXT_DOCUMENT_DID_SAVE)
+    def did_save(params: types.DidSaveTextDocumentParams) -> None:
+        server.engine.files_changed([(params.text_document.uri, False)])
+
+    @server.feature(types.WORKSPACE_DID_CHANGE_WATCHED_FILES)
+    def did_change_watched_files(params: types.DidChangeWatchedFilesParams) -> None:
+        deleted = types.FileChangeType.Deleted
+        server.engine.files_changed([(c.uri, c.type == deleted) for c in params.changes])
+
+    @server.feature(types.WORKSPACE_DID_CHANGE_WORKSPACE_FOLDERS)
+    def did_change_workspace_folders(params: types.DidChangeWorkspaceFoldersParams) -> None:
+        event = params.event
+        removed = {_uri_path(f.uri) for f in event.removed}
+        roots = [r for r in server.workspace_roots if r not in removed]
+        roots += [p for f in event.added if (p := _uri_path(f.uri)) is not None]
+        server.workspace_roots = roots
+        server.engine.open_workspace(roots)
 
     @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
     def did_change_configuration(params: types.DidChangeConfigurationParams) -> None:
@@ -405,6 +434,7 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
             },
             "kvMemory": backend.kv_memory if isinstance(backend, KvMemoryReport) else None,
             "settings": _redacted(server.engine.settings),
+            "workspace": _index_stats(server),
         }
 
     @server.feature(types.SHUTDOWN)
@@ -477,6 +507,60 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, KodeError | JsonRpcException):
         return str(exc)
     return type(exc).__name__
+
+
+def _index_stats(server: KodeServer) -> dict[str, Any] | None:
+    """Counts only: the index never reports paths or text."""
+    index = server.engine.workspace
+    if index is None:
+        return None
+    stats = index.stats
+    return {
+        "files": stats.files,
+        "words": stats.words,
+        "postings": stats.postings,
+        "approxBytes": stats.approx_bytes,
+        "complete": stats.complete,
+        "truncated": stats.truncated,
+        "skipped": {
+            "ignored": stats.skipped_ignored,
+            "binary": stats.skipped_binary,
+            "large": stats.skipped_large,
+        },
+    }
+
+
+def _uri_path(uri: str) -> Path | None:
+    parsed = urlparse(uri)
+    return Path(url2pathname(parsed.path)) if parsed.scheme == "file" else None
+
+
+def _workspace_roots(params: types.InitializeParams) -> list[Path]:
+    """The workspace folders, else the (deprecated) root URI, else the root path."""
+    if params.workspace_folders:
+        found = [_uri_path(f.uri) for f in params.workspace_folders]
+        return [p for p in found if p is not None]
+    if params.root_uri:
+        root = _uri_path(params.root_uri)
+        return [] if root is None else [root]
+    return [Path(params.root_path)] if params.root_path else []
+
+
+def _watch_files(server: KodeServer) -> None:
+    """Ask the client to report file changes under the workspace (if it can be asked)."""
+    caps = server.client_capabilities.workspace
+    watched = None if caps is None else caps.did_change_watched_files
+    if watched is None or not watched.dynamic_registration:
+        return
+    options = types.DidChangeWatchedFilesRegistrationOptions(
+        watchers=[types.FileSystemWatcher(glob_pattern="**/*")]
+    )
+    registration = types.Registration(
+        id="kode-workspace-index",
+        method=types.WORKSPACE_DID_CHANGE_WATCHED_FILES,
+        register_options=options,
+    )
+    server.client_register_capability(types.RegistrationParams(registrations=[registration]))
 
 
 def _short(uri: str) -> str:

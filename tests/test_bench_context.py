@@ -1,0 +1,96 @@
+"""`kode bench context`'s pure parts on a fixture package: hole mining, renaming, metrics,
+summary. No model."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from kode.bench import context as bench
+
+
+def write(root: Path, rel: str, text: str) -> None:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Path:
+    write(tmp_path, "pkg/__init__.py", "")
+    write(
+        tmp_path,
+        "pkg/shapes.py",
+        "def circle_area(r):\n    return 3.14 * r * r\n\n\nclass Square:\n    pass\n",
+    )
+    write(
+        tmp_path,
+        "pkg/report.py",
+        "from . import shapes\n\n\ndef describe(r):\n    area = shapes.circle_area(r)\n"
+        "    box = shapes.Square()\n    box2 = shapes.Square()\n    return area\n",
+    )
+    write(tmp_path, "pkg/other.py", "def unrelated():\n    return 1\n")
+    return tmp_path
+
+
+def test_holes_use_a_sibling_modules_name_written_once(source: Path) -> None:
+    holes = bench.find_holes(source, "pkg")
+    # Square is written twice in report.py, so only circle_area makes a hole.
+    assert [(h.module, h.defining, h.name, h.line) for h in holes] == [
+        ("pkg/report.py", "pkg/shapes.py", "circle_area", 4)
+    ]
+
+
+def test_prepare_renames_in_the_whole_copy_and_cuts_the_line(
+    source: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    [hole] = bench.find_holes(source, "pkg")
+    work = tmp_path_factory.mktemp("work")
+    prepared = bench.prepare(hole, source, work, seed=0)
+    assert prepared.renamed.startswith("circle_area_") and prepared.renamed != "circle_area"
+    shapes = (work / "pkg/shapes.py").read_text()
+    assert f"def {prepared.renamed}(r):" in shapes and "circle_area(" not in shapes
+    assert prepared.expected == f"area = shapes.{prepared.renamed}(r)"
+    assert prepared.document[: prepared.offset].endswith("def describe(r):\n    ")
+    assert prepared.renamed not in prepared.document
+    assert prepared.defining_excerpt.startswith(f"def {prepared.renamed}(r):")
+    assert prepared.sibling is not None and prepared.sibling.name == "other.py"
+    assert "circle_area(" in (source / "pkg/shapes.py").read_text()  # the source is untouched
+
+
+def test_new_names_keep_the_style_and_avoid_taken_names() -> None:
+    rng = random.Random(0)
+    assert bench.new_name("Handler", set(), rng).startswith("Handler")
+    assert bench.new_name("NOTSET", set(), rng).startswith("NOTSET_")
+    snake = bench.new_name("make_id", set(), rng)
+    assert snake.startswith("make_id_") and snake.islower()
+    taken = {f"Handler{s}" for s in bench._SUFFIXES[1:]}
+    assert bench.new_name("Handler", taken, rng) == f"Handler{bench._SUFFIXES[0]}"
+
+
+def test_metrics_and_gap() -> None:
+    assert bench.levenshtein("kitten", "sitting") == 3
+    assert bench.similarity("", "") == 1.0 and bench.similarity("abc", "abd") == pytest.approx(
+        2 / 3
+    )
+    assert bench.rename("a.Foo(Foo_x, Foo)", "Foo", "Bar") == "a.Bar(Foo_x, Bar)"
+    rows = [
+        bench.Row("open", total=10, names=2),
+        bench.Row("retrieval", total=10, names=7),
+        bench.Row("oracle", total=10, names=8),
+    ]
+    assert bench.gap_closed(rows) == pytest.approx(5 / 6)
+    assert bench.gap_closed(rows[:2]) is None
+
+
+def test_choose_spreads_over_packages_and_modules() -> None:
+    holes = [bench.Hole("a", f"a/m{i % 2}.py", "a/d.py", f"n{i}", i) for i in range(10)]
+    holes += [bench.Hole("b", "b/m.py", "b/d.py", f"k{i}", i) for i in range(3)]
+    chosen = bench.choose(holes, 6, seed=1)
+    assert len(chosen) == 6
+    assert {h.package for h in chosen} == {"a", "b"}
+    per_module: dict[str, int] = {}
+    for h in chosen:
+        per_module[h.module] = per_module.get(h.module, 0) + 1
+    assert max(per_module.values()) <= 2

@@ -1,0 +1,132 @@
+"""The engine's workspace wiring with a scripted backend: the index is built off the event
+loop, retrieved definitions reach the prompt, and saves, edits and deletes keep the index
+current. No model."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from kode.completion import engine as engine_mod
+from kode.completion.engine import CompletionEngine
+from kode.completion.settings import parse
+from test_engine import ScriptedBackend  # the scripted backend of the engine's tests
+
+
+def engine_for(backend: ScriptedBackend, **settings: object) -> CompletionEngine:
+    async def factory(_settings: object) -> ScriptedBackend:
+        return backend
+
+    parsed, problems = parse({"readAhead": False, **settings})
+    assert problems == []
+    return CompletionEngine(factory, parsed)  # type: ignore[arg-type]
+
+
+async def built(engine: CompletionEngine, root: Path) -> None:
+    engine.open_workspace([root])
+    index = engine.workspace
+    assert index is not None
+    async with asyncio.timeout(10):
+        while not index.stats.complete:
+            await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "geometry.py").write_text(
+        "def circle_area_quill(radius):\n    return 3.14 * radius * radius\n"
+    )
+    (tmp_path / "pkg" / "app.py").write_text("from pkg import geometry\n\narea = geometry.")
+    return tmp_path
+
+
+async def complete_app(engine: CompletionEngine, project: Path) -> str:
+    uri = (project / "pkg" / "app.py").as_uri()
+    text = (project / "pkg" / "app.py").read_text()
+    if uri not in engine.documents:
+        engine.documents.open(uri, text, 1, "python")
+    doc = engine.documents.get(uri)
+    await engine.complete(uri, doc.position_at(len(doc.text)))
+    await engine.cancel(uri)
+    backend = await engine.backend()
+    assert isinstance(backend, ScriptedBackend)
+    return backend.requests[-1].prompt
+
+
+async def test_the_closed_defining_module_reaches_the_prompt(project: Path) -> None:
+    backend = ScriptedBackend(["circle_area_quill(r)"])
+    engine = engine_for(backend)
+    await built(engine, project)
+    prompt = await complete_app(engine, project)
+    assert "<|file_sep|>pkg/geometry.py\ndef circle_area_quill(radius):" in prompt
+    assert prompt.index("circle_area_quill") < prompt.index("<|fim_prefix|>")
+    off = engine_for(backend, retrievalTokens=0)
+    await built(off, project)
+    assert "circle_area_quill" not in await complete_app(off, project)
+    await engine.aclose()
+    await off.aclose()
+
+
+async def test_save_and_delete_update_what_is_retrieved(project: Path) -> None:
+    backend = ScriptedBackend(["x"])
+    engine = engine_for(backend)
+    await built(engine, project)
+    geometry = project / "pkg" / "geometry.py"
+    geometry.write_text("def square_area_brisk(side):\n    return side * side\n")
+    engine.files_changed([(geometry.as_uri(), False)])  # didSave / watched change
+    await asyncio.sleep(0.2)
+    prompt = await complete_app(engine, project)
+    assert "square_area_brisk" in prompt and "circle_area_quill" not in prompt
+    geometry.unlink()
+    engine.files_changed([(geometry.as_uri(), True)])  # watched delete
+    await asyncio.sleep(0.2)
+    assert "square_area_brisk" not in await complete_app(engine, project)
+    await engine.aclose()
+
+
+async def test_edits_reindex_once_the_user_pauses(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(engine_mod, "_REINDEX_DELAY_S", 0.05)
+    backend = ScriptedBackend(["x"])
+    engine = engine_for(backend)
+    await built(engine, project)
+    uri = (project / "pkg" / "geometry.py").as_uri()
+    engine.documents.open(uri, "def old(): pass\n", 1, "python")
+    for version in range(2, 6):  # typing: no re-index per keystroke
+        engine.documents.change(uri, version, [(f"def typed_name_{version}(): pass\n", None)])
+        engine.document_changed(uri)
+        await asyncio.sleep(0.01)
+    index = engine.workspace
+    assert index is not None
+    assert index.find_definitions("typed_name_5") == []
+    async with asyncio.timeout(5):
+        while not index.find_definitions("typed_name_5"):
+            await asyncio.sleep(0.02)
+    assert index.find_definitions("typed_name_2") == []
+    await engine.aclose()
+
+
+async def test_building_a_large_index_does_not_block_the_event_loop(tmp_path: Path) -> None:
+    for i in range(400):
+        (tmp_path / f"m{i}.py").write_text(
+            "".join(f"def f_{i}_{j}(a):\n    return a\n" for j in range(30))
+        )
+    engine = engine_for(ScriptedBackend(["x"]))
+    engine.open_workspace([tmp_path])
+    index = engine.workspace
+    assert index is not None
+    worst = 0.0
+    async with asyncio.timeout(60):
+        while not index.stats.complete:
+            started = time.perf_counter()
+            await asyncio.sleep(0.005)
+            worst = max(worst, time.perf_counter() - started)
+    assert len(index) == 400
+    # A blocked loop would stall for the whole build (seconds); the GIL switches every 5 ms.
+    assert worst < 0.5
+    await engine.aclose()

@@ -1,0 +1,289 @@
+"""Retrieval for the cursor on fixture projects: import resolution to the right file,
+ranking, budgets, stable order between keystrokes; and the context's use of it. No model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kode.completion.context import Budget, gather
+from kode.completion.documents import Document
+from kode.completion.retrieval import (
+    Binding,
+    Retrieved,
+    Retriever,
+    Source,
+    best_window,
+    definition_excerpt,
+    outline,
+    python_imports,
+    resolve_relative,
+    select,
+)
+from kode.completion.templates import Snippet
+from kode.completion.workspace import Definition, WorkspaceIndex, python_definitions, read_text
+
+
+def write(root: Path, rel: str, text: str) -> Path:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path.resolve()
+
+
+GEOMETRY = '''"""Shapes."""
+
+import math
+
+TAU_QUILL = 2 * math.pi
+
+
+def circle_area_quill(radius):
+    """Area of a circle."""
+    return math.pi * radius**2
+
+
+def square_area_brisk(side):
+    return side * side
+
+
+class Polygon:
+    def perimeter(self):
+        return sum(self.sides)
+'''
+
+DECOY = '''"""Another module with a name that is not imported."""
+
+
+def circle_area_quill_decoy(radius):
+    return 0
+'''
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    write(tmp_path, "shapes/__init__.py", "")
+    write(tmp_path, "shapes/geometry.py", GEOMETRY)
+    write(tmp_path, "shapes/decoy.py", DECOY)
+    write(tmp_path, "shapes/sub/__init__.py", "")
+    write(tmp_path, "shapes/sub/deep.py", "def deep_helper():\n    return 1\n")
+    return tmp_path
+
+
+def retriever(root: Path) -> Retriever:
+    index = WorkspaceIndex([root])
+    index.build()
+    return Retriever(index, lambda p: read_text(p, 1_000_000))
+
+
+def cursor_at_end(text: str) -> tuple[str, int]:
+    return text, len(text)
+
+
+def test_python_imports_bind_modules_and_names() -> None:
+    text = (
+        "import os, json as j\nimport a.b.c\nfrom . import geometry\n"
+        "from ..sub.deep import deep_helper as dh\nfrom .x import (\n    one,\n    two as t,\n)\n"
+    )
+    got = python_imports(text, "pkg.inner.mod")
+    assert got["os"] == Binding("os") and got["j"] == Binding("json")
+    assert got["a"] == Binding("a")
+    assert got["geometry"] == Binding("pkg.inner", "geometry")
+    assert got["dh"] == Binding("pkg.sub.deep", "deep_helper")
+    assert got["one"] == Binding("pkg.inner.x", "one") and got["t"] == Binding("pkg.inner.x", "two")
+
+
+def test_relative_imports_resolve_from_a_package_and_a_module() -> None:
+    assert resolve_relative(".util", "pkg.mod") == "pkg.util"
+    assert resolve_relative(".util", "pkg", is_package=True) == "pkg.util"
+    assert resolve_relative("..", "a.b.c") == "a"
+    assert resolve_relative("...", "a.b") is None  # above the top
+    assert resolve_relative("os.path", None) == "os.path"
+
+
+def test_module_import_brings_the_modules_outline_and_named_members(project: Path) -> None:
+    app = write(
+        project,
+        "shapes/app.py",
+        "from shapes import geometry\n\n\ndef report(r):\n    total = geometry.TAU_QUILL * r\n"
+        "    area = geometry.",
+    )
+    text, offset = cursor_at_end(app.read_text())
+    got = retriever(project).retrieve(app, text, offset, 4000)
+    files = {r.file.name for r in got}
+    assert "geometry.py" in files and "app.py" not in files  # never the file itself
+    outlines = [r for r in got if r.source is Source.OUTLINE]
+    assert outlines and "def circle_area_quill(radius):" in outlines[0].snippet.text
+    assert outlines[0].snippet.path == "shapes/geometry.py"
+    definitions = [r.snippet.text for r in got if r.source is Source.DEFINITION]
+    assert any(d.startswith("TAU_QUILL = ") for d in definitions)
+    # The decoy defines a similar name but is not imported: its definition stays out.
+    assert all("decoy" not in r.file.name or r.source is Source.WINDOW for r in got)
+
+
+def test_from_import_resolves_to_the_defining_file(project: Path) -> None:
+    app = write(
+        project,
+        "shapes/sub/use.py",
+        "from .deep import deep_helper\nfrom ..geometry import square_area_brisk\n\n"
+        "x = deep_helper() + square_area_brisk(2)\n",
+    )
+    text, offset = cursor_at_end(app.read_text())
+    got = retriever(project).retrieve(app, text, offset, 4000)
+    found = {(r.file.name, r.snippet.text.split("\n", 1)[0]) for r in got}
+    assert ("deep.py", "def deep_helper():") in found
+    assert ("geometry.py", "def square_area_brisk(side):") in found
+
+
+def test_nothing_for_an_empty_index_or_budget(tmp_path: Path, project: Path) -> None:
+    empty = WorkspaceIndex([tmp_path / "nothing"])
+    assert Retriever(empty, lambda p: None).retrieve(None, "import x\n", 9, 1000) == []
+    assert retriever(project).retrieve(None, "from shapes import geometry\n", 10, 0) == []
+
+
+def test_budget_is_respected_and_best_sources_sit_last(project: Path) -> None:
+    app = write(project, "shapes/app.py", "from shapes import geometry\n\ngeometry.TAU_QUILL\n")
+    text, offset = cursor_at_end(app.read_text())
+    for budget in (120, 300, 600, 4000):
+        got = retriever(project).retrieve(app, text, offset, budget)
+        assert sum(len(r.snippet.text) + len(r.snippet.path) + 16 for r in got) <= budget
+        sources = [int(r.source) for r in got]
+        assert sources == sorted(sources)
+
+
+def test_snippets_stay_the_same_while_a_line_is_typed(project: Path) -> None:
+    """Typing inside a line changes the snippets only when a typed name resolves, so the
+    cached prompt (snippets first) is reused keystroke after keystroke."""
+    head = "from shapes import geometry\n\n\ndef report(r):\n    x = r * 2\n"
+    line = "    area = geometry.circle_area_quill(r) + len(str(r))"
+    r = retriever(project)
+    seen: list[tuple[tuple[str, str], ...]] = []
+    for i in range(len("    "), len(line) + 1):
+        text = head + line[:i]
+        got = r.retrieve(None, text, len(text), 2000)
+        key = tuple((x.snippet.path, x.snippet.text) for x in got)
+        if not seen or seen[-1] != key:
+            seen.append(key)
+    assert len(seen) <= 3, [len(k) for k in seen]
+
+
+def test_language_agnostic_lookup_by_name(tmp_path: Path) -> None:
+    write(
+        tmp_path, "web/util.ts", "export function formatPriceQuill(v: number) {\n  return v;\n}\n"
+    )
+    main = write(tmp_path, "web/main.ts", "const shown = formatPriceQuill(total);\n")
+    text = main.read_text()
+    got = retriever(tmp_path).retrieve(main, text, len(text), 2000)
+    assert [r.file.name for r in got if r.source is Source.DEFINITION] == ["util.ts"]
+
+
+def test_similar_windows_rank_the_matching_file_first(tmp_path: Path) -> None:
+    body = "\n".join(
+        f"value_{i} = compute_invoice_total(ledger_entries, tax_rate_{i})" for i in range(5)
+    )
+    write(tmp_path, "billing.py", "# billing\n" + body + "\n")
+    write(tmp_path, "noise.py", "def unrelated():\n    return 42\n" * 5)
+    main = write(tmp_path, "main.py", "import os\n")
+    query = "total = compute_invoice_total(ledger_entries, tax_rate)\n" * 3 + "\n"
+    got = retriever(tmp_path).retrieve(main, query, len(query), 2000)
+    windows = [r for r in got if r.source is Source.WINDOW]
+    assert windows and windows[0].file.name == "billing.py"
+
+
+def test_definition_excerpt_stops_at_the_next_definition() -> None:
+    defs = python_definitions(GEOMETRY)
+    excerpt = definition_excerpt(GEOMETRY, defs["circle_area_quill"], 1000)
+    assert excerpt.startswith("def circle_area_quill(radius):")
+    assert "square_area_brisk" not in excerpt and "return math.pi" in excerpt
+
+
+def test_outline_keeps_public_and_relevant_names_when_short() -> None:
+    defs = {
+        "_private": Definition("_private", 0, "def _private():"),
+        "alpha_beta": Definition("alpha_beta", 1, "def alpha_beta():"),
+        "gamma": Definition("gamma", 2, "def gamma():"),
+    }
+    assert outline(defs, 1000) == "def _private():\ndef alpha_beta():\ndef gamma():\n"
+    assert outline(defs, 20, {"beta"}) == "def alpha_beta():\n"
+
+
+def test_a_large_open_document_enters_the_prompt_in_part() -> None:
+    """Before, an open document over the snippet budget was dropped whole."""
+    filler = "".join(f"def filler_{i}(a):\n    return a + {i}\n\n" for i in range(200))
+    wanted = "def parse_ledger_quill(ledger):\n    return ledger.entries\n"
+    big = Document(
+        "file:///p/big.py", filler[: len(filler) // 2] + wanted + filler[len(filler) // 2 :]
+    )
+    doc = Document("file:///p/main.py", "entries = parse_ledger_quill(ledger)\nx = ")
+
+    def count(text: str) -> int:
+        return len(text.split()) + 1
+
+    ctx = gather(doc, len(doc.text), count, Budget(200, 10, 120), others=[big])
+    [snippet] = ctx.snippets
+    assert "parse_ledger_quill" in snippet.text
+    assert sum(count(line) for line in snippet.text.splitlines(keepends=True)) <= 120
+
+
+def test_retrieved_pieces_fit_their_budget_and_skip_what_is_open() -> None:
+    shown = Document("file:///p/geometry.py", GEOMETRY)
+    doc = Document("file:///p/main.py", "x = ")
+
+    def item(text: str, line: int) -> Retrieved:
+        return Retrieved(Source.DEFINITION, Path("/p/g.py"), line, Snippet("p/g.py", text))
+
+    retrieved = [item("def square_area_brisk(side):\n", 1), item("z = 1\n" * 40, 2)]
+
+    def count(text: str) -> int:
+        return len(text.split()) + 1
+
+    ctx = gather(doc, 4, count, Budget(50, 10, 500, 40), others=[shown], retrieved=retrieved)
+    texts = [s.text for s in ctx.snippets]
+    assert texts[0] == GEOMETRY  # the open document, whole
+    assert "def square_area_brisk(side):\n" not in texts[1:]  # already in the prompt
+    assert texts[1].startswith("z = 1\n") and sum(count(t) for t in texts[1].splitlines()) <= 40
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lines=st.lists(
+        st.sampled_from(["alpha beta", "gamma_delta", "x = 1", "", "epsilon zeta"]), max_size=60
+    ),
+    query=st.sets(st.sampled_from(["alpha", "beta", "gamma_delta", "epsilon", "zeta", "x"])),
+    max_chars=st.integers(min_value=1, max_value=400),
+)
+def test_best_window_is_a_run_of_whole_lines_within_the_limit(
+    lines: list[str], query: set[str], max_chars: int
+) -> None:
+    text = "".join(line + "\n" for line in lines)
+    start, window, score = best_window(text, query, max_chars, lines=5)
+    assert 0.0 <= score <= 1.0
+    assert len(window) <= max_chars
+    assert text.startswith(window) if start == 0 else window in text
+    if window and len(window.split("\n", 1)[0]) < max_chars:
+        assert window.endswith("\n")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    items=st.lists(
+        st.tuples(
+            st.sampled_from(list(Source)), st.integers(0, 5), st.integers(0, 300), st.floats(0, 5)
+        ),
+        max_size=12,
+    ),
+    max_chars=st.integers(0, 1500),
+)
+def test_select_fits_the_budget_in_prompt_order_without_duplicates(
+    items: list[tuple[Source, int, int, float]], max_chars: int
+) -> None:
+    candidates = [
+        Retrieved(source, Path(f"/w/f{line % 3}.py"), line, Snippet("f.py", "y" * size), score)
+        for source, line, size, score in items
+    ]
+    chosen = select(candidates, max_chars)
+    assert sum(len(r.snippet.text) + len(r.snippet.path) + 16 for r in chosen) <= max_chars
+    assert [r.order for r in chosen] == sorted(r.order for r in chosen)
+    assert len({(r.file, r.line) for r in chosen}) == len(chosen)

@@ -1,0 +1,188 @@
+"""The workspace index on small fixture projects: what is indexed, .gitignore, updates,
+module names, limits. No model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from kode.completion.workspace import (
+    Ignore,
+    IndexLimits,
+    WorkspaceIndex,
+    module_name,
+    python_definitions,
+)
+
+
+def write(root: Path, rel: str, text: str | bytes) -> Path:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    write(tmp_path, "pkg/__init__.py", "VERSION = '1'\n")
+    write(tmp_path, "pkg/util.py", "def helper_zeta(x):\n    return x + 1\n\nLIMIT = 3\n")
+    write(tmp_path, "pkg/core.py", "from . import util\n\n\ndef run():\n    return util.LIMIT\n")
+    write(tmp_path, "web/app.js", "export function renderPanelQuill(node) {\n  return node;\n}\n")
+    write(tmp_path, ".gitignore", "generated/\n*.gen.py\n!keep.gen.py\n/top_only.py\n")
+    write(tmp_path, "generated/out.py", "def generated_thing(): pass\n")
+    write(tmp_path, "pkg/schema.gen.py", "def schema_thing(): pass\n")
+    write(tmp_path, "pkg/keep.gen.py", "def kept_thing(): pass\n")
+    write(tmp_path, "top_only.py", "def top_thing(): pass\n")
+    write(tmp_path, "pkg/top_only.py", "def nested_top_thing(): pass\n")
+    write(tmp_path, "node_modules/lib/index.js", "function vendored() {}\n")
+    write(tmp_path, "pkg/blob.py", b"\x00\x01binary")
+    write(tmp_path, "pkg/huge.py", "x = 1\n" * 400)
+    write(tmp_path, "README.md", "# not code\n")
+    return tmp_path
+
+
+def build(root: Path, **limits: int) -> WorkspaceIndex:
+    index = WorkspaceIndex([root], IndexLimits(**{"max_file_bytes": 2000, **limits}))
+    index.build()
+    return index
+
+
+def indexed(index: WorkspaceIndex, root: Path) -> set[str]:
+    return {
+        p.relative_to(root.resolve()).as_posix()
+        for p in (root.resolve()).rglob("*")
+        if index.entry(p) is not None
+    }
+
+
+def test_build_indexes_code_and_honours_gitignore_binaries_and_size(project: Path) -> None:
+    index = build(project)
+    assert indexed(index, project) == {
+        "pkg/__init__.py",
+        "pkg/util.py",
+        "pkg/core.py",
+        "pkg/keep.gen.py",  # re-included by "!keep.gen.py"
+        "pkg/top_only.py",  # "/top_only.py" is anchored to the root
+        "web/app.js",
+    }
+    stats = index.stats
+    assert stats.complete and not stats.truncated
+    assert stats.skipped_binary == 1 and stats.skipped_large == 1
+    assert stats.skipped_ignored >= 4  # generated/, schema.gen.py, top_only.py, node_modules/
+    assert stats.approx_bytes > 0
+
+
+def test_definitions_python_through_ast_and_other_languages_by_pattern(project: Path) -> None:
+    index = build(project)
+    [(path, definition)] = index.find_definitions("helper_zeta")
+    assert path.name == "util.py" and definition.line == 0
+    assert definition.header == "def helper_zeta(x):"
+    [(path, definition)] = index.find_definitions("renderPanelQuill")
+    assert path.name == "app.js"
+    assert index.find_definitions("generated_thing") == []
+
+
+def test_module_names_resolve_to_files(project: Path) -> None:
+    index = build(project)
+    util = index.module_path("pkg.util")
+    assert util is not None and util.name == "util.py"
+    package = index.module_path("pkg")
+    assert package is not None and package.name == "__init__.py"
+    assert module_name(Path("src/x.py")) == "src.x"
+    assert module_name(Path("pkg/not-a-module.py")) is None
+
+
+def test_src_layout_module_names(tmp_path: Path) -> None:
+    write(tmp_path, "src/lib/io.py", "def read_all(): pass\n")
+    index = build(tmp_path)
+    found = index.module_path("lib.io")
+    assert found is not None and found.name == "io.py"
+
+
+def test_save_change_and_delete_keep_the_index_current(project: Path) -> None:
+    index = build(project)
+    util = (project / "pkg/util.py").resolve()
+    before = index.version(util)
+    # Saved to disk (didSave / didChangeWatchedFiles): read back from the file.
+    util.write_text("def helper_omega(x):\n    return x\n", encoding="utf-8")
+    assert index.update(util)
+    assert index.find_definitions("helper_zeta") == []
+    assert [p.name for p, _ in index.find_definitions("helper_omega")] == ["util.py"]
+    assert index.version(util) > before
+    # Edited in the editor, not saved (didChange): the open document's text.
+    assert index.update(util, "class Gadget:\n    pass\n")
+    assert [p.name for p, _ in index.find_definitions("Gadget")] == ["util.py"]
+    assert index.find_definitions("helper_omega") == []
+    # A new file, then deleted.
+    fresh = write(project, "pkg/fresh.py", "def fresh_thing(): pass\n").resolve()
+    assert index.update(fresh)
+    assert index.module_path("pkg.fresh") == fresh
+    fresh.unlink()
+    index.remove(fresh)
+    assert index.entry(fresh) is None and index.find_definitions("fresh_thing") == []
+    assert index.module_path("pkg.fresh") is None
+    assert all(path != fresh for path, _ in index.rank_files(["fresh_thing"]))
+
+
+def test_updates_outside_the_workspace_or_ignored_are_refused(
+    project: Path, tmp_path: Path
+) -> None:
+    index = build(project)
+    ignored = write(project, "generated/late.py", "def late(): pass\n")
+    assert not index.update(ignored)
+    assert index.find_definitions("late") == []
+    outside = tmp_path.parent / "elsewhere.py"
+    assert not index.update(outside)
+
+
+def test_limits_stop_indexing_and_say_so(project: Path) -> None:
+    index = build(project, max_files=2)
+    assert len(index) == 2 and index.stats.truncated
+
+
+def test_many_updates_compact_dead_postings(tmp_path: Path) -> None:
+    path = write(tmp_path, "a.py", "def first(): pass\n").resolve()
+    index = build(tmp_path)
+    for i in range(200):
+        index.update(path, f"def name_{i}(): pass\n")
+    # Postings of the 199 replaced versions were dropped, not kept as dead weight.
+    assert index.stats.postings < 20
+    assert [p for p, _ in index.rank_files(["name_199"])] == [path]
+
+
+def test_rank_files_prefers_rare_shared_words(tmp_path: Path) -> None:
+    write(tmp_path, "a.py", "import os\ndef parse_invoice_total(invoice): pass\n")
+    write(tmp_path, "b.py", "import os\ndef unrelated(): pass\n")
+    write(tmp_path, "c.py", "import os\nx = 1\n")
+    index = build(tmp_path)
+    ranked = [p.name for p, _ in index.rank_files(["os", "invoice", "parse_invoice_total"])]
+    assert ranked[0] == "a.py"
+
+
+def test_gitignore_rules() -> None:
+    ignore = Ignore()
+    ignore.add("", "*.log\nbuild/\n!important.log\ndocs/**/draft.md\n")
+    ignore.add("sub", "local.py\n")
+    assert ignore.ignored("x/debug.log", False)
+    assert not ignore.ignored("important.log", False)
+    assert ignore.ignored("build", True) and not ignore.ignored("build", False)
+    assert ignore.ignored("docs/a/b/draft.md", False) and ignore.ignored("docs/draft.md", False)
+    assert ignore.ignored("sub/local.py", False) and not ignore.ignored("local.py", False)
+
+
+def test_python_definitions_fall_back_when_the_file_does_not_parse() -> None:
+    broken = "def ok(a):\n    return a\n\ndef half_typed(\n"
+    assert set(python_definitions(broken)) >= {"ok", "half_typed"}
+    good = "class A:\n    def m(self): ...\nX: int = 1\n"
+    assert set(python_definitions(good)) == {"A", "A.m", "X"}
+
+
+def test_a_file_that_grows_too_large_leaves_the_index(project: Path) -> None:
+    index = build(project)
+    util = (project / "pkg/util.py").resolve()
+    assert index.entry(util) is not None
+    assert not index.update(util, "x = 1\n" * 1000)  # over max_file_bytes (2000)
+    assert index.entry(util) is None and index.find_definitions("helper_zeta") == []
