@@ -12,7 +12,8 @@ from typing import TypeVar
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-KODE_BIN = Path(sys.executable).parent / "kode"
+# The server the editors start: this venv's `kode`, or KODE_BIN (as in tests/test_editors.py).
+KODE_BIN = Path(os.environ.get("KODE_BIN") or Path(sys.executable).parent / "kode")
 # One model answer on a loaded 2-core machine (the 0.5B answers in about a second unloaded).
 STEP_S = 90.0
 

@@ -118,10 +118,14 @@ class TerminalNeovim:
         result: dict[str, Any] = json.loads(found) if found else {}
         return result
 
+    def screen_when(self, test: Callable[[Screen], bool]) -> Screen | None:
+        """The screen if `test` holds for it, else None (for `wait`)."""
+        screen = self.screen()
+        return screen if test(screen) else None
+
     def ghost_on(self, row: int) -> Screen | None:
         """The screen, once ghost-text cells show on screen row `row`."""
-        screen = self.screen()
-        return screen if screen.in_colour(row, GHOST_RGB).strip() else None
+        return self.screen_when(lambda s: bool(s.in_colour(row, GHOST_RGB).strip()))
 
     def explain(self) -> str:
         try:
@@ -199,6 +203,10 @@ def test_neovim_in_a_terminal_shows_accepts_and_drops_ghost_text(neovim: Termina
     screen = neovim.screen()
     assert screen.rows[row].startswith("  3     if n" + first.rstrip()), screen.text
     assert screen.in_colour(row, GHOST_RGB) == "", "accepted text still drawn as ghost text"
+    # The status line (require("kode").statusline()) names the engine and the small model.
+    neovim.wait(
+        "the model in the status line", lambda: "qwen2.5-coder-0.5b" in neovim.screen().text
+    )
 
     # A new line: wait for a suggestion, then type something else: it goes at once.
     neovim.keys("Enter")
@@ -207,7 +215,7 @@ def test_neovim_in_a_terminal_shows_accepts_and_drops_ghost_text(neovim: Termina
     old_ghost = before.in_colour(typed_row, GHOST_RGB)
     neovim.type("#")
     after = neovim.wait(
-        "`#` on screen", lambda: "#" in (s := neovim.screen()).rows[typed_row] and s
+        "`#` on screen", lambda: neovim.screen_when(lambda s: "#" in s.rows[typed_row])
     )
     # The first screen with `#` on it: the old suggestion is gone (a new one needs the
     # debounce and a model answer, hundreds of ms later).

@@ -115,7 +115,7 @@ def code_server(vsix: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     (data / "User" / "settings.json").write_text(
         json.dumps(
             {
-                "kode.serverPath": os.environ.get("KODE_BIN", str(KODE_BIN)),
+                "kode.serverPath": str(KODE_BIN),
                 "kode.model": "small",
                 "kode.maxTokens": 32,
                 "kode.temperature": 0,
@@ -183,8 +183,10 @@ def _tail(path: Path) -> str:
 
 @pytest.fixture(scope="module")
 def page(code_server: CodeServer) -> Iterator[Page]:
-    from playwright.sync_api import sync_playwright
-
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail("Playwright is required: `pip install -e '.[editors]'`")
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.fail("Chromium is required: `apt-get install chromium`")
@@ -276,8 +278,7 @@ class Editor:
             lines = self.page.locator(".editor-instance .view-lines").inner_text(timeout=2000)
             return (
                 f"screenshot: {shot}\nstatus: {self.status()!r}\nghost: {self.ghost()!r}\n"
-                f"editor:\n{lines}\n"
-                + _tail(self.server.log)
+                f"editor:\n{lines}\n" + _tail(self.server.log)
             )
         except Exception as exc:  # the explanation of a failure must not fail itself
             return f"(no page state: {exc})"
@@ -305,6 +306,12 @@ def test_new_indented_line_ghost_text_and_tab(editor: Editor) -> None:
     editor.wait("the ghost text to go after Tab", lambda: not editor.ghost(), 10)
     text = editor.save_and_read("fib.py")
     assert text.startswith(FILES["fib.py"] + "    if n" + ghost), (ghost, text)
+    # The status bar names the backend and the model the `kode.model` setting chose.
+    editor.wait(
+        "the backend and model in the status bar",
+        lambda: "qwen2.5-coder-0.5b" in editor.status() and "ms" in editor.status(),
+        30,
+    )
 
 
 def test_end_of_line_accept_a_word_then_the_rest(editor: Editor) -> None:
