@@ -17,10 +17,25 @@ vim.o.softtabstop = 4
 vim.cmd("filetype plugin indent on")
 vim.cmd("syntax on")
 
+-- The server's log (warnings and errors) goes to KODE_LOG_FILE for the test to show.
+local cmd = { vim.env.KODE_BIN or "kode", "lsp" }
+if vim.env.KODE_LOG_FILE then
+  vim.list_extend(cmd, { "--log-file", vim.env.KODE_LOG_FILE })
+end
+
 require("kode").setup({
-  cmd = { vim.env.KODE_BIN or "kode", "lsp" },
-  -- Greedy and short: the same text every run, and quick on two loaded cores.
-  settings = { model = "small", maxTokens = 32, temperature = 0, snippetTokens = 0 },
+  cmd = cmd,
+  -- Greedy and short: the same text every run, and quick on two cores shared with the
+  -- test and other work (one llama.cpp thread: threads that wait on each other on busy
+  -- cores slow decoding down sharply).
+  settings = {
+    model = "small",
+    maxTokens = 24,
+    temperature = 0,
+    snippetTokens = 0,
+    threads = 1,
+    speculation = "none",
+  },
   debounce_ms = tonumber(vim.env.KODE_DEBOUNCE_MS or "75"),
 })
 -- The test finds ghost text on screen by this colour (a grey like Comment's).
