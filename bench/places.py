@@ -216,9 +216,19 @@ async def _one_mode(
 
 
 def first_key_ms(segment: Segment) -> float:
-    """The first keystroke at a place: to the first text the editor can show (a partial
-    or a non-empty answer), or to an empty answer; ``inf`` if never answered."""
-    return answer_ms(segment.keys[0]) if segment.keys else float("inf")
+    """From the first keystroke at a place to the first suggestion text the editor could
+    show there (a partial or a non-empty answer, for that key or any later one while the
+    line is typed): what a person waits after starting to type. ``inf`` if none came."""
+    if not segment.keys:
+        return float("inf")
+    start = segment.keys[0].sent
+    seen = [
+        t
+        for k in segment.keys
+        for t in (k.partial, k.answered if k.outcome == "shown" else None)
+        if t is not None
+    ]
+    return (min(seen) - start) * 1000.0 if seen else float("inf")
 
 
 def summary_rows(label: str, segments: Sequence[Segment]) -> list[list[object]]:
@@ -324,8 +334,10 @@ def main(options: Options, files: Sequence[Path] | None, rounds: int) -> int:
         f"- settings: "
         + "".join(f"`{k}`={v!r}; " for k, v in options.settings)
         + f"\n- machine: before {facts['machine_before']}; after {facts['machine_after']}\n"
-        "- latency = keystroke -> first text the editor can show (partial or answer; an "
-        "empty answer counts when it comes); a key superseded before any answer is `inf`\n\n"
+        "- 1st key = from the first keystroke at a place to the first suggestion text shown "
+        "there (a partial or an answer, for that key or a later one of the line); all keys "
+        "= keystroke -> its answer or first partial (an empty answer counts; a key "
+        "superseded before any answer is `inf`)\n\n"
         + table
         + "\n\nEngine counters at the end of each run: "
         + "; ".join(f"{k}: {v}" for k, v in facts["stats"].items())

@@ -1,0 +1,51 @@
+"""The real-file latency scenario's pure parts (``kode bench latency --scenario places``)."""
+
+from __future__ import annotations
+
+from kode.bench.latency import Keystroke
+from kode.bench.places import (
+    DEFAULT_FILES,
+    Place,
+    Segment,
+    blank,
+    first_key_ms,
+    plan_places,
+    windows_for,
+)
+
+
+def test_places_open_jump_switch_and_come_back() -> None:
+    texts = [f.read_text() for f in DEFAULT_FILES]
+    places = plan_places(texts, seed=0, max_chars=60)
+    assert [p.kind for p in places] == ["open", "jump", "switch", "back"]
+    open_, jump, switch, back = places
+    assert open_.file == jump.file == back.file == 0 and switch.file == 1
+    assert jump.line - open_.line >= 200  # a real jump
+    assert 0 < back.line - jump.line <= 25  # back near where the user was
+    assert len(texts[0].splitlines()) >= 1500  # large files nobody here wrote
+    for p in places:
+        line = texts[p.file].splitlines()[p.line]
+        assert line.strip() == p.body and len(line) - len(line.lstrip()) == p.indent
+    assert plan_places(texts, seed=0, max_chars=60) == places  # seeded
+
+
+def test_blank_removes_only_the_lines_to_type() -> None:
+    text = "a = 1\n    b = 2\nc = 3\n"
+    places = [Place(0, 1, 4, "b = 2", "open"), Place(1, 0, 0, "x", "switch")]
+    assert blank(text, places, 0) == "a = 1\n    \nc = 3\n"
+
+
+def test_first_key_waits_for_the_first_suggestion_shown_while_typing() -> None:
+    keys = [Keystroke("s", i, "x", sent=float(i)) for i in range(3)]
+    keys[0].outcome, keys[0].answered = "cancelled", 0.5
+    keys[1].outcome, keys[1].answered = "shown", 2.5
+    keys[2].partial = 2.2
+    assert first_key_ms(Segment(Place(0, 0, 0, "xxx", "open"), keys)) == 2200.0
+    assert first_key_ms(Segment(Place(0, 0, 0, "", "open"), [])) == float("inf")
+
+
+def test_windows_for_the_measured_speed() -> None:
+    full, prepared, unprepared = windows_for(95.0, 1000.0, 2.5)
+    assert (full.prefix_tokens, full.suffix_tokens) == (1024, 64)
+    assert prepared.prefix_tokens + prepared.suffix_tokens <= 237
+    assert unprepared.prefix_tokens + unprepared.suffix_tokens <= 95
