@@ -22,8 +22,8 @@ import json
 import logging
 import sys
 from collections.abc import Awaitable, Callable
-from threading import Event
 from pathlib import Path
+from threading import Event
 from typing import Any, BinaryIO, ClassVar
 from urllib.parse import urlparse
 from urllib.request import url2pathname
