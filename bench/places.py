@@ -426,7 +426,7 @@ async def window_quality(
             async def factory(_settings: object) -> LlamaBackend:
                 return backend
 
-            engine = CompletionEngine(factory, settings)  # type: ignore[arg-type]
+            engine = CompletionEngine(factory, settings)
             for case in cases:
                 uri = files[case.file].resolve().as_uri()
                 engine.documents.open(uri, blank(texts[case.file], [case], case.file), 1)

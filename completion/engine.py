@@ -782,6 +782,8 @@ class CompletionEngine:
         backend = await self.backend()
         if self.rate.value is not None or not isinstance(backend, PromptCache):
             return
+        if not self._settings.first_answer_ms:
+            return  # nothing needs the speed
         if self._busy() or self._calibration is not None:
             return
         request = GenerationRequest(

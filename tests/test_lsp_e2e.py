@@ -19,7 +19,13 @@ pytestmark = [pytest.mark.model]
 
 SERVER = [sys.executable, "-m", "kode.cli.main", "lsp"]
 TIMEOUT = 120  # seconds for any one step, generous for a loaded 2-core CI machine
-SETTINGS: dict[str, Any] = {"model": "small", "maxTokens": 48, "snippetTokens": 0}
+# Full windows always (no first-answer budget): these tests count evaluated tokens.
+SETTINGS: dict[str, Any] = {
+    "model": "small",
+    "maxTokens": 48,
+    "snippetTokens": 0,
+    "firstAnswerMs": 0,
+}
 URI = "file:///tmp/kode-e2e/project/mathutils.py"
 SOURCE = '''"""Small math helpers."""
 
