@@ -101,7 +101,8 @@ class Engine(Protocol[T]):
     def target(self, sampling: Sampling) -> T: ...
 
     def refuse(self, method: SpeculationMethod) -> str | None:
-        """Why this engine cannot run ``method`` now (None: it can), for the user."""
+        """Why this engine cannot run ``method`` now (None: it can), for the user
+        (``REMOTE`` is refused before the engine is asked)."""
         ...
 
     def draft(self, target: T) -> DraftModel:
@@ -161,7 +162,8 @@ class LocalBackend(Generic[T]):
             raise BackendError("backend is closed")
         if request.max_tokens < 1:
             raise BackendError("max_tokens must be at least 1")
-        refusal = self.engine.refuse(request.speculation)
+        method = request.speculation
+        refusal = REMOTE_ONLY if method is SpeculationMethod.REMOTE else self.engine.refuse(method)
         if refusal is not None:
             raise BackendError(refusal)
         await self._lock.acquire()

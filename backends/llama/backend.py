@@ -24,7 +24,7 @@ from kode.backends.llama.target import (
     Sampler,
     calibrate,
 )
-from kode.backends.local import NO_DRAFT_MODEL, REMOTE_ONLY, LocalBackend, TextStream
+from kode.backends.local import NO_DRAFT_MODEL, LocalBackend, TextStream
 from kode.backends.speculative import CostCurve, Lookahead, build_tree
 from kode.backends.steppers import Stepper
 
@@ -83,8 +83,6 @@ class LlamaEngine:
     def refuse(self, method: SpeculationMethod) -> str | None:
         if method is SpeculationMethod.DRAFT and self._draft is None:
             return NO_DRAFT_MODEL
-        if method is SpeculationMethod.REMOTE:
-            return REMOTE_ONLY
         return None
 
     def draft(self, target: LlamaTarget) -> LlamaDraft:

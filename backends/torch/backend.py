@@ -28,7 +28,6 @@ from kode.backends.base import Backend, Sampling, SpeculationMethod
 from kode.backends.errors import BackendError, ModelError
 from kode.backends.local import (
     NO_DRAFT_MODEL,
-    REMOTE_ONLY,
     DraftOptions,
     LocalBackend,
     TextStream,
@@ -204,8 +203,6 @@ class TorchEngine:
             )
         if method is SpeculationMethod.DRAFT and self.draft_lm is None:
             return NO_DRAFT_MODEL
-        if method is SpeculationMethod.REMOTE:
-            return REMOTE_ONLY
         return None
 
     def draft(self, target: TorchTarget) -> TorchDraft:
