@@ -8,14 +8,14 @@ in the consumer.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from kode.backends.base import TokenChunk
 
 ChunkQueue = asyncio.Queue[TokenChunk | BaseException | None]
 
 
-async def drain(queue: ChunkQueue) -> AsyncIterator[TokenChunk]:
+async def drain(queue: ChunkQueue) -> AsyncGenerator[TokenChunk]:
     """The chunks in ``queue`` up to its ``None``; an exception found there is raised."""
     while True:
         item = await queue.get()

@@ -52,6 +52,15 @@ class TextStream(Protocol):
         ...
 
 
+NO_DRAFT_MODEL = (
+    "speculation 'draft' needs a draft model (setting draftModel) loaded with the target"
+)
+REMOTE_ONLY = (
+    "speculation 'remote' means the remote server's own; a local engine offers auto, none, "
+    "ngram, lookahead (llama.cpp) and draft"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class DraftOptions:
     """How the draft model drafts: at most ``max_draft`` tokens, stopping when its top
@@ -77,14 +86,6 @@ class Engine(Protocol[T]):
     def n_ctx(self) -> int: ...
 
     @property
-    def methods(self) -> frozenset[SpeculationMethod]:
-        """The speculation methods this engine runs (a draft model apart)."""
-        ...
-
-    @property
-    def has_draft(self) -> bool: ...
-
-    @property
     def calls(self) -> int:
         """Target calls so far, prompt batches included."""
         ...
@@ -99,12 +100,17 @@ class Engine(Protocol[T]):
 
     def target(self, sampling: Sampling) -> T: ...
 
+    def refuse(self, method: SpeculationMethod) -> str | None:
+        """Why this engine cannot run ``method`` now (None: it can), for the user
+        (``REMOTE`` is refused before the engine is asked)."""
+        ...
+
     def draft(self, target: T) -> DraftModel:
-        """The draft model, sampling with ``target``'s generator (``has_draft`` only)."""
+        """The draft model, sampling with ``target``'s generator (unless ``refuse(DRAFT)``)."""
         ...
 
     def lookahead(self, target: T, sources: Sequence[Sequence[int]]) -> Stepper:
-        """A lookahead stepper (``LOOKAHEAD in methods`` only)."""
+        """A lookahead stepper (unless ``refuse(LOOKAHEAD)``)."""
         ...
 
     def logit_gaps(self, prompt: str, tokens: Sequence[int]) -> list[float]: ...
@@ -156,7 +162,10 @@ class LocalBackend(Generic[T]):
             raise BackendError("backend is closed")
         if request.max_tokens < 1:
             raise BackendError("max_tokens must be at least 1")
-        self._check_method(request.speculation)
+        method = request.speculation
+        refusal = REMOTE_ONLY if method is SpeculationMethod.REMOTE else self.engine.refuse(method)
+        if refusal is not None:
+            raise BackendError(refusal)
         await self._lock.acquire()
         loop = asyncio.get_running_loop()
         job = Job(request, loop)
@@ -197,20 +206,6 @@ class LocalBackend(Generic[T]):
             )
 
     # -- worker thread ------------------------------------------------------------------
-
-    def _check_method(self, method: SpeculationMethod) -> None:
-        engine = self.engine
-        if method is SpeculationMethod.DRAFT and not engine.has_draft:
-            raise BackendError(
-                "speculation 'draft' needs a draft model (setting draftModel) loaded with "
-                "the target"
-            )
-        if method not in engine.methods and method is not SpeculationMethod.DRAFT:
-            offered = ", ".join(sorted(engine.methods | {SpeculationMethod.DRAFT}))
-            raise BackendError(
-                f"speculation '{method}' is not available on the {engine.name} engine "
-                f"(it offers {offered})"
-            )
 
     def _run(self, job: Job) -> None:
         run_job(job, LocalRun(self, job))

@@ -24,7 +24,7 @@ from kode.backends.llama.target import (
     Sampler,
     calibrate,
 )
-from kode.backends.local import LocalBackend, TextStream
+from kode.backends.local import NO_DRAFT_MODEL, LocalBackend, TextStream
 from kode.backends.speculative import CostCurve, Lookahead, build_tree
 from kode.backends.steppers import Stepper
 
@@ -47,14 +47,6 @@ class LlamaEngine:
     """A ``LlamaModel`` and its context (and a draft model's), as ``LocalBackend`` drives them."""
 
     name = "llama.cpp"
-    methods = frozenset(
-        {
-            SpeculationMethod.AUTO,
-            SpeculationMethod.NONE,
-            SpeculationMethod.NGRAM,
-            SpeculationMethod.LOOKAHEAD,
-        }
-    )
 
     def __init__(
         self,
@@ -73,10 +65,6 @@ class LlamaEngine:
         return self.ctx.n_ctx
 
     @property
-    def has_draft(self) -> bool:
-        return self._draft is not None
-
-    @property
     def calls(self) -> int:
         return self.ctx.decode_calls
 
@@ -92,8 +80,13 @@ class LlamaEngine:
     def target(self, sampling: Sampling) -> LlamaTarget:
         return LlamaTarget(self.ctx, Sampler(sampling))
 
+    def refuse(self, method: SpeculationMethod) -> str | None:
+        if method is SpeculationMethod.DRAFT and self._draft is None:
+            return NO_DRAFT_MODEL
+        return None
+
     def draft(self, target: LlamaTarget) -> LlamaDraft:
-        assert self._draft is not None  # LocalBackend checks has_draft first
+        assert self._draft is not None  # LocalBackend asks ``refuse`` first
         return LlamaDraft(self._draft[1])
 
     def lookahead(self, target: LlamaTarget, sources: Sequence[Sequence[int]]) -> Stepper:

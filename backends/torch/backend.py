@@ -26,7 +26,12 @@ from typing import Any, NoReturn
 import torch
 from kode.backends.base import Backend, Sampling, SpeculationMethod
 from kode.backends.errors import BackendError, ModelError
-from kode.backends.local import DraftOptions, LocalBackend, TextStream
+from kode.backends.local import (
+    NO_DRAFT_MODEL,
+    DraftOptions,
+    LocalBackend,
+    TextStream,
+)
 from kode.backends.speculative import CostCurve
 from kode.backends.torch.target import CausalLM, Picker, TorchDraft, TorchTarget, calibrate
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
@@ -157,7 +162,6 @@ class TorchEngine:
     drives them."""
 
     name = "torch"
-    methods = frozenset({SpeculationMethod.AUTO, SpeculationMethod.NONE, SpeculationMethod.NGRAM})
 
     def __init__(
         self,
@@ -176,10 +180,6 @@ class TorchEngine:
         self.n_ctx = n_ctx
 
     @property
-    def has_draft(self) -> bool:
-        return self.draft_lm is not None
-
-    @property
     def calls(self) -> int:
         return self.lm.calls
 
@@ -195,12 +195,22 @@ class TorchEngine:
     def target(self, sampling: Sampling) -> TorchTarget:
         return TorchTarget(self.lm, Picker(sampling))
 
+    def refuse(self, method: SpeculationMethod) -> str | None:
+        if method is SpeculationMethod.LOOKAHEAD:
+            return (
+                "speculation 'lookahead' is llama.cpp-only (it decodes several KV sequences "
+                "in one batch); the torch backend offers none, ngram, draft and auto"
+            )
+        if method is SpeculationMethod.DRAFT and self.draft_lm is None:
+            return NO_DRAFT_MODEL
+        return None
+
     def draft(self, target: TorchTarget) -> TorchDraft:
-        assert self.draft_lm is not None  # LocalBackend checks has_draft first
+        assert self.draft_lm is not None  # LocalBackend asks ``refuse`` first
         return TorchDraft(self.draft_lm, target.picker)
 
     def lookahead(self, target: TorchTarget, sources: Sequence[Sequence[int]]) -> NoReturn:
-        raise BackendError("lookahead is llama.cpp-only")  # not in ``methods``: never asked
+        raise BackendError(self.refuse(SpeculationMethod.LOOKAHEAD) or "")  # refused earlier
 
     def logit_gaps(self, prompt: str, tokens: Sequence[int]) -> list[float]:
         """Top-2 logit gaps, the whole continuation in one forward."""

@@ -50,3 +50,28 @@ def test_settings_are_frozen() -> None:
     except AttributeError:
         return
     raise AssertionError("Settings must be immutable")
+
+
+def test_messages_name_the_setting_and_what_it_accepts() -> None:
+    _, problems = parse(
+        {"speculation": "warp", "maxTokens": "many", "remote": {"timeoutMs": 0, "x": 1}}
+    )
+    assert problems == [
+        "speculation: 'warp' is not one of auto, none, ngram, lookahead, draft, remote; "
+        "using the default",
+        "maxTokens: Expected `int`, got `str`; using the default",
+        "remote.timeoutMs: Expected `int` >= 1; using the default",
+        "remote.x: unknown setting, ignored",
+    ]
+    settings, problems = parse({"remote": "http://h:1"})
+    assert settings.remote == DEFAULT.remote
+    assert problems == ["remote: must be an object, got str; using the default"]
+
+
+def test_docstring_example() -> None:
+    import doctest
+
+    from kode.completion import settings
+
+    result = doctest.testmod(settings)
+    assert result.attempted > 0 and result.failed == 0
