@@ -1,7 +1,8 @@
 """Whether a fill leaves the document well-formed, for languages Kode can parse itself.
 
 Only Python, with the interpreter's own parser (``compile`` to an AST, never run): a
-fill is judged by the document it makes. In an editor the document is often broken
+fill is judged by the top-level statement it makes (the function or class around the
+cursor), which keeps the check to about a millisecond on the event loop. In an editor the document is often broken
 elsewhere while the user types, so the stop rules compare (does the multi-line fill
 parse where its first line alone does not?) rather than trust one verdict.
 """
@@ -9,6 +10,7 @@ parse where its first line alone does not?) rather than trust one verdict.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Callable
 
 FillCheck = Callable[[str], bool]
@@ -16,14 +18,37 @@ FillCheck = Callable[[str], bool]
 _PYTHON = frozenset({"python"})
 
 
+# A line that starts a top-level statement: code at column 0, not a closing bracket.
+_TOP_LEVEL = re.compile(r"^(?=[^\s)\]}])", re.MULTILINE)
+# Past this many characters the chunk is not parsed (the check runs on the event loop;
+# a whole 3,500-line module took 85-135 ms here under load, a function about 1 ms).
+MAX_CHUNK_CHARS = 64_000
+
+
 def checker(language_id: str, before: str, after: str) -> FillCheck | None:
-    """A check of ``before + fill + after`` for a document in ``language_id``, or None
-    when Kode has no parser for the language."""
+    """A check of the fill in its top-level statement (from the last line before the
+    cursor that starts at column 0 to the next one after it), for a document in
+    ``language_id``; None when Kode has no parser for the language or the statement is
+    too long to parse on the event loop.
+
+    Example: in ``import os\n\ndef f():\n    |\n\nx = 1\n`` the check parses
+    ``def f():\n    <fill>\n\n``.
+    """
     if language_id not in _PYTHON:
+        return None
+    starts = [m.start() for m in _TOP_LEVEL.finditer(before)]
+    head = before[starts[-1] :] if starts else before
+    first_break = after.find("\n")
+    tail = after
+    if first_break != -1:
+        found = _TOP_LEVEL.search(after, first_break + 1)
+        if found is not None:
+            tail = after[: found.start()]
+    if len(head) + len(tail) > MAX_CHUNK_CHARS:
         return None
 
     def parses(fill: str) -> bool:
-        return python_parses(before + fill + after)
+        return python_parses(head + fill + tail)
 
     return parses
 

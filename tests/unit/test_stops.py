@@ -178,3 +178,13 @@ def test_fill_checks_exist_only_for_languages_kode_parses() -> None:
     assert syntax.python_parses("if x:\n    y = 1\n")
     assert not syntax.python_parses("if x:\ny = 1\n")
     assert not syntax.python_parses("x = '\0'")  # null bytes: ValueError, not a crash
+
+
+def test_the_fill_check_parses_only_the_statement_around_the_cursor() -> None:
+    before = "import os\n\n\ndef f(x):\n    if x:\n        "
+    after = "\n    return x\n\n\nbroken = (\n"  # an unrelated error further down
+    fits = syntax.checker("python", before, after)
+    assert fits is not None
+    assert fits("x += 1") and not fits("x +=")
+    huge = "x = 1\n" + "y = [\n" + "    1,\n" * 20_000
+    assert syntax.checker("python", huge, "]\n") is None  # too long for the event loop
