@@ -381,9 +381,10 @@ class Retriever:
                 # A module: its outline, ranked by how often the code near the cursor
                 # (else the file) names it; and the members named near the cursor.
                 near_uses = near_counts[name]
-                weight = near_uses + 1.0 if near_uses else 0.01 * (file_words[name] - 1)
-                if weight > 0:
-                    modules_used[target] = max(modules_used.get(target, 0.0), weight)
+                # (A module imported and not used yet still counts: its use may be the
+                # line being written.)
+                weight = near_uses + 1.0 if near_uses else 0.01 * file_words[name]
+                modules_used[target] = max(modules_used.get(target, 0.0), weight)
                 for base, member in attributes:
                     if base == name and member in target_entry.definitions:
                         add_definition(target, target_entry.definitions[member], _RANK_IMPORTED)
