@@ -282,7 +282,7 @@ def _cut(text: str, max_chars: int) -> str:
     if len(text) <= max_chars:
         return text
     cut = text.rfind("\n", 0, max_chars)
-    return text[: cut + 1] if cut > 0 else text[:max_chars]
+    return text[: cut + 1] if cut >= 0 else text[:max_chars]
 
 
 # -- the query --------------------------------------------------------------------------
