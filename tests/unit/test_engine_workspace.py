@@ -127,6 +127,7 @@ async def test_building_a_large_index_does_not_block_the_event_loop(tmp_path: Pa
             await asyncio.sleep(0.005)
             worst = max(worst, time.perf_counter() - started)
     assert len(index) == 400
-    # A blocked loop would stall for the whole build (seconds); the GIL switches every 5 ms.
-    assert worst < 0.5
+    # A blocked loop would stall for the whole build; with the build in a thread the loop
+    # runs every GIL switch interval (5 ms; longer on a loaded machine, so relative).
+    assert worst < index.stats.build_s / 2, (worst, index.stats.build_s)
     await engine.aclose()
