@@ -145,7 +145,7 @@ def code_server(vsix: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         "workbench.secondarySideBar.defaultVisibility": "hidden",
         "git.enabled": False,
     }
-    # User settings, and the kode.* ones again as the remote machine's: in one of three
+    # User settings, and the kode.* ones again as the remote machine's: in one of seven
     # runs the extension host activated Kode before the user settings reached it (it
     # looked for the default `kode` on PATH); machine settings live on the server side.
     for folder, settings in (("User", {**kode, **workbench}), ("Machine", kode)):
