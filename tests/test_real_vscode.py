@@ -22,6 +22,7 @@ import os
 import shutil
 import socket
 import subprocess
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -284,11 +285,20 @@ class Editor:
         return first if self.ghost() == first else None
 
     def save_and_read(self, name: str) -> str:
+        """Ctrl+S, then the file once it changed on disk and two reads agree (a read while
+        VS Code was still writing it once came back short)."""
         path = self.server.workspace / name
         before = path.stat().st_mtime_ns
+
+        def saved() -> str | None:
+            if path.stat().st_mtime_ns == before:
+                return None
+            text = path.read_text()
+            time.sleep(0.2)
+            return text if text and text == path.read_text() else None
+
         self.page.keyboard.press("Control+S")
-        self.wait(f"{name} saved", lambda: path.stat().st_mtime_ns != before, 30)
-        return path.read_text()
+        return self.wait(f"{name} saved", saved, 30)
 
     def wait(self, what: str, probe: Callable[[], T | None], timeout: float = STEP_S) -> T:
         return wait_for(what, probe, timeout, self.explain)
