@@ -2,9 +2,10 @@
 
 Only Python, with the interpreter's own parser (``compile`` to an AST, never run): a
 fill is judged by the top-level statement it makes (the function or class around the
-cursor), which keeps the check to about a millisecond on the event loop. In an editor the document is often broken
-elsewhere while the user types, so the stop rules compare (does the multi-line fill
-parse where its first line alone does not?) rather than trust one verdict.
+cursor), which keeps the check to about a millisecond on the event loop. In an editor
+the document is often broken elsewhere while the user types, so the stop rules compare
+(a multi-line fill must parse wherever its first line alone does) rather than trust one
+verdict.
 """
 
 from __future__ import annotations
