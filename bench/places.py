@@ -232,7 +232,10 @@ def first_key_ms(segment: Segment) -> float:
 
 
 def summary_rows(label: str, segments: Sequence[Segment]) -> list[list[object]]:
-    first = {s.place.kind: first_key_ms(s) for s in segments}
+    first = {
+        kind: common.median([first_key_ms(s) for s in segments if s.place.kind == kind])
+        for kind in ("open", "jump", "switch", "back")
+    }
     keys = [k for s in segments for k in s.keys]
     every = [answer_ms(k) for k in keys]
     # A key after one whose shown suggestion the user did not type: a new generation.
