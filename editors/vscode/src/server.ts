@@ -78,7 +78,9 @@ export class KodeServer implements vscode.Disposable {
         this.streaming.cancel();
         this.cursorSettles(editor);
       }),
-      { dispose: () => { clearTimeout(this.cursorTimer); } },
+      new vscode.Disposable(() => {
+        clearTimeout(this.cursorTimer);
+      }),
     );
   }
 
