@@ -394,8 +394,37 @@ class Replay:
             types.DidCloseTextDocumentParams(text_document=types.TextDocumentIdentifier(uri=uri))
         )
 
+    def type_char(self, doc: Any, offset: int, ch: str, in_flight: str | None) -> None:
+        """Type ``ch`` at ``offset`` of ``doc`` (a ``completion.documents.Document`` kept
+        in step with the server's): cancel the request still in flight, as editors do,
+        then send the edit as an incremental ``didChange``."""
+        from kode.completion.documents import Range
+        from lsprotocol import types
+
+        if in_flight is not None:
+            self.client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id=in_flight))
+        at = doc.position_at(offset)
+        doc.apply_change(ch, Range(at, at))
+        doc.version += 1
+        self.client.text_document_did_change(
+            types.DidChangeTextDocumentParams(
+                text_document=types.VersionedTextDocumentIdentifier(
+                    uri=doc.uri, version=doc.version
+                ),
+                content_changes=[
+                    types.TextDocumentContentChangePartial(
+                        range=types.Range(
+                            start=types.Position(line=at.line, character=at.character),
+                            end=types.Position(line=at.line, character=at.character),
+                        ),
+                        text=ch,
+                    )
+                ],
+            )
+        )
+
     async def replay(self, script: Script, counter: list[int], bar: Any) -> list[Keystroke]:
-        from kode.completion.documents import Document, Range
+        from kode.completion.documents import Document
         from lsprotocol import types
 
         opts = self.options
@@ -431,30 +460,9 @@ class Replay:
             now = time.perf_counter()
             if keys:
                 keys[-1].next_key = now
-            if in_flight is not None and not in_flight[1].done():
-                self.client.protocol.notify(
-                    types.CANCEL_REQUEST, types.CancelParams(id=in_flight[0])
-                )
-            at = doc.position_at(offset)
-            doc.apply_change(ch, Range(at, at))
-            doc.version += 1
+            pending_id = in_flight[0] if in_flight and not in_flight[1].done() else None
+            self.type_char(doc, offset, ch, pending_id)
             offset += 1
-            self.client.text_document_did_change(
-                types.DidChangeTextDocumentParams(
-                    text_document=types.VersionedTextDocumentIdentifier(
-                        uri=script.uri, version=doc.version
-                    ),
-                    content_changes=[
-                        types.TextDocumentContentChangePartial(
-                            range=types.Range(
-                                start=types.Position(line=at.line, character=at.character),
-                                end=types.Position(line=at.line, character=at.character),
-                            ),
-                            text=ch,
-                        )
-                    ],
-                )
-            )
             key = Keystroke(script.name, i, ch, sent=time.perf_counter())
             keys.append(key)
             self.current = key

@@ -98,7 +98,7 @@ class PlacesReplay(Replay):
     async def run(
         self, files: Sequence[Path], texts: Sequence[str], places: Sequence[Place], notify: bool
     ) -> list[Segment]:
-        from kode.completion.documents import Document, Position, Range
+        from kode.completion.documents import Document, Position
         from lsprotocol import types
 
         opts = self.options
@@ -140,30 +140,9 @@ class PlacesReplay(Replay):
                 now = time.perf_counter()
                 if segment.keys:
                     segment.keys[-1].next_key = now
-                if in_flight is not None and not in_flight[1].done():
-                    self.client.protocol.notify(
-                        types.CANCEL_REQUEST, types.CancelParams(id=in_flight[0])
-                    )
-                pos = doc.position_at(offset)
-                doc.apply_change(ch, Range(pos, pos))
-                doc.version += 1
+                pending_id = in_flight[0] if in_flight and not in_flight[1].done() else None
+                self.type_char(doc, offset, ch, pending_id)
                 offset += 1
-                self.client.text_document_did_change(
-                    types.DidChangeTextDocumentParams(
-                        text_document=types.VersionedTextDocumentIdentifier(
-                            uri=uri, version=doc.version
-                        ),
-                        content_changes=[
-                            types.TextDocumentContentChangePartial(
-                                range=types.Range(
-                                    start=types.Position(line=pos.line, character=pos.character),
-                                    end=types.Position(line=pos.line, character=pos.character),
-                                ),
-                                text=ch,
-                            )
-                        ],
-                    )
-                )
                 key = Keystroke(
                     f"{place.kind}:{files[place.file].name}:{place.line + 1}",
                     i,
