@@ -70,3 +70,10 @@ class DocumentError(KodeError):
 
 class SettingsError(KodeError):
     """A setting has the wrong type or value."""
+
+
+def describe(exc: BaseException) -> str:
+    """An exception in words safe for a log or the editor: Kode's own errors say what
+    went wrong without quoting code; anything else is named by its type only, since its
+    text may quote source code (a UnicodeEncodeError quotes the whole prompt)."""
+    return str(exc) if isinstance(exc, KodeError) else type(exc).__name__

@@ -31,7 +31,13 @@ from kode.backends.base import (
     Sampling,
     SpeculationMethod,
 )
-from kode.backends.errors import BackendError, DocumentError, KodeError, SettingsError
+from kode.backends.errors import (
+    BackendError,
+    DocumentError,
+    KodeError,
+    SettingsError,
+    describe,
+)
 from kode.completion import context as ctxmod
 from kode.completion import syntax
 from kode.completion.documents import Document, DocumentStore, Position, scrub
@@ -899,12 +905,10 @@ class _Live:
 
 
 def _describe(exc: BaseException) -> str:
-    """An exception in words for a log or the editor. Kode's own errors say what went
-    wrong without quoting code; anything else is named by its type only, since its text
-    may quote source code (a UnicodeEncodeError quotes the whole prompt)."""
+    """``errors.describe``, said as a failed generation when it is not Kode's own error."""
     if isinstance(exc, KodeError):
         return str(exc)
-    return f"the generation failed unexpectedly ({type(exc).__name__})"
+    return f"the generation failed unexpectedly ({describe(exc)})"
 
 
 # Tokens of the FIM template itself (special tokens, the file path, the repo name) and

@@ -30,7 +30,7 @@ from urllib.request import url2pathname
 
 import msgspec
 from kode.backends.base import KvMemoryReport
-from kode.backends.errors import DocumentError, KodeError
+from kode.backends.errors import DocumentError, describe
 from kode.completion import settings as settings_mod
 from kode.completion.backend_factory import load_backend
 from kode.completion.documents import Position, Range
@@ -501,12 +501,8 @@ def _redacted(settings: settings_mod.Settings) -> dict[str, Any]:
 
 
 def _describe(exc: BaseException) -> str:
-    """An exception for a log line: Kode's own errors say what happened in words and
-    carry no source; anything else is named by type only, since its text may quote
-    the code it failed on (a UnicodeEncodeError quotes the whole prompt)."""
-    if isinstance(exc, KodeError | JsonRpcException):
-        return str(exc)
-    return type(exc).__name__
+    """``errors.describe``; pygls' own protocol errors carry no source either."""
+    return str(exc) if isinstance(exc, JsonRpcException) else describe(exc)
 
 
 def _index_stats(server: KodeServer) -> dict[str, Any] | None:
