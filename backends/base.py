@@ -91,6 +91,7 @@ class SpeculationStats:
     steps: int = 0  # target verify/decode calls during generation
     drafted: int = 0  # draft tokens proposed to the target
     accepted: int = 0  # draft tokens the target confirmed
+    near_ties: int = 0  # verify batches cut short at a near tie (``auto``, greedy)
 
     @property
     def accepted_mean(self) -> float:

@@ -36,6 +36,7 @@ from kode.backends.speculative import (
     LazyPicks,
     NgramDrafter,
     TokenTree,
+    Verification,
     accept_reject,
     build_tree,
     verify,
@@ -89,6 +90,11 @@ class Target(Protocol):
     def evaluate(self, tree: TokenTree) -> None: ...
 
     def pick(self, row: int) -> int: ...
+
+    def margin(self, row: int) -> float:
+        """How far the pick after row ``row`` is ahead of the runner-up, in logits
+        (greedy); ``inf`` when sampling (no pick is a tie to guard)."""
+        ...
 
     def probs(self, rows: int) -> Probs:
         """Sampling distributions after the first ``rows`` rows of the last batch [rows, V]."""
@@ -187,6 +193,7 @@ class NgramStepper:
     """
 
     PROBE_EVERY = 12
+    NEAR_TIE = 1.0  # logits; see ``_near_tie``
 
     def __init__(
         self,
@@ -214,9 +221,15 @@ class NgramStepper:
         cands: list[list[int]] = []
         match = 0
         if policy.max_draft and not probe:
-            cands, match = self.drafter.propose_matched(
-                history, policy.max_draft, self.max_candidates
-            )
+            if self.allow_plain and policy.cautious:
+                agreed, match = self.drafter.propose_agreed(
+                    history, policy.max_draft, policy.strong_match
+                )
+                cands = [agreed] if agreed else []
+            else:
+                cands, match = self.drafter.propose_matched(
+                    history, policy.max_draft, self.max_candidates
+                )
         k = self._draft_len(max((len(c) for c in cands), default=0), match)
         stats.steps += 1
         if k == 0:
@@ -229,14 +242,45 @@ class NgramStepper:
         timed_evaluate(self.target, tree, self.tracker)
         result = verify(tree, LazyPicks(tree.n_rows, self.target.pick))
         accepted = len(result.accepted_tokens)
-        self.target.commit(tree, accepted, result.branch)
         drafted = tree.n_rows - 1
+        tie = self._near_tie(result) if self.allow_plain else None
         policy.observe(
-            SpeculationMethod.NGRAM, min(drafted, k), accepted, match if self.allow_plain else None
+            SpeculationMethod.NGRAM,
+            min(drafted, k),
+            accepted if tie is None else min(accepted, tie),
+            match if self.allow_plain else None,
         )
         stats.drafted += drafted
-        stats.accepted += accepted
-        return [*result.accepted_tokens, result.next_token]
+        if tie is None:
+            self.target.commit(tree, accepted, result.branch)
+            stats.accepted += accepted
+            return [*result.accepted_tokens, result.next_token]
+        stats.near_ties += 1
+        if tie == 0:  # even the root's pick is a near tie: evaluate the root alone
+            self.target.commit(tree, -1, result.branch)
+            stats.steps += 1
+            return self._plain.step(root)
+        # Keep what the rows before the tie decided; the tie's row is evaluated alone
+        # next step (its token becomes the next root).
+        self.target.commit(tree, tie - 1, result.branch)
+        stats.accepted += tie - 1
+        return list(result.accepted_tokens[:tie])
+
+    def _near_tie(self, result: Verification) -> int | None:
+        """The first position on the accepted path whose pick is a near tie (its top two
+        logits within ``NEAR_TIE``), or None.
+
+        A verify batch computes its rows with other kernels than a one-row step (llama.cpp
+        repacks weights for batches), so their logits differ by up to about 0.3-0.6 here
+        (measured on the 0.5B, 60 rows: median 0.32). Where the top two are closer than
+        that, the batch may pick what plain decoding would not; ``auto`` must never change
+        the text, so such a pick is left to a one-row step.
+        """
+        path = (0, *result.accepted_rows)
+        for i, row in enumerate(path):
+            if self.target.margin(row) < self.NEAR_TIE:
+                return i
+        return None
 
     def _draft_len(self, longest: int, match: int) -> int:
         if not longest:

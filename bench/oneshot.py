@@ -67,6 +67,8 @@ class Sample:
     ran_as: str
     steps: int
     drafted: int
+    accepted: int
+    near_ties: int
     load: str
 
 
@@ -131,6 +133,8 @@ class HoleResult:
     total_ratio: float | None  # the same for the whole request
     identical: bool
     auto_drafted: int
+    auto_accepted: int
+    near_ties: int
     tokens: float
 
 
@@ -156,6 +160,8 @@ def summarize(samples: list[Sample]) -> list[HoleResult]:
                 total_ratio=statistics.median(total) if total else None,
                 identical=len({s.text for s in mine}) == 1,
                 auto_drafted=sum(s.drafted for s in mine if s.method == "auto"),
+                auto_accepted=sum(s.accepted for s in mine if s.method == "auto"),
+                near_ties=sum(s.near_ties for s in mine if s.method == "auto"),
                 tokens=statistics.median(s.completion_tokens for s in mine),
             )
         )
@@ -170,12 +176,21 @@ def render(rows: list[HoleResult]) -> str:
             common.fmt(r.decode_ratio, 2, "x"),
             common.fmt(r.total_ratio, 2, "x"),
             "yes" if r.identical else "NO",
-            r.auto_drafted,
+            f"{r.auto_accepted}/{r.auto_drafted}",
+            r.near_ties,
         ]
         for r in rows
     ]
     table = common.markdown_table(
-        ["hole", "tokens", "decode speed auto/none", "request auto/none", "same text", "drafted"],
+        [
+            "hole",
+            "tokens",
+            "decode speed auto/none",
+            "request auto/none",
+            "same text",
+            "accepted/drafted",
+            "near ties",
+        ],
         body,
     )
     decode = [r.decode_ratio for r in rows if r.decode_ratio is not None]
@@ -184,6 +199,9 @@ def render(rows: list[HoleResult]) -> str:
             f"\n\nmedian decode ratio {statistics.median(decode):.2f}x, "
             f"lowest {min(decode):.2f}x over {len(decode)} holes"
         )
+    total = [r.total_ratio for r in rows if r.total_ratio is not None]
+    if total:
+        table += f"; median request ratio {statistics.median(total):.2f}x, lowest {min(total):.2f}x"
     return table
 
 
@@ -220,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
                         ran_as=str(spec["method"]),
                         steps=int(spec["steps"]),
                         drafted=int(spec["drafted"]),
+                        accepted=int(spec["accepted"]),
+                        near_ties=int(spec["near_ties"]),
                         load=load,
                     )
                     samples.append(sample)
@@ -227,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
                     log.flush()
                     print(
                         f"round {r} {hole.name} {method}: {sample.ms_per_token:.1f} ms/token, "
-                        f"{sample.total_ms:.0f} ms, drafted {sample.drafted}, load {load}",
+                        f"{sample.total_ms:.0f} ms, drafted {sample.drafted}, accepted {sample.accepted}, "
+                        f"load {load}",
                         flush=True,
                     )
     table = render(summarize(samples))

@@ -186,6 +186,8 @@ async def _complete(args: argparse.Namespace, text: str, uri: str) -> int:
                 "steps": stats.speculation.steps,
                 "accepted_mean": round(stats.speculation.accepted_mean, 3),
                 "drafted": stats.speculation.drafted,
+                "accepted": stats.speculation.accepted,
+                "near_ties": stats.speculation.near_ties,
             },
         }
         print(json.dumps(out, ensure_ascii=False))

@@ -87,6 +87,12 @@ class LlamaTarget:
     def pick(self, row: int) -> int:
         return self.sampler(self.ctx.logits(row))
 
+    def margin(self, row: int) -> float:
+        if not self.sampler.sampling.greedy:
+            return float("inf")
+        top2 = np.partition(self.ctx.logits(row), -2)[-2:]
+        return float(abs(top2[1] - top2[0]))
+
     def probs(self, rows: int) -> Probs:
         return np.stack([self.sampler.probs(self.ctx.logits(i)) for i in range(rows)])
 

@@ -248,9 +248,17 @@ class AdaptivePolicy:
         if method is not SpeculationMethod.NONE and method not in self.stats:
             raise ValueError(f"unknown method {method!r}; known: {sorted(self.stats)}")
         strong = self._strong(match)
-        for table, this in ((self.stats, not strong), (self.strong, strong)):
-            for m, stats in table.items():
-                if this and m is method:
+        for m, stats in self.stats.items():
+            if not strong and m is method:
+                stats.observe(drafted, accepted)
+            else:
+                stats.relax()
+        # Strong evidence ages only with strong drafts: plain steps between two copied
+        # lines must not bring the optimistic prior back (it would redraft on every
+        # variation of a repeated pattern: typing.py's ``X = _alias(...)`` lines).
+        if strong and method in self.strong:
+            for m, stats in self.strong.items():
+                if m is method:
                     stats.observe(drafted, accepted)
                 else:
                     stats.relax()

@@ -179,6 +179,12 @@ class TorchTarget:
     def pick(self, row: int) -> int:
         return self.picker.pick(self._rows()[row])
 
+    def margin(self, row: int) -> float:
+        if not self.picker.greedy:
+            return float("inf")
+        top2 = torch.topk(self._rows()[row].float(), 2).values
+        return float(top2[0] - top2[1])
+
     def probs(self, rows: int) -> Probs:
         return self.picker.probs(self._rows()[:rows])
 
