@@ -247,8 +247,8 @@ def main(argv: list[str] | None = None) -> int:
                     log.flush()
                     print(
                         f"round {r} {hole.name} {method}: {sample.ms_per_token:.1f} ms/token, "
-                        f"{sample.total_ms:.0f} ms, drafted {sample.drafted}, accepted {sample.accepted}, "
-                        f"load {load}",
+                        f"{sample.total_ms:.0f} ms, drafted {sample.drafted}, "
+                        f"accepted {sample.accepted}, load {load}",
                         flush=True,
                     )
     table = render(summarize(samples))
