@@ -256,14 +256,19 @@ class LocalRun(WorkerRun, Generic[T]):
                 target, engine.draft(target), max_draft=opts.max_draft, p_min=opts.p_min
             )
         learning = self.backend.learning
+        auto = method is SpeculationMethod.AUTO
+        policy = learning.policy_for(auto)
+        if auto and policy.cautious:
+            # Drafting cannot pay on this machine (``AdaptivePolicy``): decode plainly, as
+            # `none` does, without indexing draft sources first.
+            return PlainStepper(target)
         sources = [engine.tokenize(text, special=False) for text in req.draft_sources if text]
         if method is SpeculationMethod.LOOKAHEAD:
             return engine.lookahead(target, [*sources, *learning.history])
-        auto = method is SpeculationMethod.AUTO
         return NgramStepper(
             target,
             learning.drafter_for(sources),
-            learning.policy_for(auto),
+            policy,
             allow_plain=auto,
             method=method,
             tracker=learning.costs if auto else None,

@@ -185,11 +185,11 @@ class NgramStepper:
 
     ``policy`` picks the draft length from the batch-cost curve and the acceptance seen so
     far; with ``allow_plain`` (``auto``) it may decide that drafting does not pay this
-    step (or, on a machine where it rarely pays, that the candidate's match is too short
-    to try: ``AdaptivePolicy.cautious``), otherwise (``ngram``) it drafts whenever a
-    candidate exists. With a ``tracker``
-    every batch's time updates the curve the policy uses, and one step in ``PROBE_EVERY``
-    is plain to keep the 1-row cost current.
+    step, and on a machine where drafting pays only at a high acceptance
+    (``AdaptivePolicy.cautious``) it decodes plainly throughout; otherwise (``ngram``) it
+    drafts whenever a candidate exists. With a ``tracker`` every batch's time updates the
+    curve the policy uses, and one step in ``PROBE_EVERY`` is plain to keep the 1-row cost
+    current. ``auto`` leaves a near-tie pick in a verify batch to a one-row step.
     """
 
     PROBE_EVERY = 12
@@ -211,26 +211,24 @@ class NgramStepper:
         self.tracker = tracker
         self.stats = SpeculationStats(method=method)
         self._plain = PlainStepper(target, tracker)
+        self._untimed = PlainStepper(target)
 
     def step(self, root: int) -> list[int]:
         policy, stats = self.policy, self.stats
+        if self.allow_plain and policy.cautious:
+            # auto where drafts must be accepted at a high rate to pay (a CPU): plain
+            # decoding, the same text as `none` (see ``AdaptivePolicy``); untimed, so
+            # that one-row times alone never talk the curve out of it.
+            stats.steps += 1
+            return self._untimed.step(root)
         if self.tracker is not None and self.tracker.dirty:
             policy.curve = self.tracker.curve()
-        history = [*self.target.tokens, root]
         probe = self.allow_plain and stats.steps % self.PROBE_EVERY == self.PROBE_EVERY - 1
         cands: list[list[int]] = []
-        match = 0
         if policy.max_draft and not probe:
-            if self.allow_plain and policy.cautious:
-                agreed, match = self.drafter.propose_agreed(
-                    history, policy.max_draft, policy.strong_match
-                )
-                cands = [agreed] if agreed else []
-            else:
-                cands, match = self.drafter.propose_matched(
-                    history, policy.max_draft, self.max_candidates
-                )
-        k = self._draft_len(max((len(c) for c in cands), default=0), match)
+            history = [*self.target.tokens, root]
+            cands = self.drafter.propose(history, policy.max_draft, self.max_candidates)
+        k = self._draft_len(max((len(c) for c in cands), default=0))
         stats.steps += 1
         if k == 0:
             policy.observe(SpeculationMethod.NONE, 0, 0)
@@ -248,7 +246,6 @@ class NgramStepper:
             SpeculationMethod.NGRAM,
             min(drafted, k),
             accepted if tie is None else min(accepted, tie),
-            match if self.allow_plain else None,
         )
         stats.drafted += drafted
         if tie is None:
@@ -282,11 +279,11 @@ class NgramStepper:
                 return i
         return None
 
-    def _draft_len(self, longest: int, match: int) -> int:
+    def _draft_len(self, longest: int) -> int:
         if not longest:
             return 0
         if self.allow_plain:
-            return self.policy.draft_len(SpeculationMethod.NGRAM, limit=longest, match=match)
+            return self.policy.draft_len(SpeculationMethod.NGRAM, limit=longest)
         return max(1, self.policy.draft_len(SpeculationMethod.NGRAM, limit=longest))
 
 

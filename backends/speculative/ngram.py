@@ -219,54 +219,6 @@ class NgramDrafter:
                         return out, match
         return out, match
 
-    def propose_agreed(
-        self, context: Sequence[int], max_len: int, min_match: int, max_match: int = 32
-    ) -> tuple[list[int], int]:
-        """One cautious candidate: what every strong earlier occurrence agrees follows.
-
-        The occurrences of the longest indexed n-gram that ends ``context`` whose match
-        (``n`` extended backwards, up to ``max_match``) is at least ``min_match`` tokens
-        are the strong ones; the candidate is the longest common prefix of what followed
-        each of them (up to ``max_len``). A copied line has one strong occurrence and
-        gives its continuation whole; a pattern repeated with variations (``X =
-        _alias(abc.X, 1)`` line after line) has several that disagree at once, and gives
-        nothing. Returns ``(candidate, longest strong match)``; ``([], 0)`` when no
-        occurrence is strong.
-
-        Example:
-            >>> d = NgramDrafter(2, 2)
-            >>> d.propose_agreed([1, 2, 3, 4, 5, 9, 1, 2, 3, 4], 2, min_match=4)  # a copy
-            ([5, 9], 4)
-            >>> d.propose_agreed([1, 2, 5, 1, 2, 6, 1, 2], 2, min_match=2)  # variations
-            ([], 2)
-        """
-        if max_len <= 0:
-            return [], 0
-        ctx = self._sync(context)
-        length = len(ctx)
-        budget = self.max_scan
-        for n in range(min(self.max_n, length), self.min_n - 1, -1):
-            gram = tuple(ctx[length - n :])
-            agreed: list[int] | None = None
-            best = 0
-            for src in (self._ctx, *reversed(self._sources)):
-                tokens = src.tokens
-                for p in reversed(src.index.get(gram, ())):
-                    budget -= 1
-                    if budget < 0:
-                        break
-                    cont = tokens[p + n : p + n + max_len]
-                    if not cont:
-                        continue
-                    match = n + _extend_back(tokens, p, ctx, length - n, max_match - n)
-                    if match < min_match:
-                        continue
-                    best = max(best, match)
-                    agreed = cont if agreed is None else agreed[: common_prefix(agreed, cont)]
-            if agreed is not None:
-                return agreed, best
-        return [], 0
-
     def _sync(self, context: Sequence[int]) -> list[int]:
         """Bring the context index up to date with ``context``; return the indexed tokens.
 

@@ -163,13 +163,12 @@ class AdaptivePolicy:
     too (method ``NONE``): every observation ages all estimates by one step.
 
     Where the curve makes drafting pay only at a high acceptance (``break_even`` above
-    ``cautious_above``: a CPU, where a 2-row batch costs 1.4 steps) the policy is
-    *cautious*: a draft is tried only on strong evidence, a match of at least
-    ``strong_match`` tokens before the cursor (a copied line, not a common idiom), whose
-    acceptance is learnt apart, from ``strong_prior``. Why:
-    one-shot ``kode complete`` runs on the 2-core machine, auto vs plain, lost 6-25%
-    (0.94x, 0.79x, 0.78x, 0.75x) while the prior's optimism was being unlearned on
-    drafts from 3-4 token matches, and the oracle ceiling there is only 1.06x-1.14x.
+    ``cautious_above``: a CPU, where a 2-row batch costs 1.4-1.7 steps) the policy is
+    *cautious*, and ``auto`` decodes plainly there (``NgramStepper``). Measured on the
+    2-core machine: one-shot ``kode complete`` runs lost 6-25% while the prior's optimism
+    was unlearned; drafting only on long, agreed n-gram matches still changed one text in
+    18 (verify batches compute logits 0.3-0.6 apart from one-row steps, and the cache they
+    leave moves later near ties), for an oracle ceiling of 1.06-1.14x there.
 
     Example:
         >>> pol = AdaptivePolicy(CostCurve({1: 1, 2: 1.4, 4: 2.0, 8: 4.5}),
@@ -180,13 +179,10 @@ class AdaptivePolicy:
         ...     pol.observe(SpeculationMethod.NGRAM, drafted=3, accepted=0)
         >>> pol.draft_len(SpeculationMethod.NGRAM)
         0
-        >>> fresh = AdaptivePolicy(pol.curve, [SpeculationMethod.NGRAM], prior_accept=0.9)
-        >>> fresh.cautious  # break-even acceptance 0.47 on this curve
+        >>> cpu = AdaptivePolicy(CostCurve({1: 1, 2: 1.68, 4: 2.8, 8: 6.38}),
+        ...                      [SpeculationMethod.NGRAM], prior_accept=0.9)
+        >>> cpu.cautious  # break-even acceptance 0.76: auto decodes plainly
         True
-        >>> fresh.draft_len(SpeculationMethod.NGRAM, match=3)  # an idiom: decode plainly
-        0
-        >>> fresh.draft_len(SpeculationMethod.NGRAM, match=12)  # a copied line: draft
-        3
     """
 
     def __init__(
@@ -199,8 +195,6 @@ class AdaptivePolicy:
         *,
         prior_weight: float = 4.0,
         decay: float = 0.9,
-        strong_match: int = 8,
-        strong_prior: float = 0.85,
         cautious_above: float = 0.35,
     ) -> None:
         if max_draft < 0:
@@ -211,8 +205,6 @@ class AdaptivePolicy:
         self.max_draft = max_draft
         self.min_gain = min_gain
         self.stats = {m: AcceptanceStats(prior_accept, prior_weight, decay) for m in methods}
-        self.strong_match = strong_match
-        self.strong = {m: AcceptanceStats(strong_prior, prior_weight, decay) for m in methods}
         self.cautious_above = cautious_above
         self._break_even: tuple[CostCurve, float] | None = None
 
@@ -223,54 +215,32 @@ class AdaptivePolicy:
             self._break_even = (self.curve, break_even(self.curve, self.max_draft, self.min_gain))
         return self._break_even[1] > self.cautious_above
 
-    def draft_len(
-        self, method: SpeculationMethod, limit: int | None = None, match: int | None = None
-    ) -> int:
+    def draft_len(self, method: SpeculationMethod, limit: int | None = None) -> int:
         """Best draft length k (<= ``limit`` and ``max_draft``) for ``method`` now; 0 means
-        decode plainly (the best expected speed is below ``min_gain`` x plain, or the
-        policy is ``cautious`` and ``match``, the tokens the draft's source matched before
-        the cursor, is shorter than ``strong_match``; None: no such gate).
+        decode plainly (the best expected speed is below ``min_gain`` x plain). ``auto``
+        asks only where the policy is not ``cautious``.
 
         Example: see the class docstring.
         """
-        strong = self._strong(match)
-        if match is not None and not strong and self.cautious:
-            return 0
+        accept = self._accept(method)
         kmax = self.max_draft if limit is None else min(limit, self.max_draft)
-        k, speed = self._best(self._accept(method, strong), kmax)
+        k, speed = self._best(accept, kmax)
         return k if speed >= self.min_gain else 0
 
-    def observe(
-        self, method: SpeculationMethod, drafted: int, accepted: int, match: int | None = None
-    ) -> None:
-        """Record one target step: ``accepted`` of ``drafted`` tokens from ``method`` (on a
-        match of ``match`` tokens, as given to ``draft_len``)."""
+    def observe(self, method: SpeculationMethod, drafted: int, accepted: int) -> None:
+        """Record one target step: ``accepted`` of ``drafted`` tokens from ``method``."""
         if method is not SpeculationMethod.NONE and method not in self.stats:
             raise ValueError(f"unknown method {method!r}; known: {sorted(self.stats)}")
-        strong = self._strong(match)
         for m, stats in self.stats.items():
-            if not strong and m is method:
+            if m is method:
                 stats.observe(drafted, accepted)
             else:
                 stats.relax()
-        # Strong evidence ages only with strong drafts: plain steps between two copied
-        # lines must not bring the optimistic prior back (it would redraft on every
-        # variation of a repeated pattern: typing.py's ``X = _alias(...)`` lines).
-        if strong and method in self.strong:
-            for m, stats in self.strong.items():
-                if m is method:
-                    stats.observe(drafted, accepted)
-                else:
-                    stats.relax()
 
-    def _strong(self, match: int | None) -> bool:
-        """Whether a draft on this match counts as strong evidence (cautious policies)."""
-        return match is not None and match >= self.strong_match and self.cautious
-
-    def _accept(self, method: SpeculationMethod, strong: bool = False) -> float:
+    def _accept(self, method: SpeculationMethod) -> float:
         """Acceptance estimate for this step, capped below 1."""
         try:
-            stats = self.strong[method] if strong else self.stats[method]
+            stats = self.stats[method]
         except KeyError:
             raise ValueError(f"unknown method {method!r}; known: {sorted(self.stats)}") from None
         return min(stats.estimate, 0.99)
