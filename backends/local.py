@@ -261,7 +261,7 @@ class LocalRun(WorkerRun, Generic[T]):
         if auto and policy.cautious:
             # Drafting cannot pay on this machine (``AdaptivePolicy``): decode plainly, as
             # `none` does, without indexing draft sources first.
-            return PlainStepper(target)
+            return PlainStepper(target, method=SpeculationMethod.AUTO)
         sources = [engine.tokenize(text, special=False) for text in req.draft_sources if text]
         if method is SpeculationMethod.LOOKAHEAD:
             return engine.lookahead(target, [*sources, *learning.history])

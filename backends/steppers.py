@@ -163,11 +163,17 @@ def measure_curve(
 
 
 class PlainStepper:
-    """One token per target call."""
+    """One token per target call (``method``: what the stats say ran; ``auto`` when it
+    chose plain decoding)."""
 
-    def __init__(self, target: Target, tracker: CostTracker | None = None) -> None:
+    def __init__(
+        self,
+        target: Target,
+        tracker: CostTracker | None = None,
+        method: SpeculationMethod = SpeculationMethod.NONE,
+    ) -> None:
         self.target, self.tracker = target, tracker
-        self.stats = SpeculationStats(method=SpeculationMethod.NONE)
+        self.stats = SpeculationStats(method=method)
 
     def step(self, root: int) -> list[int]:
         tree = build_tree(root, [], max_rows=1)
