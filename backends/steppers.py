@@ -96,6 +96,12 @@ class Target(Protocol):
         (greedy); ``inf`` when sampling (no pick is a tie to guard)."""
         ...
 
+    @property
+    def near_tie(self) -> float:
+        """The margin below which a verify batch's pick may differ from a one-row step's
+        on this engine's kernels (logits)."""
+        ...
+
     def probs(self, rows: int) -> Probs:
         """Sampling distributions after the first ``rows`` rows of the last batch [rows, V]."""
         ...
@@ -199,7 +205,6 @@ class NgramStepper:
     """
 
     PROBE_EVERY = 12
-    NEAR_TIE = 1.0  # logits; see ``_near_tie``
 
     def __init__(
         self,
@@ -271,17 +276,18 @@ class NgramStepper:
 
     def _near_tie(self, result: Verification) -> int | None:
         """The first position on the accepted path whose pick is a near tie (its top two
-        logits within ``NEAR_TIE``), or None.
+        logits within ``Target.near_tie``), or None.
 
-        A verify batch computes its rows with other kernels than a one-row step (llama.cpp
-        repacks weights for batches), so their logits differ by up to about 0.3-0.6 here
-        (measured on the 0.5B, 60 rows: median 0.32). Where the top two are closer than
-        that, the batch may pick what plain decoding would not; ``auto`` must never change
-        the text, so such a pick is left to a one-row step.
+        A verify batch computes its rows with other kernels than a one-row step, so their
+        logits differ (llama.cpp's quantized kernels here: up to 0.3-0.6, on the 0.5B, 60
+        rows, median 0.32). Where the top two are closer than that, the batch may pick what
+        plain decoding would not; ``auto`` must not change the text, so such a pick is
+        left to a one-row step.
         """
         path = (0, *result.accepted_rows)
+        near = self.target.near_tie
         for i, row in enumerate(path):
-            if self.target.margin(row) < self.NEAR_TIE:
+            if self.target.margin(row) < near:
                 return i
         return None
 

@@ -179,6 +179,13 @@ class TorchTarget:
     def pick(self, row: int) -> int:
         return self.picker.pick(self._rows()[row])
 
+    @property
+    def near_tie(self) -> float:
+        """In fp32 a batch and a one-row step differ by float rounding only, judged at
+        1e-3 as ``kode bench speculation`` does; half precision rounds far coarser (0.5
+        assumed, not measured here)."""
+        return 1e-3 if self.lm.model.dtype == torch.float32 else 0.5
+
     def margin(self, row: int) -> float:
         if not self.picker.greedy:
             return float("inf")

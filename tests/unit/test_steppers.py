@@ -40,6 +40,7 @@ class FakeTarget:
         self.rows: list[list[int]] = []  # history after each row of the last batch
         self.batches: list[int] = []  # rows per batch
         self.margins: Callable[[Sequence[int]], float] | None = None  # None: never a tie
+        self.near_tie = 1.0
 
     def prefill(
         self, prompt: Sequence[int], cancelled: Callable[[], bool], max_drift: int
