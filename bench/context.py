@@ -67,6 +67,7 @@ class Options:
     threads: int = 0  # llama.cpp threads; 0: every core
     prefix_tokens: int | None = None  # None: the setting's default
     out: Path = Path("results/context")
+    resume: bool = False  # keep the results in ``out/partial.jsonl``, run only the rest
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,7 +319,7 @@ def prepare(hole: Hole, source_root: Path, work: Path, seed: int) -> Prepared:
 def score(prepared: Prepared, condition: str, completion: str) -> Result:
     first = completion.split("\n", 1)[0].strip()
     return Result(
-        hole=f"{prepared.hole.module}:{prepared.hole.line + 1}",
+        hole=hole_key(prepared.hole),
         condition=condition,
         renamed=prepared.renamed,
         expected=prepared.expected,
@@ -436,6 +437,25 @@ async def _complete(
             engine.documents.close(other)
 
 
+def load_partial(path: Path) -> list[Result]:
+    """The results a stopped run wrote to ``path`` (``partial.jsonl``), errors left out
+    so that they run again; [] when there is none."""
+    if not path.is_file():
+        return []
+    out: list[Result] = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            result = Result(**json.loads(line))
+            if not result.error:
+                out.append(result)
+    return out
+
+
+def hole_key(hole: Hole) -> str:
+    """A hole as ``Result.hole`` names it."""
+    return f"{hole.module}:{hole.line + 1}"
+
+
 def _append(path: Path, record: dict[str, Any]) -> None:
     """One result more in ``path``: a long run keeps what it measured if stopped."""
     common.prepare_out(path.parent)
@@ -444,7 +464,12 @@ def _append(path: Path, record: dict[str, Any]) -> None:
 
 
 async def _one_hole(
-    options: Options, engine: Any, prepared: Prepared, bar: Any, results: list[Result]
+    options: Options,
+    engine: Any,
+    prepared: Prepared,
+    bar: Any,
+    results: list[Result],
+    conditions: Sequence[str],
 ) -> None:
     from kode.completion.workspace import WorkspaceIndex
 
@@ -452,7 +477,7 @@ async def _one_hole(
     opened = [] if sibling is None else [(sibling, sibling.read_text(encoding="utf-8"))]
     index = WorkspaceIndex([prepared.root])
     index.build()
-    for condition in options.conditions:
+    for condition in conditions:
         docs = [] if condition == "in-file" else list(opened)
         if condition == "oracle":
             docs.append((prepared.root / prepared.hole.defining, prepared.defining_excerpt))
@@ -493,6 +518,9 @@ async def measure(options: Options) -> tuple[list[Result], dict[str, str]]:
             "readAhead": False,
             "prefetch": False,
             "threads": options.threads,
+            # Only the first line is scored, and greedy decoding writes the same first
+            # line whether or not it may go on: stop there.
+            "multiline": "never",
             **({} if options.prefix_tokens is None else {"prefixTokens": options.prefix_tokens}),
         }
     )
@@ -500,17 +528,29 @@ async def measure(options: Options) -> tuple[list[Result], dict[str, str]]:
         raise ValueError("; ".join(problems))
     chosen = collect(options)
     facts["holes"] = str(len(chosen))
-    results: list[Result] = []
+    partial = options.out / "partial.jsonl"
+    results = load_partial(partial) if options.resume else []
+    if not options.resume and partial.exists():
+        partial.unlink()
+    keys = {hole_key(hole) for hole, _ in chosen}
+    results = [r for r in results if r.hole in keys and r.condition in options.conditions]
+    done = {(r.hole, r.condition) for r in results}
+    todo = [
+        (hole, root, [c for c in options.conditions if (hole_key(hole), c) not in done])
+        for hole, root in chosen
+    ]
+    todo = [item for item in todo if item[2]]
     pool = BackendPool(load_backend)
     engine = CompletionEngine(pool.get, settings)
-    bar = common.progress(len(chosen) * len(options.conditions), "context")
+    bar = common.progress(sum(len(conditions) for _, _, conditions in todo), "context")
     try:
-        await engine.backend()
-        for hole, root in chosen:
+        if todo:
+            await engine.backend()
+        for hole, root, conditions in todo:
             with tempfile.TemporaryDirectory(prefix="kode-context-") as tmp:
                 prepared = await asyncio.to_thread(prepare, hole, root, Path(tmp), options.seed)
                 bar.set_postfix_str(f"{hole.module} {hole.name}", refresh=False)
-                await _one_hole(options, engine, prepared, bar, results)
+                await _one_hole(options, engine, prepared, bar, results, conditions)
     finally:
         bar.close()
         await engine.aclose()

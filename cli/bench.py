@@ -159,6 +159,11 @@ def register(subparsers: Any) -> None:
     context.add_argument("--threads", type=int, default=0, help="llama.cpp threads (0: all)")
     context.add_argument("--prefix-tokens", type=int, default=None)
     context.add_argument("--out", type=Path, default=Path("results/context"))
+    context.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the results in OUT/partial.jsonl and run only the missing ones",
+    )
 
 
 def _setting(item: str) -> tuple[str, object]:
@@ -271,6 +276,7 @@ def run(args: argparse.Namespace) -> int:
                 threads=args.threads,
                 prefix_tokens=args.prefix_tokens,
                 out=args.out,
+                resume=args.resume,
             )
         )
     return 2

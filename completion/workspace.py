@@ -322,6 +322,14 @@ class WorkspaceIndex:
                         break
         return out
 
+    def file_counts(self, names: Iterable[str]) -> dict[str, int]:
+        """How many indexed files hold each of ``names`` (as a word)."""
+        with self._lock:
+            alive = self._alive
+            return {
+                name: sum(1 for i in self._postings.get(name, ()) if i in alive) for name in names
+            }
+
     def rank_files(
         self, query: Iterable[str], *, exclude: Path | None = None, limit: int = 4
     ) -> list[tuple[Path, float]]:
