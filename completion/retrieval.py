@@ -395,8 +395,9 @@ class Query:
         left out so that typing in it changes nothing: 1.0 for the last ``NEAR_LINES``
         lines before it and the lines after it, 0.5 further up.
 
-        >>> Query.at("import os\n\ndef close_all(loop):\n    \n    return", 29).relevance()
-        {'import': 0.5, 'os': 0.5, 'close': 1.0, 'all': 1.0, 'loop': 1.0}
+        >>> q = Query.at("import os\\n\\ndef close_all(loop):\\n    \\n    return", 36)
+        >>> sorted(q.relevance().items())
+        [('all', 1.0), ('close', 1.0), ('loop', 1.0), ('os', 1.0)]
         """
         lines = self.context.split("\n")
         weights: dict[str, float] = {}
@@ -558,7 +559,7 @@ class Retriever:
         """One outline snippet per module, holding its best members that fit."""
         if max_chars <= 0:
             return []
-        best = {}
+        best: dict[Path, float] = {}
         for m in members:
             best.setdefault(m.file, m.score)
         out: list[Retrieved] = []
