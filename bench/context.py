@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import functools
+import itertools
 import json
 import random
 import re
@@ -68,6 +70,7 @@ class Options:
     prefix_tokens: int | None = None  # None: the setting's default
     out: Path = Path("results/context")
     resume: bool = False  # keep the results in ``out/partial.jsonl``, run only the rest
+    keystrokes: bool = False  # also count snippet changes while the holes' lines are typed
 
 
 @dataclass(frozen=True, slots=True)
@@ -559,6 +562,62 @@ async def measure(options: Options) -> tuple[list[Result], dict[str, str]]:
     return results, facts
 
 
+# -- snippets while a line is typed (no model) ------------------------------------------
+
+
+def typing_changes(snippets: Sequence[tuple[tuple[str, str], ...]]) -> tuple[int, int]:
+    """For the snippets at the resting cursor (``snippets[0]``, what background
+    preparation evaluates while the user reads) and after each keystroke: how many
+    keystrokes changed them from the previous one, and how many saw other snippets than
+    the prepared ones (each such keystroke must evaluate the prompt again from the first
+    changed snippet on, or answer from a shorter window).
+
+    >>> a, b = (("m.py", "x"),), (("m.py", "x"), ("n.py", "y"))
+    >>> typing_changes([a, a, a, b, b])
+    (1, 2)
+    """
+    changed = sum(1 for x, y in itertools.pairwise(snippets) if x != y)
+    differs = sum(1 for x in snippets[1:] if x != snippets[0])
+    return changed, differs
+
+
+def measure_keystrokes(options: Options) -> dict[str, Any]:
+    """Retype each hole's line, key by key, in its renamed workspace copy and count the
+    keystrokes whose retrieved snippets differ from the line's start (``typing_changes``)."""
+    from kode.completion.retrieval import Retriever
+    from kode.completion.workspace import IndexLimits, WorkspaceIndex, read_text
+
+    keys = changed = differs = lines_changed = 0
+    limit = IndexLimits().max_file_bytes
+    for hole, root in collect(options):
+        with tempfile.TemporaryDirectory(prefix="kode-context-") as tmp:
+            prepared = prepare(hole, root, Path(tmp), options.seed)
+            index = WorkspaceIndex([prepared.root])
+            index.build()
+            retriever = Retriever(index, functools.partial(read_text, max_bytes=limit))
+            path = (prepared.root / hole.module).resolve()
+            before = prepared.document[: prepared.offset]
+            after = prepared.document[prepared.offset :]
+            seen: list[tuple[tuple[str, str], ...]] = []
+            for i in range(len(prepared.expected) + 1):
+                text = before + prepared.expected[:i] + after
+                got = retriever.retrieve(
+                    path, text, prepared.offset + i, options.retrieval_tokens * 4
+                )
+                seen.append(tuple((r.snippet.path, r.snippet.text) for r in got))
+            c, d = typing_changes(seen)
+            keys += len(seen) - 1
+            changed += c
+            differs += d
+            lines_changed += bool(c)
+    return {
+        "keystrokes": keys,
+        "keystrokes that changed the snippets": changed,
+        "keystrokes whose snippets differ from the prepared ones": differs,
+        "lines with any change": lines_changed,
+    }
+
+
 # -- the index alone --------------------------------------------------------------------
 
 
@@ -624,7 +683,11 @@ def measure_index(n_files: int, queries: int, seed: int) -> dict[str, Any]:
 
 
 def report(
-    options: Options, results: list[Result], facts: dict[str, str], index: dict[str, Any] | None
+    options: Options,
+    results: list[Result],
+    facts: dict[str, str],
+    index: dict[str, Any] | None,
+    typing: dict[str, Any] | None = None,
 ) -> str:
     out = common.prepare_out(options.out)
     rows = summarize(results)
@@ -646,6 +709,15 @@ def report(
         ]
     if index is not None:
         lines += ["## Index", "", "```", *(f"{k}: {v}" for k, v in index.items()), "```", ""]
+    if typing is not None:
+        lines += [
+            "## Snippets while the holes' lines are typed (no model)",
+            "",
+            "```",
+            *(f"{k}: {v}" for k, v in typing.items()),
+            "```",
+            "",
+        ]
     text = "\n".join(lines)
     (out / "report.md").write_text(text, encoding="utf-8")
     common.write_jsonl(out / "results.jsonl", (asdict(r) for r in results))
@@ -658,10 +730,11 @@ def main(options: Options) -> int:
     index = None
     if options.latency_files:
         index = measure_index(options.latency_files, 200, options.seed)
+    typing = measure_keystrokes(options) if options.keystrokes else None
     results: list[Result] = []
     facts: dict[str, str] = {}
     if not options.skip_model:
         results, facts = asyncio.run(measure(options))
-    print(report(options, results, facts, index))
+    print(report(options, results, facts, index, typing))
     print(f"report: {options.out / 'report.md'}  chart: {options.out / 'context.png'}")
     return 0

@@ -164,6 +164,11 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="keep the results in OUT/partial.jsonl and run only the missing ones",
     )
+    context.add_argument(
+        "--keystrokes",
+        action="store_true",
+        help="also retype the holes' lines and count retrieved-snippet changes (no model)",
+    )
 
 
 def _setting(item: str) -> tuple[str, object]:
@@ -277,6 +282,7 @@ def run(args: argparse.Namespace) -> int:
                 prefix_tokens=args.prefix_tokens,
                 out=args.out,
                 resume=args.resume,
+                keystrokes=args.keystrokes,
             )
         )
     return 2
