@@ -524,6 +524,9 @@ async def measure(options: Options) -> tuple[list[Result], dict[str, str]]:
             # Only the first line is scored, and greedy decoding writes the same first
             # line whether or not it may go on: stop there.
             "multiline": "never",
+            # The full window every time: the latency budget would answer from a short
+            # window without any other file once the prefill speed is known.
+            "firstAnswerMs": 0,
             **({} if options.prefix_tokens is None else {"prefixTokens": options.prefix_tokens}),
         }
     )
