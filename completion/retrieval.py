@@ -304,7 +304,7 @@ def rank_members(
         fact = facts.get(file, MemberFacts())
         own = parts[d.name]
         score = sum(idf(p) * relevant[p] for p in own if p in relevant)
-        header = {p for w in WORD.findall(d.header) for p in _subwords(w)} - own
+        header = _header_parts(d.header) - own
         score += sum(idf(p) * relevant[p] for p in header if p in relevant) / 3
         elsewhere = max(((fact.files_with or {}).get(d.name, 1)) - 1, 0)
         score += 0.5 * math.log1p(elsewhere)
@@ -327,11 +327,15 @@ def outline_lines(
     ``HEADER_CHARS``; a file's ``label`` and 16 characters of framing once per file, as
     ``select`` counts them), per file in file order."""
     chosen: dict[Path, list[Definition]] = {}
+    labels: dict[Path, int] = {}
     used = 0
     for member in members:
         file = member.file
         cost = min(len(member.definition.header), HEADER_CHARS) + 1
-        cost += 0 if file in chosen else len(label(file)) + 16
+        if file not in chosen:
+            if file not in labels:
+                labels[file] = len(label(file)) + 16
+            cost += labels[file]
         if used + cost > max_chars:
             continue
         chosen.setdefault(file, []).append(member.definition)
@@ -344,6 +348,11 @@ def outline_lines(
 def render_outline(definitions: Iterable[Definition]) -> str:
     """One line per definition: its header, cut to ``HEADER_CHARS``."""
     return "".join(d.header[:HEADER_CHARS].rstrip() + "\n" for d in definitions)
+
+
+@functools.lru_cache(maxsize=8192)
+def _header_parts(header: str) -> frozenset[str]:
+    return frozenset(p for w in WORD.findall(header) for p in _subwords(w))
 
 
 @functools.lru_cache(maxsize=8192)

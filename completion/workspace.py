@@ -323,12 +323,11 @@ class WorkspaceIndex:
         return out
 
     def file_counts(self, names: Iterable[str]) -> dict[str, int]:
-        """How many indexed files hold each of ``names`` (as a word)."""
+        """How many indexed files hold each of ``names`` (as a word). Replaced files
+        count until compaction (at most a quarter more): walking a common word's
+        postings would cost more than the estimate is worth."""
         with self._lock:
-            alive = self._alive
-            return {
-                name: sum(1 for i in self._postings.get(name, ()) if i in alive) for name in names
-            }
+            return {name: len(self._postings.get(name, ())) for name in names}
 
     def rank_files(
         self, query: Iterable[str], *, exclude: Path | None = None, limit: int = 4
