@@ -132,6 +132,12 @@ def register(subparsers: Any) -> None:
     )
     latency.add_argument("--rounds", type=int, default=2, help="places: rounds of 4 places")
     latency.add_argument(
+        "--workspace",
+        type=Path,
+        default=None,
+        help="a folder given to the server as the workspace (rootUri): project context on",
+    )
+    latency.add_argument(
         "--lines", type=int, default=20, help="windows: lines cut from the files to complete"
     )
     latency.add_argument(
@@ -248,6 +254,7 @@ def run(args: argparse.Namespace) -> int:
             out=args.out,
             place_pause_s=args.place_pause,
             settings=tuple(_setting(item) for item in args.setting),
+            workspace=args.workspace,
         )
         if args.scenario == "places":
             from kode.bench import places
