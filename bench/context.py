@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import functools
+import itertools
 import json
 import random
 import re
@@ -67,6 +69,8 @@ class Options:
     threads: int = 0  # llama.cpp threads; 0: every core
     prefix_tokens: int | None = None  # None: the setting's default
     out: Path = Path("results/context")
+    resume: bool = False  # keep the results in ``out/partial.jsonl``, run only the rest
+    keystrokes: bool = False  # also count snippet changes while the holes' lines are typed
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,7 +322,7 @@ def prepare(hole: Hole, source_root: Path, work: Path, seed: int) -> Prepared:
 def score(prepared: Prepared, condition: str, completion: str) -> Result:
     first = completion.split("\n", 1)[0].strip()
     return Result(
-        hole=f"{prepared.hole.module}:{prepared.hole.line + 1}",
+        hole=hole_key(prepared.hole),
         condition=condition,
         renamed=prepared.renamed,
         expected=prepared.expected,
@@ -436,6 +440,25 @@ async def _complete(
             engine.documents.close(other)
 
 
+def load_partial(path: Path) -> list[Result]:
+    """The results a stopped run wrote to ``path`` (``partial.jsonl``), errors left out
+    so that they run again; [] when there is none."""
+    if not path.is_file():
+        return []
+    out: list[Result] = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            result = Result(**json.loads(line))
+            if not result.error:
+                out.append(result)
+    return out
+
+
+def hole_key(hole: Hole) -> str:
+    """A hole as ``Result.hole`` names it."""
+    return f"{hole.module}:{hole.line + 1}"
+
+
 def _append(path: Path, record: dict[str, Any]) -> None:
     """One result more in ``path``: a long run keeps what it measured if stopped."""
     common.prepare_out(path.parent)
@@ -444,7 +467,12 @@ def _append(path: Path, record: dict[str, Any]) -> None:
 
 
 async def _one_hole(
-    options: Options, engine: Any, prepared: Prepared, bar: Any, results: list[Result]
+    options: Options,
+    engine: Any,
+    prepared: Prepared,
+    bar: Any,
+    results: list[Result],
+    conditions: Sequence[str],
 ) -> None:
     from kode.completion.workspace import WorkspaceIndex
 
@@ -452,7 +480,7 @@ async def _one_hole(
     opened = [] if sibling is None else [(sibling, sibling.read_text(encoding="utf-8"))]
     index = WorkspaceIndex([prepared.root])
     index.build()
-    for condition in options.conditions:
+    for condition in conditions:
         docs = [] if condition == "in-file" else list(opened)
         if condition == "oracle":
             docs.append((prepared.root / prepared.hole.defining, prepared.defining_excerpt))
@@ -493,6 +521,12 @@ async def measure(options: Options) -> tuple[list[Result], dict[str, str]]:
             "readAhead": False,
             "prefetch": False,
             "threads": options.threads,
+            # Only the first line is scored, and greedy decoding writes the same first
+            # line whether or not it may go on: stop there.
+            "multiline": "never",
+            # The full window every time: the latency budget would answer from a short
+            # window without any other file once the prefill speed is known.
+            "firstAnswerMs": 0,
             **({} if options.prefix_tokens is None else {"prefixTokens": options.prefix_tokens}),
         }
     )
@@ -500,23 +534,91 @@ async def measure(options: Options) -> tuple[list[Result], dict[str, str]]:
         raise ValueError("; ".join(problems))
     chosen = collect(options)
     facts["holes"] = str(len(chosen))
-    results: list[Result] = []
+    partial = options.out / "partial.jsonl"
+    results = load_partial(partial) if options.resume else []
+    if not options.resume and partial.exists():
+        partial.unlink()
+    keys = {hole_key(hole) for hole, _ in chosen}
+    results = [r for r in results if r.hole in keys and r.condition in options.conditions]
+    done = {(r.hole, r.condition) for r in results}
+    todo = [
+        (hole, root, [c for c in options.conditions if (hole_key(hole), c) not in done])
+        for hole, root in chosen
+    ]
+    todo = [item for item in todo if item[2]]
     pool = BackendPool(load_backend)
     engine = CompletionEngine(pool.get, settings)
-    bar = common.progress(len(chosen) * len(options.conditions), "context")
+    bar = common.progress(sum(len(conditions) for _, _, conditions in todo), "context")
     try:
-        await engine.backend()
-        for hole, root in chosen:
+        if todo:
+            await engine.backend()
+        for hole, root, conditions in todo:
             with tempfile.TemporaryDirectory(prefix="kode-context-") as tmp:
                 prepared = await asyncio.to_thread(prepare, hole, root, Path(tmp), options.seed)
                 bar.set_postfix_str(f"{hole.module} {hole.name}", refresh=False)
-                await _one_hole(options, engine, prepared, bar, results)
+                await _one_hole(options, engine, prepared, bar, results, conditions)
     finally:
         bar.close()
         await engine.aclose()
         await pool.aclose()
     facts["machine_after"] = common.machine_note()
     return results, facts
+
+
+# -- snippets while a line is typed (no model) ------------------------------------------
+
+
+def typing_changes(snippets: Sequence[tuple[tuple[str, str], ...]]) -> tuple[int, int]:
+    """For the snippets at the resting cursor (``snippets[0]``, what background
+    preparation evaluates while the user reads) and after each keystroke: how many
+    keystrokes changed them from the previous one, and how many saw other snippets than
+    the prepared ones (each such keystroke must evaluate the prompt again from the first
+    changed snippet on, or answer from a shorter window).
+
+    >>> a, b = (("m.py", "x"),), (("m.py", "x"), ("n.py", "y"))
+    >>> typing_changes([a, a, a, b, b])
+    (1, 2)
+    """
+    changed = sum(1 for x, y in itertools.pairwise(snippets) if x != y)
+    differs = sum(1 for x in snippets[1:] if x != snippets[0])
+    return changed, differs
+
+
+def measure_keystrokes(options: Options) -> dict[str, Any]:
+    """Retype each hole's line, key by key, in its renamed workspace copy and count the
+    keystrokes whose retrieved snippets differ from the line's start (``typing_changes``)."""
+    from kode.completion.retrieval import Retriever
+    from kode.completion.workspace import IndexLimits, WorkspaceIndex, read_text
+
+    keys = changed = differs = lines_changed = 0
+    limit = IndexLimits().max_file_bytes
+    for hole, root in collect(options):
+        with tempfile.TemporaryDirectory(prefix="kode-context-") as tmp:
+            prepared = prepare(hole, root, Path(tmp), options.seed)
+            index = WorkspaceIndex([prepared.root])
+            index.build()
+            retriever = Retriever(index, functools.partial(read_text, max_bytes=limit))
+            path = (prepared.root / hole.module).resolve()
+            before = prepared.document[: prepared.offset]
+            after = prepared.document[prepared.offset :]
+            seen: list[tuple[tuple[str, str], ...]] = []
+            for i in range(len(prepared.expected) + 1):
+                text = before + prepared.expected[:i] + after
+                got = retriever.retrieve(
+                    path, text, prepared.offset + i, options.retrieval_tokens * 4
+                )
+                seen.append(tuple((r.snippet.path, r.snippet.text) for r in got))
+            c, d = typing_changes(seen)
+            keys += len(seen) - 1
+            changed += c
+            differs += d
+            lines_changed += bool(c)
+    return {
+        "keystrokes": keys,
+        "keystrokes that changed the snippets": changed,
+        "keystrokes whose snippets differ from the prepared ones": differs,
+        "lines with any change": lines_changed,
+    }
 
 
 # -- the index alone --------------------------------------------------------------------
@@ -584,7 +686,11 @@ def measure_index(n_files: int, queries: int, seed: int) -> dict[str, Any]:
 
 
 def report(
-    options: Options, results: list[Result], facts: dict[str, str], index: dict[str, Any] | None
+    options: Options,
+    results: list[Result],
+    facts: dict[str, str],
+    index: dict[str, Any] | None,
+    typing: dict[str, Any] | None = None,
 ) -> str:
     out = common.prepare_out(options.out)
     rows = summarize(results)
@@ -606,6 +712,15 @@ def report(
         ]
     if index is not None:
         lines += ["## Index", "", "```", *(f"{k}: {v}" for k, v in index.items()), "```", ""]
+    if typing is not None:
+        lines += [
+            "## Snippets while the holes' lines are typed (no model)",
+            "",
+            "```",
+            *(f"{k}: {v}" for k, v in typing.items()),
+            "```",
+            "",
+        ]
     text = "\n".join(lines)
     (out / "report.md").write_text(text, encoding="utf-8")
     common.write_jsonl(out / "results.jsonl", (asdict(r) for r in results))
@@ -618,10 +733,11 @@ def main(options: Options) -> int:
     index = None
     if options.latency_files:
         index = measure_index(options.latency_files, 200, options.seed)
+    typing = measure_keystrokes(options) if options.keystrokes else None
     results: list[Result] = []
     facts: dict[str, str] = {}
     if not options.skip_model:
         results, facts = asyncio.run(measure(options))
-    print(report(options, results, facts, index))
+    print(report(options, results, facts, index, typing))
     print(f"report: {options.out / 'report.md'}  chart: {options.out / 'context.png'}")
     return 0

@@ -53,6 +53,7 @@ class Options:
     # user clicks into the line and reads). 0 types at once into a file just opened.
     place_pause_s: float = 1.0
     startup_s: float = 600.0  # first request: the model loads (and may be assembled)
+    workspace: Path | None = None  # the workspace folder given to the server (rootUri)
 
 
 @dataclass(slots=True)
@@ -338,7 +339,9 @@ class Replay:
             types.InitializeParams(
                 capabilities=types.ClientCapabilities(),
                 process_id=None,
-                root_uri=None,
+                root_uri=None
+                if self.options.workspace is None
+                else self.options.workspace.resolve().as_uri(),
                 initialization_options=init,
             )
         )

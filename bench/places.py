@@ -313,7 +313,7 @@ def main(options: Options, files: Sequence[Path] | None, rounds: int) -> int:
         + ", ".join(f"`{f}` ({len(f.read_text().splitlines())} lines)" for f in chosen)
         + f"; pause before typing {options.place_pause_s:g} s; cadence {options.cadence_ms:g} ms;"
         f" {rounds} round(s) of 4 places (open, jump 200+ lines, switch file, back)\n"
-        f"- settings: "
+        f"- workspace folder: {options.workspace or 'none'}; settings: "
         + "".join(f"`{k}`={v!r}; " for k, v in options.settings)
         + f"\n- machine: before {facts['machine_before']}; after {facts['machine_after']}\n"
         "- 1st key = from the first keystroke at a place to the first suggestion text shown "

@@ -132,6 +132,12 @@ def register(subparsers: Any) -> None:
     )
     latency.add_argument("--rounds", type=int, default=2, help="places: rounds of 4 places")
     latency.add_argument(
+        "--workspace",
+        type=Path,
+        default=None,
+        help="a folder given to the server as the workspace (rootUri): project context on",
+    )
+    latency.add_argument(
         "--lines", type=int, default=20, help="windows: lines cut from the files to complete"
     )
     latency.add_argument(
@@ -159,6 +165,16 @@ def register(subparsers: Any) -> None:
     context.add_argument("--threads", type=int, default=0, help="llama.cpp threads (0: all)")
     context.add_argument("--prefix-tokens", type=int, default=None)
     context.add_argument("--out", type=Path, default=Path("results/context"))
+    context.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the results in OUT/partial.jsonl and run only the missing ones",
+    )
+    context.add_argument(
+        "--keystrokes",
+        action="store_true",
+        help="also retype the holes' lines and count retrieved-snippet changes (no model)",
+    )
 
 
 def _setting(item: str) -> tuple[str, object]:
@@ -238,6 +254,7 @@ def run(args: argparse.Namespace) -> int:
             out=args.out,
             place_pause_s=args.place_pause,
             settings=tuple(_setting(item) for item in args.setting),
+            workspace=args.workspace,
         )
         if args.scenario == "places":
             from kode.bench import places
@@ -271,6 +288,8 @@ def run(args: argparse.Namespace) -> int:
                 threads=args.threads,
                 prefix_tokens=args.prefix_tokens,
                 out=args.out,
+                resume=args.resume,
+                keystrokes=args.keystrokes,
             )
         )
     return 2

@@ -138,6 +138,10 @@ class CompletionEngine:
         self._prep: _Live | None = None  # the background preparation running, if any
         self.prepared = 0  # background preparations that finished
         self.short_answers = 0  # requests answered from a shorter window (budget)
+        # Requests that kept the project context their window was prepared with, because
+        # the newly retrieved one would have to be evaluated again at the keystroke.
+        self.kept_snippets = 0
+        self._evaluated_retrieval: dict[str, tuple[Retrieved, ...]] = {}
         self._factory = backend_factory
         self._settings = settings
         self._anchors: dict[str, int] = {}
@@ -305,14 +309,26 @@ class CompletionEngine:
         ``firstAnswerMs`` at the measured prefill speed: then the largest remembered
         shorter window that fits, else a new one sized to fit. Background preparation
         (``cursor_moved``) then works towards the full window for the next keystroke."""
+        previous = self._evaluated_retrieval.get(uri)
         full = self._full_context(uri, doc, offset, backend, retrieved)
         budget_ms = self._settings.first_answer_ms
         allowed = self.rate.tokens_within(budget_ms) if budget_ms else None
         if allowed is None or not isinstance(backend, PromptCache):
+            self._evaluated_retrieval[uri] = retrieved
             return full
         allowed = max(allowed, 16)
         if self._to_evaluate(uri, full, backend) <= allowed:
+            self._evaluated_retrieval[uri] = retrieved
             return full
+        if previous is not None and previous != retrieved:
+            # The project context changed at this keystroke (a name typed on the line
+            # resolved): everything after the first changed snippet would be evaluated
+            # again. Answer with the snippets the window was prepared with; background
+            # preparation evaluates the new ones for the next keystrokes.
+            kept = self._full_context(uri, doc, offset, backend, previous)
+            if self._to_evaluate(uri, kept, backend) <= allowed:
+                self.kept_snippets += 1
+                return kept
         self.short_answers += 1
         for ctx in self._known_windows(uri, doc, offset, backend):
             if self._to_evaluate(uri, ctx, backend) <= allowed:
@@ -655,6 +671,7 @@ class CompletionEngine:
         """Forget what was kept for ``uri`` (its KV states age out of the backend)."""
         self._anchors.pop(uri, None)
         self._short.pop(uri, None)
+        self._evaluated_retrieval.pop(uri, None)
         self._cursor.pop(uri, None)
         if self._active == uri:
             self._active = None
@@ -773,12 +790,15 @@ class CompletionEngine:
         full = self._full_context(uri, doc, offset, backend, retrieved)
         left = self._to_evaluate(uri, full, backend)
         if left <= 1:
+            self._evaluated_retrieval[uri] = retrieved
             return None
         horizon = self.rate.tokens_within(_PREPARE_HORIZON_S * 1000)
         if horizon is None or not self._settings.first_answer_ms or left <= horizon:
+            self._evaluated_retrieval[uri] = retrieved
             return full
         for ctx in self._known_windows(uri, doc, offset, backend):
             if self._to_evaluate(uri, ctx, backend) <= 1:
+                self._evaluated_retrieval[uri] = retrieved
                 return full  # a short window is ready: go on with the full one
         return self._short_context(uri, doc, offset, backend, horizon)
 

@@ -27,6 +27,7 @@ import builtins
 import enum
 import functools
 import keyword
+import math
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence, Set
@@ -43,6 +44,11 @@ QUERY_LINES = 30  # at least this many lines before the cursor's line make the q
 WINDOW_LINES = 20  # a lexical window
 WINDOW_STRIDE = 10
 DEFINITION_CHARS = 400  # one definition excerpt: its header, docstring, first lines
+AFTER_LINES = 6  # whole lines after the cursor's line that join the outline's query
+NEAR_LINES = 12  # the context's last lines, which weigh fully in the outline's query
+OUTLINE_MODULES = 6  # imported workspace modules whose members compete for the outline
+HEADER_CHARS = 100  # one outline line at most
+OUTLINE_SHARE = 0.6  # the most of the budget the outline takes (imported definitions first)
 # Which candidates win the budget (``Retrieved.score``): a member the code names through
 # an import, then the outline of a module it uses, then a definition found by name only,
 # then similar windows (their Jaccard score, below 1).
@@ -241,29 +247,112 @@ def definition_excerpt(text: str, definition: Definition, max_chars: int) -> str
     return _cut("".join(lines[:end]), max_chars)
 
 
-def outline(
-    definitions: dict[str, Definition], max_chars: int, relevant: Set[str] = frozenset()
-) -> str:
-    """The first lines of a module's definitions in file order. When they do not all
-    fit, public names are kept first, then those sharing words with ``relevant``, then
-    top-level names before methods."""
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A top-level definition of an imported workspace module, a candidate outline line."""
 
-    def priority(d: Definition) -> tuple[int, int, int, int]:
-        short = d.name.rsplit(".", 1)[-1]
-        private = short.startswith("_") and not short.startswith("__init__")
-        overlap = len(_subwords(d.name) & relevant)
-        return (int(private), -overlap, int("." in d.name), d.line)
+    file: Path
+    definition: Definition
+    score: float = 0.0
 
-    chosen: list[Definition] = []
+
+@dataclass(frozen=True, slots=True)
+class MemberFacts:
+    """What ranks a module's members besides the code around the cursor."""
+
+    weight: float = 0.0  # how much the code around the cursor uses the module
+    used_lines: frozenset[int] = frozenset()  # lines of the members this file names
+    files_with: dict[str, int] | None = None  # name -> indexed files holding it
+
+
+def rank_members(
+    members: Sequence[tuple[Path, Definition]],
+    relevant: dict[str, float],
+    facts: dict[Path, MemberFacts],
+    file_words: Set[str] = frozenset(),
+) -> list[Member]:
+    """Top-level members of the imported modules, best first, for the outline.
+
+    The name is not written yet when the hole is ``module.<name>``, so what can point
+    to it is the code around the cursor: the score is the sum, over the name's
+    sub-words found there (``relevant``'s weights), of their rarity among all the
+    candidates' names (idf), plus a third of that for the header's other sub-words (its
+    parameters, its value). Then small terms: the name is written in other files of the
+    workspace (it is the module's API; a private name only counts when it is), it is
+    defined within 5 lines of a member this file already uses (families of constants and
+    helpers), the module is used near the cursor; and a name this file already writes
+    is worth less (the model sees it).
+
+    >>> p = Path("m.py")
+    >>> ms = [(p, Definition(n, i, f"def {n}():")) for i, n in enumerate(
+    ...     ["get_task", "all_tasks", "_helper", "cancel_timer"])]
+    >>> [m.definition.name for m in rank_members(ms, {"cancel": 1.0, "all": 1.0,
+    ...     "tasks": 1.0, "loop": 1.0}, {p: MemberFacts()})]
+    ['all_tasks', 'cancel_timer', 'get_task', '_helper']
+    """
+    if not members:
+        return []
+    parts = {d.name: _subwords(d.name) for _, d in members}
+    df = Counter(part for name_parts in parts.values() for part in name_parts)
+    n = len(members)
+
+    def idf(part: str) -> float:
+        return math.log(1.0 + n / df.get(part, 1))
+
+    out: list[Member] = []
+    for file, d in members:
+        fact = facts.get(file, MemberFacts())
+        own = parts[d.name]
+        score = sum(idf(p) * relevant[p] for p in own if p in relevant)
+        header = _header_parts(d.header) - own
+        score += sum(idf(p) * relevant[p] for p in header if p in relevant) / 3
+        elsewhere = max(((fact.files_with or {}).get(d.name, 1)) - 1, 0)
+        score += 0.5 * math.log1p(elsewhere)
+        if d.name.startswith("_") and not elsewhere:
+            score -= 1.0
+        if any(abs(d.line - line) <= 5 for line in fact.used_lines):
+            score += 1.0
+        if d.name in file_words:
+            score -= 0.5
+        score += 0.5 * math.log1p(fact.weight)
+        out.append(Member(file, d, score))
+    out.sort(key=lambda m: (-m.score, str(m.file), m.definition.line))
+    return out
+
+
+def outline_lines(
+    members: Iterable[Member], max_chars: int, label: Callable[[Path], str] = Path.as_posix
+) -> dict[Path, list[Definition]]:
+    """The best members that fit ``max_chars`` (one header line each, cut to
+    ``HEADER_CHARS``; a file's ``label`` and 16 characters of framing once per file, as
+    ``select`` counts them), per file in file order."""
+    chosen: dict[Path, list[Definition]] = {}
+    labels: dict[Path, int] = {}
     used = 0
-    for d in sorted(definitions.values(), key=priority):
-        cost = len(d.header) + 1
+    for member in members:
+        file = member.file
+        cost = min(len(member.definition.header), HEADER_CHARS) + 1
+        if file not in chosen:
+            if file not in labels:
+                labels[file] = len(label(file)) + 16
+            cost += labels[file]
         if used + cost > max_chars:
             continue
-        chosen.append(d)
+        chosen.setdefault(file, []).append(member.definition)
         used += cost
-    chosen.sort(key=lambda d: d.line)
-    return "".join(d.header + "\n" for d in chosen)
+    for definitions in chosen.values():
+        definitions.sort(key=lambda d: d.line)
+    return chosen
+
+
+def render_outline(definitions: Iterable[Definition]) -> str:
+    """One line per definition: its header, cut to ``HEADER_CHARS``."""
+    return "".join(d.header[:HEADER_CHARS].rstrip() + "\n" for d in definitions)
+
+
+@functools.lru_cache(maxsize=8192)
+def _header_parts(header: str) -> frozenset[str]:
+    return frozenset(p for w in WORD.findall(header) for p in _subwords(w))
 
 
 @functools.lru_cache(maxsize=8192)
@@ -296,6 +385,7 @@ class Query:
     context: str  # lines [start of the block QUERY_LINES back, cursor line)
     near: str  # the cursor line up to the cursor
     file_text: str
+    after: str = ""  # the AFTER_LINES whole lines after the cursor's line
 
     @staticmethod
     def at(text: str, offset: int) -> Query:
@@ -303,7 +393,34 @@ class Query:
         lines = before.split("\n")
         cursor = len(lines) - 1
         first = max(0, cursor - cursor % BLOCK_LINES - QUERY_LINES)
-        return Query(context="\n".join(lines[first:cursor]), near=lines[cursor], file_text=text)
+        end = text.find("\n", offset)
+        after = "" if end < 0 else "\n".join(text[end + 1 :].split("\n", AFTER_LINES)[:AFTER_LINES])
+        return Query(
+            context="\n".join(lines[first:cursor]), near=lines[cursor], file_text=text, after=after
+        )
+
+    def relevance(self) -> dict[str, float]:
+        """Sub-words (``_subwords``) of the names around the cursor line, the line itself
+        left out so that typing in it changes nothing: 1.0 for the last ``NEAR_LINES``
+        lines before it and the lines after it, 0.5 further up.
+
+        >>> q = Query.at("import os\\n\\ndef close_all(loop):\\n    \\n    return", 36)
+        >>> sorted(q.relevance().items())
+        [('all', 1.0), ('close', 1.0), ('loop', 1.0), ('os', 1.0)]
+        """
+        lines = self.context.split("\n")
+        weights: dict[str, float] = {}
+        for text, weight in (
+            ("\n".join(lines[:-NEAR_LINES]), 0.5),
+            ("\n".join(lines[-NEAR_LINES:]) + "\n" + self.after, 1.0),
+        ):
+            for word in set(WORD.findall(text)):
+                if word in COMMON:
+                    continue
+                for part in _subwords(word):
+                    if len(part) >= 2:
+                        weights[part] = max(weights.get(part, 0.0), weight)
+        return weights
 
 
 # -- retrieval --------------------------------------------------------------------------
@@ -315,7 +432,6 @@ class Retriever:
     def __init__(self, index: WorkspaceIndex, read: ReadText) -> None:
         self.index = index
         self._read = read
-        self._outline_chars = 1024
 
     def retrieve(
         self,
@@ -328,30 +444,50 @@ class Retriever:
     ) -> list[Retrieved]:
         """Snippets for a cursor at ``offset`` of ``text`` (the file at ``path``, if it is
         in the workspace), at most ``max_chars`` in all, in prompt order. Files in
-        ``skip`` (already in the prompt whole) and ``path`` itself are left out."""
+        ``skip`` (already in the prompt whole) and ``path`` itself are left out.
+
+        The budget goes first to the definitions of the members the code near the cursor
+        names through imports, up to what leaves half of it for the outline; then to the
+        outline of the imported modules (their most relevant members, ``rank_members``,
+        at most ``OUTLINE_SHARE`` of the budget); then to definitions found by name and
+        similar windows."""
         if max_chars <= 0 or len(self.index) == 0:
             return []
         query = Query.at(text, offset)
         skipped = {*skip, *([path] if path is not None else [])}
-        self._outline_chars = max_chars // 2
-        candidates = self._definitions(path, query, skipped)
-        candidates += self._windows(path, query, skipped)
-        return select(candidates, max_chars)
+        imported, by_name, modules = self._definitions(path, query, skipped)
+        members = self._members(modules, query)
+        shown = {(r.file, r.line) for r in imported}
+        members = [m for m in members if (m.file, m.definition.line) not in shown]
+        outline_need = sum(min(len(m.definition.header), HEADER_CHARS) + 1 for m in members)
+        first = select(imported, max_chars - min(outline_need, max_chars // 2))
+        used = _cost(first)
+        outlines = self._outlines(members, min(max_chars - used, int(max_chars * OUTLINE_SHARE)))
+        used += _cost(outlines)
+        rest = select([*by_name, *self._windows(path, query, skipped)], max_chars - used)
+        return sorted([*first, *outlines, *rest], key=lambda r: r.order)
 
-    def _definitions(self, path: Path | None, query: Query, skip: set[Path]) -> list[Retrieved]:
+    def _definitions(
+        self, path: Path | None, query: Query, skip: set[Path]
+    ) -> tuple[list[Retrieved], list[Retrieved], dict[Path, MemberFacts]]:
+        """Definitions of the names near the cursor: those resolved through imports and
+        those found by name; and the imported workspace modules, for the outline."""
         near_text = query.context + "\n" + query.near
         near_words = WORD.findall(near_text)
-        near_counts = Counter(near_words)
-        used = set(near_counts)
+        used = set(near_words)
+        around = Counter(WORD.findall(query.context + "\n" + query.after))
         entry = None if path is None else self.index.entry(path)
         own = entry.definitions if entry is not None else {}
         module = None if entry is None else entry.module
         is_package = path is not None and path.stem == "__init__"
         is_python = path is None or path.suffix in (".py", ".pyi")
-        out: list[Retrieved] = []
+        imported: list[Retrieved] = []
+        by_name: list[Retrieved] = []
         seen: set[tuple[Path, str]] = set()
 
-        def add_definition(file: Path, definition: Definition, score: float) -> None:
+        def add_definition(
+            into: list[Retrieved], file: Path, definition: Definition, score: float
+        ) -> None:
             if file in skip or (file, definition.name) in seen:
                 return
             body = self._read(file)
@@ -361,11 +497,12 @@ class Retriever:
             if excerpt:
                 seen.add((file, definition.name))
                 snippet = Snippet(self._display(file), excerpt)
-                out.append(Retrieved(Source.DEFINITION, file, definition.line, snippet, score))
+                into.append(Retrieved(Source.DEFINITION, file, definition.line, snippet, score))
 
         attributes = _ATTRIBUTE.findall(near_text)
-        modules_used: dict[Path, float] = {}
+        modules: dict[Path, MemberFacts] = {}
         if is_python:
+            file_attributes = _ATTRIBUTE.findall(query.file_text)
             file_words = Counter(WORD.findall(query.file_text))
             for name, binding in python_imports(query.file_text, module, is_package).items():
                 target, attr = self._resolve(binding)
@@ -374,30 +511,28 @@ class Retriever:
                 target_entry = self.index.entry(target)
                 if target_entry is None:
                     continue
+                definitions = target_entry.definitions
                 if attr is not None:
-                    if name in used and attr in target_entry.definitions:
-                        add_definition(target, target_entry.definitions[attr], _RANK_IMPORTED)
+                    if name in used and attr in definitions:
+                        add_definition(imported, target, definitions[attr], _RANK_IMPORTED)
                     continue
-                # A module: its outline, ranked by how often the code near the cursor
-                # (else the file) names it; and the members named near the cursor.
-                near_uses = near_counts[name]
-                # (A module imported and not used yet still counts: its use may be the
-                # line being written.)
-                weight = near_uses + 1.0 if near_uses else 0.01 * file_words[name]
-                modules_used[target] = max(modules_used.get(target, 0.0), weight)
+                # A module: its members compete for the outline, weighted by how often
+                # the code around the cursor (else the file) names it; a module imported
+                # and not used yet still counts: its use may be the line being written.
+                uses = around[name]
+                weight = uses + 1.0 if uses else 0.01 * file_words[name]
+                lines = {
+                    definitions[m].line
+                    for b, m in file_attributes
+                    if b == name and m in definitions
+                }
+                known = modules.get(target, MemberFacts())
+                modules[target] = MemberFacts(
+                    max(known.weight, weight), known.used_lines | frozenset(lines)
+                )
                 for base, member in attributes:
-                    if base == name and member in target_entry.definitions:
-                        add_definition(target, target_entry.definitions[member], _RANK_IMPORTED)
-        ranked_modules = sorted(modules_used.items(), key=lambda kv: (-kv[1], str(kv[0])))
-        relevant = {w for name in used for w in _subwords(name)}
-        for rank, (target, weight) in enumerate(ranked_modules[:2]):
-            target_entry = self.index.entry(target)
-            if target_entry is None or not target_entry.definitions:
-                continue
-            text = outline(target_entry.definitions, self._outline_chars, relevant)
-            snippet = Snippet(self._display(target), text)
-            score = _RANK_OUTLINE - rank * 0.1 + min(weight, 9) * 0.01
-            out.append(Retrieved(Source.OUTLINE, target, -1, snippet, score))
+                    if base == name and member in definitions:
+                        add_definition(imported, target, definitions[member], _RANK_IMPORTED)
         # Names used nearby, defined elsewhere in the workspace (any language).
         found = 0
         for name in dict.fromkeys(near_words):
@@ -406,8 +541,42 @@ class Retriever:
             if len(name) < 4 or name in own or any(k[1] == name for k in seen):
                 continue
             for file, definition in self.index.find_definitions(name, limit=1):
-                add_definition(file, definition, _RANK_BY_NAME)
+                add_definition(by_name, file, definition, _RANK_BY_NAME)
                 found += 1
+        return imported, by_name, modules
+
+    def _members(self, modules: dict[Path, MemberFacts], query: Query) -> list[Member]:
+        """The top-level members of the (at most ``OUTLINE_MODULES``) imported modules the
+        code uses most, ranked (``rank_members``)."""
+        ranked = sorted(modules.items(), key=lambda kv: (-kv[1].weight, str(kv[0])))
+        candidates: list[tuple[Path, Definition]] = []
+        for target, _ in ranked[:OUTLINE_MODULES]:
+            target_entry = self.index.entry(target)
+            if target_entry is not None:
+                candidates += [
+                    (target, d) for n, d in target_entry.definitions.items() if "." not in n
+                ]
+        counts = self.index.file_counts({d.name for _, d in candidates})
+        facts = {
+            target: MemberFacts(fact.weight, fact.used_lines, counts)
+            for target, fact in ranked[:OUTLINE_MODULES]
+        }
+        file_words = set(WORD.findall(query.file_text))
+        return rank_members(candidates, query.relevance(), facts, file_words)
+
+    def _outlines(self, members: Sequence[Member], max_chars: int) -> list[Retrieved]:
+        """One outline snippet per module, holding its best members that fit."""
+        if max_chars <= 0:
+            return []
+        best: dict[Path, float] = {}
+        for m in members:
+            best.setdefault(m.file, m.score)
+        out: list[Retrieved] = []
+        for file, definitions in outline_lines(members, max_chars, self._display).items():
+            snippet = Snippet(self._display(file), render_outline(definitions))
+            out.append(
+                Retrieved(Source.OUTLINE, file, -1, snippet, _RANK_OUTLINE + 0.01 * best[file])
+            )
         return out
 
     def _windows(self, path: Path | None, query: Query, skip: set[Path]) -> list[Retrieved]:
@@ -441,6 +610,11 @@ class Retriever:
             if root in file.parents:
                 return file.relative_to(root).as_posix()
         return file.name
+
+
+def _cost(items: Iterable[Retrieved]) -> int:
+    """Characters ``select`` counts for ``items``."""
+    return sum(len(r.snippet.text) + len(r.snippet.path) + 16 for r in items)
 
 
 def select(candidates: Sequence[Retrieved], max_chars: int) -> list[Retrieved]:

@@ -322,6 +322,13 @@ class WorkspaceIndex:
                         break
         return out
 
+    def file_counts(self, names: Iterable[str]) -> dict[str, int]:
+        """How many indexed files hold each of ``names`` (as a word). Replaced files
+        count until compaction (at most a quarter more): walking a common word's
+        postings would cost more than the estimate is worth."""
+        with self._lock:
+            return {name: len(self._postings.get(name, ())) for name in names}
+
     def rank_files(
         self, query: Iterable[str], *, exclude: Path | None = None, limit: int = 4
     ) -> list[tuple[Path, float]]:

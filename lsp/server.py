@@ -430,6 +430,7 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
                 "prepared": server.engine.prepared,
                 "preparing": server.engine.preparing,
                 "shortAnswers": server.engine.short_answers,
+                "keptSnippets": server.engine.kept_snippets,
                 "prefillTokensPerS": server.engine.rate.value,
             },
             "kvMemory": backend.kv_memory if isinstance(backend, KvMemoryReport) else None,

@@ -131,3 +131,44 @@ async def test_building_a_large_index_does_not_block_the_event_loop(tmp_path: Pa
     # runs every GIL switch interval (5 ms; longer on a loaded machine, so relative).
     assert worst < index.stats.build_s / 2, (worst, index.stats.build_s)
     await engine.aclose()
+
+
+async def test_a_keystroke_keeps_the_prepared_project_context(project: Path) -> None:
+    """A name typed on the line resolves and changes the retrieved snippets; evaluating
+    the prompt again from there would not fit ``firstAnswerMs`` on a slow machine, so the
+    keystroke answers with the snippets the window was prepared with (not a short window
+    without any project context), and background preparation catches up."""
+    from kode.completion.documents import Position
+    from kode.completion.engine import PrefillRate
+    from test_prepare import CachingBackend, until
+
+    backend = CachingBackend(["x"])
+    parsed, problems = parse({"readAhead": False, "snippetTokens": 0, "firstAnswerMs": 1000})
+    assert problems == []
+
+    async def factory(_settings: object) -> CachingBackend:
+        return backend
+
+    engine = CompletionEngine(factory, parsed, prefill_rate=PrefillRate(100.0, fixed=True))  # type: ignore[arg-type]
+    await built(engine, project)
+    app = project / "pkg" / "app.py"
+    body = "from pkg import geometry\n\n" + "".join(
+        f"value_{i} = compute ( {i} )\n" for i in range(300)
+    )
+    uri = app.as_uri()
+    engine.documents.open(uri, body + "area = ", 1, "python")
+    engine.cursor_moved(uri, Position(302, 7))
+    await until(lambda: engine.prepared >= 2, 10)
+    prepared = backend.requests[-1].prompt
+    assert "def circle_area_quill(radius):" in prepared  # the outline
+    assert "return 3.14" not in prepared  # no definition: the name is not written yet
+    typed = "geometry.circle_area_quill(r"
+    engine.documents.change(uri, 2, [(body + "area = " + typed, None)])
+    await engine.complete(uri, Position(302, 7 + len(typed)))
+    prompt = backend.requests[-1].prompt
+    assert engine.kept_snippets == 1 and engine.short_answers == 0
+    assert prompt.split("<|fim_prefix|>")[0] == prepared.split("<|fim_prefix|>")[0]
+    # Preparing again brings the typed name's definition in for the next keystrokes.
+    engine.cursor_moved(uri, Position(302, 7 + len(typed)))
+    await until(lambda: "return 3.14" in backend.requests[-1].prompt, 10)
+    await engine.aclose()

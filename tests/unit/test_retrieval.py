@@ -12,13 +12,15 @@ from kode.completion.context import Budget, gather
 from kode.completion.documents import Document
 from kode.completion.retrieval import (
     Binding,
+    MemberFacts,
     Retrieved,
     Retriever,
     Source,
     best_window,
     definition_excerpt,
-    outline,
     python_imports,
+    rank_members,
+    render_outline,
     resolve_relative,
     select,
 )
@@ -199,14 +201,63 @@ def test_definition_excerpt_stops_at_the_next_definition() -> None:
     assert "square_area_brisk" not in excerpt and "return math.pi" in excerpt
 
 
-def test_outline_keeps_public_and_relevant_names_when_short() -> None:
-    defs = {
-        "_private": Definition("_private", 0, "def _private():"),
-        "alpha_beta": Definition("alpha_beta", 1, "def alpha_beta():"),
-        "gamma": Definition("gamma", 2, "def gamma():"),
-    }
-    assert outline(defs, 1000) == "def _private():\ndef alpha_beta():\ndef gamma():\n"
-    assert outline(defs, 20, {"beta"}) == "def alpha_beta():\n"
+def test_outline_ranks_members_by_the_code_around_the_cursor() -> None:
+    """The name is not written yet: the words around the hole, rare among the module's
+    names, point to it; a private name used nowhere else, and one the file already
+    writes, count less; a neighbour of a member the file uses counts more."""
+    a, b = Path("a.py"), Path("b.py")
+    defs = [
+        (a, Definition("parse_content_type_header", 0, "def parse_content_type_header(value):")),
+        (
+            a,
+            Definition(
+                "parse_content_disposition_header",
+                1,
+                "def parse_content_disposition_header(value):",
+            ),
+        ),
+        (a, Definition("_private_helper", 2, "def _private_helper():")),
+        (a, Definition("get_address", 3, "def get_address(value):")),
+        (b, Definition("WS_1000_NORMAL_CLOSURE", 10, "WS_1000_NORMAL_CLOSURE = 1000")),
+        (b, Definition("WS_1011_INTERNAL_ERROR", 12, "WS_1011_INTERNAL_ERROR = 1011")),
+        (b, Definition("HTTP_200_OK", 40, "HTTP_200_OK = 200")),
+    ]
+    query = {"content": 1.0, "disposition": 1.0, "header": 1.0, "value": 0.5}
+    facts = {a: MemberFacts(), b: MemberFacts(used_lines=frozenset({10}))}
+    ranked = [m.definition.name for m in rank_members(defs, query, facts, {"get_address"})]
+    assert ranked[0] == "parse_content_disposition_header"
+    assert ranked.index("WS_1011_INTERNAL_ERROR") < ranked.index("HTTP_200_OK")
+    assert ranked[-2:] == ["get_address", "_private_helper"]
+    # Used in other files of the workspace, a private name is API after all.
+    counts = {"_private_helper": 4}
+    facts = {a: MemberFacts(files_with=counts), b: MemberFacts(files_with=counts)}
+    ranked = [m.definition.name for m in rank_members(defs, {}, facts)]
+    assert ranked[0] == "_private_helper"
+
+
+def test_outline_fits_the_budget_in_file_order(project: Path) -> None:
+    app = write(
+        project,
+        "shapes/app.py",
+        "from shapes import geometry\n\n\ndef polygon_perimeter(p):\n    \n",
+    )
+    text = app.read_text()
+    offset = text.index("    \n") + 4
+    for budget in (60, 120, 4000):
+        got = retriever(project).retrieve(app, text, offset, budget)
+        outlines = [r for r in got if r.source is Source.OUTLINE]
+        assert sum(len(r.snippet.text) + len(r.snippet.path) + 16 for r in got) <= budget
+        if budget >= 120:
+            lines = outlines[0].snippet.text.splitlines()
+            assert "class Polygon:" in lines  # "polygon" is written above the cursor
+            if budget == 4000:
+                assert lines == [
+                    "TAU_QUILL = 2 * math.pi",
+                    "def circle_area_quill(radius):",
+                    "def square_area_brisk(side):",
+                    "class Polygon:",
+                ]
+    assert render_outline([Definition("x", 0, "y" * 300)]) == "y" * 100 + "\n"
 
 
 def test_a_large_open_document_enters_the_prompt_in_part() -> None:
