@@ -14,6 +14,7 @@ from kode.backends.base import (
     GenerationStats,
     TokenChunk,
 )
+from kode.backends.errors import DocumentError
 from kode.backends.worker import BackendCounters
 from kode.completion.documents import Position, Range
 from kode.completion.engine import CompletionEngine, Superseded
@@ -142,6 +143,38 @@ async def test_typed_ahead_answers_from_the_live_suggestion_without_generating()
     type_text(engine, 3, Position(1, 7), "X")
     await engine.complete(URI, Position(1, 8))
     assert len(backend.requests) == 2
+
+
+async def test_a_selected_completion_item_is_completed_as_if_accepted() -> None:
+    # `if n|` with `number` selected in the editor's completion list: the prompt holds
+    # `if number`, the answer continues after it, the stored document is unchanged.
+    backend = ScriptedBackend([" > 1:"])
+    engine = engine_for(backend)
+    engine.documents.open(URI, "def f(number):\n    if n\n", 1)
+    item = Range(Position(1, 7), Position(1, 8))
+    result = await engine.complete(URI, Position(1, 8), selected=(item, "number"))
+    assert result.text == " > 1:"
+    assert result.position == Position(1, 13)  # after `number`, where the answer goes
+    assert "if number" in backend.requests[0].prompt
+    assert "if n\n" in engine.documents.get(URI).text
+    # Accepting the item makes the document what the suggestion was made for: answered
+    # from it, without a new generation.
+    engine.documents.change(URI, 2, [("number", item)])
+    engine.document_changed(URI)
+    after = await engine.complete(URI, Position(1, 13))
+    assert (after.text, after.from_cache, len(backend.requests)) == (" > 1:", True, 1)
+    # Without the item, `if n` is a different text: a new generation.
+    type_text(engine, 3, Position(1, 13), "\n    if n")
+    await engine.complete(URI, Position(2, 8))
+    assert len(backend.requests) == 2
+
+
+async def test_a_selected_item_that_does_not_hold_the_cursor_is_refused() -> None:
+    engine = engine_for(ScriptedBackend(["x"]))
+    engine.documents.open(URI, "if n\n", 1)
+    elsewhere = Range(Position(0, 0), Position(0, 2))
+    with pytest.raises(DocumentError, match="does not hold the cursor"):
+        await engine.complete(URI, Position(0, 4), selected=(elsewhere, "if"))
 
 
 async def test_typing_into_a_running_suggestion_keeps_it_running() -> None:
