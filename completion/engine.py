@@ -229,8 +229,11 @@ class CompletionEngine:
             live.wake()  # older requests waiting on it re-check their ticket
             typed = live.typed_into(doc.text)
             if typed is not None and offset == live.start + len(typed):
-                self.typed_ahead_hits += 1
-                return await self._answer(live, doc, ticket, version, typed, on_partial, started)
+                answer = await self._answer(live, doc, ticket, version, typed, on_partial, started)
+                if answer is not None:
+                    self.typed_ahead_hits += 1
+                    return answer
+                # Typed past what the suggestion had so far, and it went another way.
             await self._drop(uri)
         backend = await self.backend()
         if self._tickets.get(uri) is not ticket:
@@ -240,7 +243,9 @@ class CompletionEngine:
             await self._drop(uri)
             raise Superseded(uri)
         try:
-            return await self._answer(live, doc, ticket, version, "", on_partial, started)
+            answer = await self._answer(live, doc, ticket, version, "", on_partial, started)
+            assert answer is not None  # nothing typed: nothing to disagree with
+            return answer
         finally:
             self._schedule_prepare()  # the full window for the next keystroke, when quiet
 
@@ -409,8 +414,10 @@ class CompletionEngine:
         typed: str,
         on_partial: PartialCallback | None,
         started: float,
-    ) -> Completion:
-        """Wait for ``live`` to finish (or the time budget), then answer from it.
+    ) -> Completion | None:
+        """Wait for ``live`` to finish (or the time budget), then answer from it; None if
+        it finished with text that does not start with ``typed`` (the user typed past
+        what it had generated, and it went another way).
 
         ``doc`` is the text the answer is for: the document, or its copy with the
         selected completion item in it (``with_selected``)."""
@@ -430,6 +437,8 @@ class CompletionEngine:
                 if not current():
                     raise Superseded(uri)
                 visible = live.visible()
+                if typed and not (visible.startswith(typed) or typed.startswith(visible)):
+                    return None  # it went another way than what was typed
                 if on_partial is not None and len(visible) > shown and "\n" in visible[shown:]:
                     shown = len(visible)  # a line completed: each partial extends the last
                     partial = visible[len(typed) :].rstrip()
@@ -456,6 +465,8 @@ class CompletionEngine:
                 del self._live[uri]
             raise live.error
         text = live.final() if live.done.is_set() else live.visible().rstrip()
+        if typed and live.done.is_set() and not text.startswith(typed):
+            return None
         answer = text[len(typed) :] if text.startswith(typed) else ""
         return Completion(
             text=answer,

@@ -222,6 +222,23 @@ async def test_accepting_a_suggestion_prefetches_the_next() -> None:
     await engine.aclose()
 
 
+async def test_typing_before_the_suggestion_has_text_does_not_answer_empty() -> None:
+    # Found in Neovim in a terminal: right after an accept, the prefetched suggestion had
+    # no text yet, so whatever was typed counted as typed into it; when it finished with
+    # other text, the request was answered with nothing. A new generation answers it.
+    backend = ScriptedBackend(["\n", "    return 1"], delay=0.05)
+    engine = engine_for(backend)
+    engine.documents.open(URI, "def f():\n    x = 1\n", 1)
+    pending = asyncio.ensure_future(engine.complete(URI, Position(2, 0)))
+    await asyncio.sleep(0.01)  # nothing generated yet
+    type_text(engine, 2, Position(2, 0), "print(")
+    with pytest.raises(Superseded):
+        await pending
+    result = await engine.complete(URI, Position(2, 6))
+    assert result.text, "answered with nothing"
+    assert len(backend.requests) == 2
+
+
 async def test_cancelled_request_stops_its_generation_unless_typed_into() -> None:
     backend = ScriptedBackend(["y"] * 100, delay=0.02)
     engine = engine_for(backend, multiline="always")
