@@ -161,4 +161,10 @@ describe("the extension in a fake VS Code", { timeout: 5 * STEP_MS }, () => {
     assert.match(recorded.errors[0] ?? "", /"\/nonexistent\/bin\/kode" was not found.*kode\.serverPath/);
     assert.equal(status().text, "$(error) Kode");
   });
+
+  it("starts once kode.serverPath arrives later (code-server's settings race)", async () => {
+    const kode = resolveExecutable(process.env.KODE_BIN ?? "kode", process.env, process.cwd());
+    await vscode.workspace.getConfiguration("kode").update("serverPath", kode);
+    await until("the server to run again", STEP_MS, () => status().text.startsWith("$(sparkle)"));
+  });
 });
