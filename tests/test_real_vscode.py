@@ -124,8 +124,9 @@ def code_server(vsix: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         "kode.speculation": "none",
         # Streamed partials (`kode.partialCompletions`) and VS Code's word suggest widget
         # (`editor.quickSuggestions`) stay at their defaults: both once hid Kode's ghost
-        # text here (see editors/README.md). The LSP messages go to the Kode output log,
-        # where the test finds `kode/didMoveCursor`.
+        # text here (see editors/README.md). The LSP messages go to the Kode output log
+        # (at the trace level: code-server runs with `--log trace`), where the test finds
+        # `kode/didMoveCursor`.
         "kode.trace.server": "messages",
     }
     workbench = {
@@ -162,7 +163,7 @@ def code_server(vsix: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             [
                 str(CODE_SERVER), *common, "--auth", "none", "--bind-addr", f"127.0.0.1:{port}",
                 "--disable-telemetry", "--disable-update-check", "--disable-workspace-trust",
-                "--disable-getting-started-override", str(workspace),
+                "--disable-getting-started-override", "--log", "trace", str(workspace),
             ],
             cwd=base, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
@@ -288,11 +289,13 @@ class Editor:
         self.wait("the ghost text to go after Tab", lambda: not self.ghost(), 10)
 
     def cursor_notifications(self) -> int:
-        """`kode/didMoveCursor` notifications in the Kode output log (kode.trace.server)."""
-        logs = self.server.workspace.parent / "data" / "logs"
+        """`kode/didMoveCursor` notifications in the Kode output log: the language client
+        traces every message (`kode.trace.server`) at the trace level (`--log trace`)."""
+        time.sleep(0.5)  # a poll reads every log file
+        base = self.server.workspace.parent  # code-server's data and logs are in here
         return sum(
             path.read_text(errors="replace").count("notification 'kode/didMoveCursor'")
-            for path in logs.rglob("*Kode*.log")
+            for path in base.rglob("*.log")
         )
 
     def stable_ghost(self) -> str | None:
