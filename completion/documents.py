@@ -168,6 +168,32 @@ class Document:
         self._reindex()
 
 
+def with_selected(
+    doc: Document, cursor: Position, range_: Range, text: str
+) -> tuple[Document, int]:
+    """``doc`` as if the editor's selected completion item were accepted, and the offset
+    right after it: the item replaces ``range_``, which must hold ``cursor`` (LSP's
+    ``selectedCompletionInfo``; an editor shows inline suggestions only if they extend
+    that item). The copy keeps the version; the stored document is not changed.
+
+    >>> doc = Document("file:///a.py", "if n\\n", 3)
+    >>> item = Range(Position(0, 3), Position(0, 4))
+    >>> copy, offset = with_selected(doc, Position(0, 4), item, "num")
+    >>> copy.text[:offset], copy.text[offset:], copy.version, doc.text
+    ('if num', '\\n', 3, 'if n\\n')
+    """
+    start, end = doc.offset_at(range_.start), doc.offset_at(range_.end)
+    if not start <= doc.offset_at(cursor) <= end:
+        raise DocumentError(
+            f"the selected completion item's range {range_.start.line}:"
+            f"{range_.start.character}-{range_.end.line}:{range_.end.character} "
+            f"does not hold the cursor {cursor.line}:{cursor.character}"
+        )
+    text = scrub(text)
+    copy = Document(doc.uri, doc.text[:start] + text + doc.text[end:], doc.version, doc.language_id)
+    return copy, start + len(text)
+
+
 def _non_negative(position: Position) -> Position:
     if position.line >= 0 and position.character >= 0:
         return position

@@ -40,7 +40,14 @@ from kode.backends.errors import (
 )
 from kode.completion import context as ctxmod
 from kode.completion import syntax
-from kode.completion.documents import Document, DocumentStore, Position, scrub
+from kode.completion.documents import (
+    Document,
+    DocumentStore,
+    Position,
+    Range,
+    scrub,
+    with_selected,
+)
 from kode.completion.retrieval import Retrieved, Retriever
 from kode.completion.settings import DEFAULT, BackendKind, Settings
 from kode.completion.stops import StopRules
@@ -142,6 +149,7 @@ class CompletionEngine:
         # the newly retrieved one would have to be evaluated again at the keystroke.
         self.kept_snippets = 0
         self._evaluated_retrieval: dict[str, tuple[Retrieved, ...]] = {}
+        self.cursor_moves = 0  # `kode/didMoveCursor` notifications received
         self._factory = backend_factory
         self._settings = settings
         self._anchors: dict[str, int] = {}
@@ -189,8 +197,14 @@ class CompletionEngine:
         *,
         on_partial: PartialCallback | None = None,
         max_tokens: int | None = None,
+        selected: tuple[Range, str] | None = None,
     ) -> Completion:
         """Complete at ``position`` in ``uri``.
+
+        ``selected`` is the item the editor's completion list has selected (LSP's
+        ``selectedCompletionInfo``: the range it replaces and its text). The editor shows
+        only suggestions that extend it, so the completion is made for the text as if
+        that item were accepted (see ``with_selected``); the answer continues after it.
 
         If the user typed into the live suggestion for this document (the document is the
         suggestion's text before and after, with a prefix of the suggestion in between and
@@ -200,7 +214,7 @@ class CompletionEngine:
 
         Raises ``Superseded`` when a newer request for the document, or an edit, made
         the result stale; ``DocumentError`` for an unknown document or a position
-        outside it.
+        outside it (or a selected item whose range does not hold the position).
         """
         started = time.perf_counter()
         doc = self.documents.get(uri)
@@ -209,6 +223,8 @@ class CompletionEngine:
         ticket = object()
         self._tickets[uri] = ticket
         self._touch(uri, version, offset)
+        if selected is not None:
+            doc, offset = with_selected(doc, position, *selected)
         await self._cancel_background()
         if self._tickets.get(uri) is not ticket:
             raise Superseded(uri)
@@ -217,8 +233,11 @@ class CompletionEngine:
             live.wake()  # older requests waiting on it re-check their ticket
             typed = live.typed_into(doc.text)
             if typed is not None and offset == live.start + len(typed):
-                self.typed_ahead_hits += 1
-                return await self._answer(live, uri, ticket, version, typed, on_partial, started)
+                answer = await self._answer(live, doc, ticket, version, typed, on_partial, started)
+                if answer is not None:
+                    self.typed_ahead_hits += 1
+                    return answer
+                # Typed past what the suggestion had so far, and it went another way.
             await self._drop(uri)
         backend = await self.backend()
         if self._tickets.get(uri) is not ticket:
@@ -228,7 +247,9 @@ class CompletionEngine:
             await self._drop(uri)
             raise Superseded(uri)
         try:
-            return await self._answer(live, uri, ticket, version, "", on_partial, started)
+            answer = await self._answer(live, doc, ticket, version, "", on_partial, started)
+            assert answer is not None  # nothing typed: nothing to disagree with
+            return answer
         finally:
             self._schedule_prepare()  # the full window for the next keystroke, when quiet
 
@@ -403,22 +424,28 @@ class CompletionEngine:
     async def _answer(
         self,
         live: _Live,
-        uri: str,
+        doc: Document,
         ticket: object,
         version: int,
         typed: str,
         on_partial: PartialCallback | None,
         started: float,
-    ) -> Completion:
-        """Wait for ``live`` to finish (or the time budget), then answer from it."""
-        doc = self.documents.get(uri)
+    ) -> Completion | None:
+        """Wait for ``live`` to finish (or the time budget), then answer from it; None if
+        it finished with text that does not start with ``typed`` (the user typed past
+        what it had generated, and it went another way).
+
+        ``doc`` is the text the answer is for: the document, or its copy with the
+        selected completion item in it (``with_selected``)."""
+        uri = doc.uri
+        stored = self.documents.get(uri)
         budget_ms = self._settings.time_budget_ms
         deadline = None if budget_ms == 0 else started + budget_ms / 1000.0
         shown = len(typed)
         live.waiters += 1
 
         def current() -> bool:
-            return self._tickets.get(uri) is ticket and doc.version == version
+            return self._tickets.get(uri) is ticket and stored.version == version
 
         try:
             while not live.done.is_set():
@@ -426,6 +453,8 @@ class CompletionEngine:
                 if not current():
                     raise Superseded(uri)
                 visible = live.visible()
+                if typed and not (visible.startswith(typed) or typed.startswith(visible)):
+                    return None  # it went another way than what was typed
                 if on_partial is not None and len(visible) > shown and "\n" in visible[shown:]:
                     shown = len(visible)  # a line completed: each partial extends the last
                     partial = visible[len(typed) :].rstrip()
@@ -452,6 +481,8 @@ class CompletionEngine:
                 del self._live[uri]
             raise live.error
         text = live.final() if live.done.is_set() else live.visible().rstrip()
+        if typed and live.done.is_set() and not text.startswith(typed):
+            return None
         answer = text[len(typed) :] if text.startswith(typed) else ""
         return Completion(
             text=answer,
@@ -721,6 +752,7 @@ class CompletionEngine:
     def cursor_moved(self, uri: str, position: Position) -> None:
         """The cursor settled at ``position`` (``kode/didMoveCursor``): prepare the prompt
         a keystroke there will need, at the lowest priority."""
+        self.cursor_moves += 1
         if uri not in self.documents:
             return
         doc = self.documents.get(uri)

@@ -384,11 +384,21 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
             return types.InlineCompletionList(items=[])
         pos = Position(params.position.line, params.position.character)
         uri = params.text_document.uri
+        # The editor's completion list has an item selected: complete as if it were
+        # accepted, and answer with that item extended (an editor shows nothing else then).
+        info = params.context.selected_completion_info
+        selected = None
+        if info is not None:
+            start, end = info.range.start, info.range.end
+            replaced = Range(
+                Position(start.line, start.character), Position(end.line, end.character)
+            )
+            selected = (replaced, info.text)
         on_partial = None
         if engine.settings.partial_completions and uri in engine.documents:
-            on_partial = _partial_sender(server, server.protocol.msg_id, uri, params.position)
+            on_partial = _partial_sender(server, server.protocol.msg_id, uri, params.position, info)
         try:
-            result = await engine.complete(uri, pos, on_partial=on_partial)
+            result = await engine.complete(uri, pos, on_partial=on_partial, selected=selected)
         except Superseded:
             return types.InlineCompletionList(items=[])
         except DocumentError as exc:  # this request's own fault: answer it, every time
@@ -405,6 +415,8 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
             insert_text=result.text,
             range=types.Range(params.position, params.position),
         )
+        if info is not None:
+            item = types.InlineCompletionItem(insert_text=info.text + result.text, range=info.range)
         log.info(
             "completion %s v%s: %d tokens, ttft %.0f ms, %.1f ms/token, total %.0f ms",
             _short(params.text_document.uri),
@@ -431,6 +443,7 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
                 "preparing": server.engine.preparing,
                 "shortAnswers": server.engine.short_answers,
                 "keptSnippets": server.engine.kept_snippets,
+                "cursorMoves": server.engine.cursor_moves,
                 "prefillTokensPerS": server.engine.rate.value,
             },
             "kvMemory": backend.kv_memory if isinstance(backend, KvMemoryReport) else None,
@@ -447,21 +460,32 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
 
 
 def _partial_sender(
-    server: KodeServer, request_id: object, uri: str, position: types.Position
+    server: KodeServer,
+    request_id: object,
+    uri: str,
+    position: types.Position,
+    selected: types.SelectedCompletionInfo | None,
 ) -> PartialCallback:
-    """Send ``kode/inlineCompletionPartial`` for one request (see docs/protocol.md)."""
+    """Send ``kode/inlineCompletionPartial`` for one request (see docs/protocol.md): the
+    text to insert at ``position``, or with a selected completion item, that item's text
+    and what follows, to replace its ``range``."""
     version = server.engine.documents.get(uri).version
+    params: dict[str, Any] = {
+        "requestId": request_id,
+        "textDocument": {"uri": uri, "version": version},
+        "position": {"line": position.line, "character": position.character},
+    }
+    prefix = ""
+    if selected is not None:
+        start, end = selected.range.start, selected.range.end
+        params["range"] = {
+            "start": {"line": start.line, "character": start.character},
+            "end": {"line": end.line, "character": end.character},
+        }
+        prefix = selected.text
 
     def send(text: str) -> None:
-        server.protocol.notify(
-            PARTIAL_METHOD,
-            {
-                "requestId": request_id,
-                "textDocument": {"uri": uri, "version": version},
-                "position": {"line": position.line, "character": position.character},
-                "text": text,
-            },
-        )
+        server.protocol.notify(PARTIAL_METHOD, {**params, "text": prefix + text})
 
     return send
 

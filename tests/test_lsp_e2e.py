@@ -130,6 +130,32 @@ async def test_inline_completion_from_the_real_model(client: LanguageClient, pre
     assert report["counters"]["last"]["completionTokens"] >= 3
 
 
+async def test_a_selected_completion_item_is_extended(client: LanguageClient) -> None:
+    """VS Code shows inline suggestions only if they extend the item its suggest widget
+    has selected (`selectedCompletionInfo`): `if n` with `number` selected is answered
+    with `number...` over the item's range, made for the text `if number`."""
+    await start(client, "visual-studio-code", SETTINGS)
+    open_doc(client, 'def fibonacci(number):\n    """The n-th number."""\n    if n\n')
+    item = types.Range(types.Position(2, 7), types.Position(2, 8))
+    params = inline_params(2, 8)
+    params.context.selected_completion_info = types.SelectedCompletionInfo(item, "number")
+    async with asyncio.timeout(TIMEOUT):
+        result = await client.text_document_inline_completion_async(params)
+    assert isinstance(result, types.InlineCompletionList) and len(result.items) == 1, result
+    answer = result.items[0]
+    assert answer.range == item, answer
+    assert isinstance(answer.insert_text, str) and answer.insert_text.startswith("number")
+    assert len(answer.insert_text) > len("number"), answer
+    # The cursor notification is counted (what the real-editor tests check).
+    start_of_file = {"line": 0, "character": 0}
+    client.protocol.notify(
+        "kode/didMoveCursor", {"textDocument": {"uri": URI}, "position": start_of_file}
+    )
+    async with asyncio.timeout(TIMEOUT):
+        while (await stats(client))["engine"]["cursorMoves"] < 1:
+            await asyncio.sleep(0.05)
+
+
 async def test_cancel_answers_32800_and_stops_within_one_step(client: LanguageClient) -> None:
     options = {
         **SETTINGS,

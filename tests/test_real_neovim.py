@@ -113,6 +113,12 @@ class TerminalNeovim:
         )  # fmt: skip
         return proc.stdout.strip() if proc.returncode == 0 else ""
 
+    def stats(self) -> dict[str, Any]:
+        """The server's `kode/stats` (terminal_init.lua's KodeTerminal.stats)."""
+        found = self.expr("KodeTerminal.stats()")
+        result: dict[str, Any] = json.loads(found) if found else {}
+        return result
+
     def state(self) -> dict[str, Any]:
         """The buffer, cursor, mode and ghost text (terminal_init.lua's KodeTerminal.state)."""
         found = self.expr("KodeTerminal.state()")
@@ -239,3 +245,23 @@ def test_neovim_in_a_terminal_shows_accepts_and_drops_ghost_text(neovim: Termina
     neovim.wait(
         "the model in the status line", lambda: "qwen2.5-coder-0.5b" in neovim.screen().text
     )
+
+    # Typing on after an accept brings a new suggestion (it once sent no request at all).
+    neovim.keys("Enter")
+    neovim.type("print(fib")
+    typed_row = 2 + len(more) + 1
+    neovim.wait(
+        "`print(fib` typed after the accept",
+        lambda: neovim.state().get("lines", [])[typed_row : typed_row + 1] == ["    print(fib"],
+    )
+    neovim.wait("ghost text after `print(fib`", lambda: neovim.ghost_on(typed_row))
+    ghost = neovim.state()["ghost"]
+    assert ghost is not None and (ghost["row"], ghost["col"]) == (typed_row, 13), ghost
+
+    # The cursor rested (150 ms) many times: the server was told (`kode/didMoveCursor`).
+    moves = neovim.wait(
+        "kode/didMoveCursor counted by the server",
+        lambda: neovim.stats().get("engine", {}).get("cursorMoves"),
+        30,
+    )
+    assert moves >= 1

@@ -14,6 +14,7 @@ from kode.backends.base import (
     GenerationStats,
     TokenChunk,
 )
+from kode.backends.errors import DocumentError
 from kode.backends.worker import BackendCounters
 from kode.completion.documents import Position, Range
 from kode.completion.engine import CompletionEngine, Superseded
@@ -144,6 +145,38 @@ async def test_typed_ahead_answers_from_the_live_suggestion_without_generating()
     assert len(backend.requests) == 2
 
 
+async def test_a_selected_completion_item_is_completed_as_if_accepted() -> None:
+    # `if n|` with `number` selected in the editor's completion list: the prompt holds
+    # `if number`, the answer continues after it, the stored document is unchanged.
+    backend = ScriptedBackend([" > 1:"])
+    engine = engine_for(backend)
+    engine.documents.open(URI, "def f(number):\n    if n\n", 1)
+    item = Range(Position(1, 7), Position(1, 8))
+    result = await engine.complete(URI, Position(1, 8), selected=(item, "number"))
+    assert result.text == " > 1:"
+    assert result.position == Position(1, 13)  # after `number`, where the answer goes
+    assert "if number" in backend.requests[0].prompt
+    assert "if n\n" in engine.documents.get(URI).text
+    # Accepting the item makes the document what the suggestion was made for: answered
+    # from it, without a new generation.
+    engine.documents.change(URI, 2, [("number", item)])
+    engine.document_changed(URI)
+    after = await engine.complete(URI, Position(1, 13))
+    assert (after.text, after.from_cache, len(backend.requests)) == (" > 1:", True, 1)
+    # Without the item, `if n` is a different text: a new generation.
+    type_text(engine, 3, Position(1, 13), "\n    if n")
+    await engine.complete(URI, Position(2, 8))
+    assert len(backend.requests) == 2
+
+
+async def test_a_selected_item_that_does_not_hold_the_cursor_is_refused() -> None:
+    engine = engine_for(ScriptedBackend(["x"]))
+    engine.documents.open(URI, "if n\n", 1)
+    elsewhere = Range(Position(0, 0), Position(0, 2))
+    with pytest.raises(DocumentError, match="does not hold the cursor"):
+        await engine.complete(URI, Position(0, 4), selected=(elsewhere, "if"))
+
+
 async def test_typing_into_a_running_suggestion_keeps_it_running() -> None:
     backend = ScriptedBackend(["value", " = ", "compute", "(", ")"], delay=0.05)
     engine = engine_for(backend)
@@ -187,6 +220,23 @@ async def test_accepting_a_suggestion_prefetches_the_next() -> None:
     nxt = await engine.complete(URI, Position(1, 8))
     assert nxt.from_cache
     await engine.aclose()
+
+
+async def test_typing_before_the_suggestion_has_text_does_not_answer_empty() -> None:
+    # Found in Neovim in a terminal: right after an accept, the prefetched suggestion had
+    # no text yet, so whatever was typed counted as typed into it; when it finished with
+    # other text, the request was answered with nothing. A new generation answers it.
+    backend = ScriptedBackend(["\n", "    return 1"], delay=0.05)
+    engine = engine_for(backend)
+    engine.documents.open(URI, "def f():\n    x = 1\n", 1)
+    pending = asyncio.ensure_future(engine.complete(URI, Position(2, 0)))
+    await asyncio.sleep(0.01)  # nothing generated yet
+    type_text(engine, 2, Position(2, 0), "print(")
+    with pytest.raises(Superseded):
+        await pending
+    result = await engine.complete(URI, Position(2, 6))
+    assert result.text, "answered with nothing"
+    assert len(backend.requests) == 2
 
 
 async def test_cancelled_request_stops_its_generation_unless_typed_into() -> None:

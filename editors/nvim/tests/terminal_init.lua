@@ -1,4 +1,4 @@
--- Init file of the Neovim that tests/test_real_editors.py runs in a real terminal (tmux):
+-- Init file of the Neovim that tests/test_real_neovim.py runs in a real terminal (tmux):
 -- the plugin from this checkout against the real `kode lsp` (KODE_BIN) with the small
 -- model, set up the way a user would, plus a status line and a fixed ghost-text colour so
 -- that the test can tell ghost text from typed text in `tmux capture-pane -e`.
@@ -87,4 +87,15 @@ vim.api.nvim_create_autocmd("User", {
 
 function KodeTerminal.events()
   return vim.json.encode(events)
+end
+
+-- The server's `kode/stats` (JSON), asked synchronously: what the server has counted.
+function KodeTerminal.stats()
+  for _, client in ipairs(vim.lsp.get_clients({ bufnr = 0, name = "kode" })) do
+    local reply = client:request_sync("kode/stats", vim.empty_dict(), 5000, 0)
+    if reply and reply.result then
+      return vim.json.encode(reply.result)
+    end
+  end
+  return ""
 end

@@ -33,6 +33,10 @@ import * as settings from "./settings";
 
 type InlineResult = vscode.InlineCompletionItem[] | vscode.InlineCompletionList;
 
+function rangeText(range: vscode.Range): string {
+  return `${range.start.line}:${range.start.character}-${range.end.line}:${range.end.character}`;
+}
+
 /** How long the cursor must rest before the server is told where it is. */
 const CURSOR_SETTLE_MS = 150;
 
@@ -123,6 +127,7 @@ export class KodeServer implements vscode.Disposable {
     const command = settings.serverPath();
     const cwd = vscode.workspace.workspaceFolders?.[0]?.uri.fsPath ?? os.homedir();
     const executable = resolveExecutable(command, process.env, cwd);
+    this.output.info(`kode.serverPath ${JSON.stringify(command)} from ${settings.serverPathOrigin()}`);
     if (executable === undefined) {
       this.output.error(notFoundMessage(command));
       this.events.stateChanged("failed");
@@ -247,11 +252,16 @@ export class KodeServer implements vscode.Disposable {
     if (!settings.isEnabled()) {
       return null;
     }
+    // With an item selected in the suggest widget, VS Code shows only suggestions that
+    // extend it over its range; the server answers (partials too) with the item's text
+    // and what follows it, made as if the item were accepted.
+    const selected = context.selectedCompletionInfo;
     const key = {
       uri: this.protocolUri(document.uri),
       version: document.version,
       line: position.line,
       character: position.character,
+      selected: selected && `${rangeText(selected.range)} ${selected.text}`,
     };
     const outcome = await this.streaming.provide(key, token, (own) =>
       Promise.resolve(next(document, position, context, own)),
@@ -259,7 +269,7 @@ export class KodeServer implements vscode.Disposable {
     switch (outcome.kind) {
       case "partial":
         return new vscode.InlineCompletionList([
-          new vscode.InlineCompletionItem(outcome.text, new vscode.Range(position, position)),
+          new vscode.InlineCompletionItem(outcome.text, selected?.range ?? new vscode.Range(position, position)),
         ]);
       case "final":
         this.events.completed();
@@ -291,9 +301,19 @@ export class KodeServer implements vscode.Disposable {
     };
   }
 
+  /**
+   * Makes VS Code ask for inline completions again at the same place, for a longer
+   * partial or the final answer. `editor.action.inlineSuggest.trigger` alone is not
+   * enough: VS Code (1.139, `InlineCompletionsSource.fetch`) skips an explicit request
+   * when the suggestions it shows came from an explicit request at the same position
+   * and document version, so from the second re-ask on nothing was asked and the first
+   * streamed line stayed on screen. Hiding first clears those suggestions; the new ask
+   * is answered at once from what the server has streamed.
+   */
   private retrigger(uri: string): void {
     const editor = vscode.window.activeTextEditor;
     if (editor && this.protocolUri(editor.document.uri) === uri) {
+      void vscode.commands.executeCommand("editor.action.inlineSuggest.hide");
       void vscode.commands.executeCommand("editor.action.inlineSuggest.trigger");
     }
   }

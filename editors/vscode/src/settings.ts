@@ -23,6 +23,21 @@ export function serverPath(): string {
   return section().get<string>("serverPath", "kode");
 }
 
+/** Where the effective `kode.serverPath` comes from, for the log (see README: code-server). */
+export function serverPathOrigin(): string {
+  const info = section().inspect<string>("serverPath");
+  if (info?.workspaceFolderValue !== undefined) {
+    return "workspace folder settings";
+  }
+  if (info?.workspaceValue !== undefined) {
+    return "workspace settings";
+  }
+  if (info?.globalValue !== undefined) {
+    return "user settings";
+  }
+  return "the default (no kode.serverPath set where this extension host can see it)";
+}
+
 export function isEnabled(): boolean {
   return section().get<boolean>("enabled", true);
 }

@@ -12,8 +12,9 @@
  * 2. A provide call answers with the newest partial text it has not handed out yet, or
  *    waits for the next partial or the final answer.
  * 3. When a partial arrives and no call is waiting, the extension asks VS Code to ask
- *    again (`editor.action.inlineSuggest.trigger`); that call joins the session (2) and
- *    returns the longer text. At most one such re-ask is outstanding at a time.
+ *    again; that call joins the session (2) and returns the longer text. At most one such
+ *    re-ask is outstanding at a time. (How VS Code is made to ask again is the caller's
+ *    business: `retrigger` in server.ts.)
  * 4. The final answer is authoritative: it is what later calls for the key get, and if a
  *    partial had been shown, one more re-ask replaces it.
  *
@@ -48,6 +49,12 @@ export interface CompletionKey {
   version: number;
   line: number;
   character: number;
+  /**
+   * The item selected in the editor's suggest widget (VS Code's `selectedCompletionInfo`,
+   * its range and text), if one is: the server completes as if it were accepted, so a
+   * request for another item, or for none, is a different request.
+   */
+  selected?: string | undefined;
 }
 
 export type Outcome<R> =
@@ -68,7 +75,13 @@ export interface StreamingOptions<T> {
 const NONE = { kind: "none" } as const;
 
 function sameKey(a: CompletionKey, b: CompletionKey): boolean {
-  return a.uri === b.uri && a.version === b.version && a.line === b.line && a.character === b.character;
+  return (
+    a.uri === b.uri &&
+    a.version === b.version &&
+    a.line === b.line &&
+    a.character === b.character &&
+    a.selected === b.selected
+  );
 }
 
 class Session<R, T> {

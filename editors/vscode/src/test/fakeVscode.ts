@@ -275,6 +275,8 @@ export const recorded = {
   }[],
   /** Called for `editor.action.inlineSuggest.trigger`, as VS Code would ask again. */
   onTrigger: undefined as (() => void) | undefined,
+  /** Called for `editor.action.inlineSuggest.hide`. */
+  onHide: undefined as (() => void) | undefined,
 };
 
 const emitters = {
@@ -460,6 +462,8 @@ const api = {
       recorded.executed.push(name);
       if (name === "editor.action.inlineSuggest.trigger") {
         recorded.onTrigger?.();
+      } else if (name === "editor.action.inlineSuggest.hide") {
+        recorded.onHide?.();
       }
       const command = recorded.commands.get(name);
       return Promise.resolve(command ? command(...args) : undefined);

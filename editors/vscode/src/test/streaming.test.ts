@@ -131,6 +131,24 @@ describe("StreamingCompletions", () => {
     assert.deepEqual(await second, { kind: "final", result: "fresh" });
   });
 
+  it("treats another selected suggest-widget item as another request", async () => {
+    const h = harness();
+    const withNumber = { ...KEY, selected: "4:7-4:8 number" };
+    const plain = h.streaming.provide(KEY, NEVER, h.start);
+    const selected = h.streaming.provide(withNumber, NEVER, h.start);
+    assert.equal(h.requests.length, 2, "the item changes what the server completes");
+    assert.equal(h.sources[0]?.cancelled, true);
+    assert.deepEqual(await plain, { kind: "none" });
+    h.requests[1]?.resolve("number > 1:");
+    assert.deepEqual(await selected, { kind: "final", result: "number > 1:" });
+    // The same item again joins the finished session.
+    assert.deepEqual(await h.streaming.provide({ ...withNumber }, NEVER, h.start), {
+      kind: "final",
+      result: "number > 1:",
+    });
+    assert.equal(h.requests.length, 2);
+  });
+
   it("cancels on an edit, a cursor move elsewhere and an explicit cancel", () => {
     const h = harness();
     void h.streaming.provide(KEY, NEVER, h.start);
