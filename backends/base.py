@@ -65,6 +65,10 @@ class GenerationRequest:
     ``moved_kv_drift``: the local llama.cpp engine may reuse cached prompt entries that
     only moved after an edit (the FIM suffix after a keystroke) while at most this many
     edited tokens went unseen by them; 0 evaluates every changed position exactly.
+    ``background``: work no one waits for yet (reading a file ahead, preparing the
+    cursor's window, a prefetch); a backend shared by several windows runs a keystroke's
+    request before it and may pause it. ``document`` names the document it is for (its
+    URI), so that a newer request for the same document replaces an older one.
     """
 
     prompt: str
@@ -73,6 +77,8 @@ class GenerationRequest:
     speculation: SpeculationMethod = SpeculationMethod.AUTO
     draft_sources: Sequence[str] = ()
     moved_kv_drift: int = 0
+    background: bool = False
+    document: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,4 +212,15 @@ class KvMemoryReport(Protocol):
     def kv_memory(self) -> dict[str, int]:
         """``states``, ``bytes``, ``budgetBytes``, ``tokens``, ``saves``, ``restores``,
         ``evictions``."""
+        ...
+
+
+@runtime_checkable
+class EngineReport(Protocol):
+    """A backend that can say which engine process answers it (``kode/stats``)."""
+
+    @property
+    def engine_info(self) -> dict[str, Any]:
+        """``kind`` (``shared`` or ``inProcess``), ``pid``, and for a shared engine its
+        ``socket``, whether it is ``connected`` and how many ``restarts`` it took."""
         ...

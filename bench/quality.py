@@ -267,7 +267,10 @@ async def _one_model(
     from kode.completion.engine import BackendPool, CompletionEngine
     from kode.completion.settings import parse
 
-    settings, problems = parse({"model": model, "speculation": options.speculation})
+    # One process measures: the model loads here rather than in a shared engine.
+    settings, problems = parse(
+        {"model": model, "speculation": options.speculation, "engine": "inProcess"}
+    )
     if problems:
         raise ValueError("; ".join(problems))
     moved_settings = settings

@@ -229,11 +229,18 @@ class CompletionEngine:
             self._schedule_prepare()  # the full window for the next keystroke, when quiet
 
     async def _start(
-        self, uri: str, doc: Document, offset: int, backend: Backend, max_tokens: int | None
+        self,
+        uri: str,
+        doc: Document,
+        offset: int,
+        backend: Backend,
+        max_tokens: int | None,
+        *,
+        yields: bool = False,
     ) -> _Live:
         retrieved = await self.retrieve(uri, doc.text, offset)
         ctx = self._request_context(uri, doc, offset, backend, retrieved)
-        return await self._launch(uri, doc, offset, backend, ctx, max_tokens)
+        return await self._launch(uri, doc, offset, backend, ctx, max_tokens, yields=yields)
 
     # -- which window: the latency budget ------------------------------------------------
 
@@ -342,7 +349,11 @@ class CompletionEngine:
         max_tokens: int | None,
         *,
         background: bool = False,
+        yields: bool = False,
     ) -> _Live:
+        """Start a generation: a document's suggestion, or ``background`` preparation
+        (never shown). ``yields``: a suggestion no one asked for yet (a prefetch), which a
+        shared engine runs after other windows' keystrokes, like background work."""
         settings = self._settings
         template = self.template()
         prompt = self._prompt(uri, ctx)
@@ -363,6 +374,8 @@ class CompletionEngine:
             speculation=settings.speculation,
             draft_sources=(ctx.suffix, *(s.text for s in ctx.snippets)),
             moved_kv_drift=settings.moved_suffix_drift,
+            background=background or yields,
+            document=uri,
         )
         generation = await backend.generate(request)
         before, after = doc.text[:offset], doc.text[offset:]
@@ -630,7 +643,7 @@ class CompletionEngine:
         if offset > len(doc.text):
             return
         try:
-            await self._start(uri, doc, offset, await self.backend(), None)
+            await self._start(uri, doc, offset, await self.backend(), None, yields=True)
             self.prefetches += 1
         except Exception as exc:  # a prefetch is best effort; the next request will retry
             log.debug("prefetch failed: %s", _describe(exc))
@@ -793,7 +806,10 @@ class CompletionEngine:
         if self._busy() or self._calibration is not None:
             return
         request = GenerationRequest(
-            prompt=_CALIBRATION_TEXT, max_tokens=1, speculation=SpeculationMethod.NONE
+            prompt=_CALIBRATION_TEXT,
+            max_tokens=1,
+            speculation=SpeculationMethod.NONE,
+            background=True,
         )
         self._calibration = generation = await backend.generate(request)
         try:
@@ -962,6 +978,7 @@ class BackendPool:
         key = (
             settings.backend,
             settings.local_engine,
+            settings.engine,
             settings.model,
             settings.draft_model if settings.speculation is SpeculationMethod.DRAFT else None,
             settings.context_size,
