@@ -243,6 +243,7 @@ class Connection:
             why = f"failed ({describe(exc)})"
         finally:
             self.closed = True
+            self._writer.close()
             self._fail_all(
                 EngineError(f"the Kode engine (pid {self.welcome.pid}) {why} during a request")
             )
@@ -444,6 +445,7 @@ class SharedEngineBackend:
         self._kv: dict[str, int] = {}
         self.restarts = 0
         self._closed = False
+        self._spawn: Callable[[EngineConfig, EnginePlace], int] | None = None  # tests swap it
 
     # -- Backend protocol -----------------------------------------------------------------
 
@@ -551,6 +553,7 @@ class SharedEngineBackend:
                 idle_s=self.idle_s,
                 timeout_s=self._timeout_s,
                 on_end=self._ended,
+                spawn=self._spawn,
             )
         except (EngineError, OSError) as exc:
             await self._fall_back(describe(exc))

@@ -90,11 +90,13 @@ class EngineServer:
         self.started = time.time()
         self.served = 0
 
-    async def run(self) -> int:
-        """Serve until stopped; 0 on a clean stop, 1 if the model could not be loaded."""
+    async def run(self, *, signals: bool = True) -> int:
+        """Serve until stopped; 0 on a clean stop, 1 if the model could not be loaded.
+        ``signals``: stop on SIGTERM and SIGINT (a process of its own)."""
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stop, f"signal {sig.name}")
+        if signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.stop, f"signal {sig.name}")
         with contextlib.suppress(FileNotFoundError):
             self.place.socket.unlink()  # a dead engine's (we hold the lock)
         server = await asyncio.start_unix_server(self._connection, path=str(self.place.socket))
@@ -254,6 +256,7 @@ class EngineServer:
             "uptimeS": round(time.time() - self.started, 1),
             "idleS": self.idle_s,
             "served": self.served,
+            "running": self.scheduler.running is not None,
             "waiting": len(self.scheduler.waiting),
             "counters": None if backend is None else backend.counters.as_dict(),
             "kvMemory": backend.kv_memory if isinstance(backend, KvMemoryReport) else None,
