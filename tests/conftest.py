@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from engine_windows import engine_pids, stop_engines
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from engine_windows import REPO, SMALL, Window, alive, engine_pids, wait_until
+from engine_windows import REPO, SMALL, Window, alive, engine_pids, eventually
 from kode.backends.daemon import protocol as wire
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
@@ -56,12 +56,12 @@ async def test_four_windows_started_at_once_share_one_engine(engine_folder: Path
             assert process["kind"] == "shared" and process["pid"] == engines[0]
             assert process["socket"].startswith(str(engine_folder))
             assert not w.shown, w.shown
-        status = json.loads(kode("engine", "status", "--json").stdout)
+        status = json.loads((await asyncio.to_thread(kode, "engine", "status", "--json")).stdout)
         assert [s["pid"] for s in status] == engines and status[0]["windows"] == 4
     finally:
         await asyncio.gather(*(w.stop() for w in windows))
     # the windows are gone; `kode engine stop` ends the engine
-    stopped = kode("engine", "stop")
+    stopped = await asyncio.to_thread(kode, "engine", "stop")
     assert stopped.returncode == 0 and f"stopped engine pid {engines[0]}" in stopped.stdout
     assert not engine_pids(engine_folder)
 
@@ -81,12 +81,12 @@ async def test_a_killed_window_has_its_generation_cancelled(engine_folder: Path)
             found = json.loads(kode("engine", "status", "--json").stdout)
             return dict(found[0])
 
-        cancelled_before = status()["counters"]["cancelled"]  # type: ignore[index]
+        cancelled_before = (await asyncio.to_thread(status))["counters"]["cancelled"]  # type: ignore[index]
         victim.request(URI, 4, 0)
-        assert wait_until(lambda: status()["running"], 60, 0.02)
+        assert await eventually(lambda: status()["running"], 60, 0.02)
         os.kill(victim.pid, signal.SIGKILL)
-        assert wait_until(lambda: not status()["running"], 30, 0.05)
-        after = status()
+        assert await eventually(lambda: not status()["running"], 30, 0.05)
+        after = await asyncio.to_thread(status)
         counters = after["counters"]
         assert isinstance(counters, dict)
         assert counters["cancelled"] == cancelled_before + 1
@@ -107,7 +107,7 @@ async def test_an_engine_killed_under_a_window_is_restarted(engine_folder: Path)
         assert (await window.complete(URI, 1, 11, STEP_S)).strip()
         (first,) = engine_pids(engine_folder)
         os.kill(first, signal.SIGKILL)
-        assert wait_until(lambda: not alive(first), 10)
+        assert await eventually(lambda: not alive(first), 10)
         answer = await window.complete(URI, 1, 11, STEP_S)
         assert answer.strip()
         (second,) = engine_pids(engine_folder)
@@ -132,7 +132,7 @@ async def test_an_open_engine_folder_is_refused_with_a_message(engine_folder: Pa
         assert "loads its own copy of the model" in window.shown[0]
         assert (await window.stats())["engineProcess"]["kind"] == "inProcess"
         assert not engine_pids(engine_folder)
-        assert not list(folder.iterdir())
+        assert not await asyncio.to_thread(lambda: list(folder.iterdir()))
     finally:
         await window.stop()
 
@@ -160,8 +160,9 @@ async def test_engine_refuses_another_protocol_and_idles_out(engine_folder: Path
     finally:
         await window.stop()
     # engineIdleMinutes 0: the engine leaves with its last window, socket and all
-    assert wait_until(lambda: not engine_pids(engine_folder), 20)
-    assert not Path(process["socket"]).exists()
-    log = next((engine_folder / "state" / "kode").glob("*.log")).read_text()
+    assert await eventually(lambda: not engine_pids(engine_folder), 20)
+    assert not await asyncio.to_thread(Path(process["socket"]).exists)
+    logs = engine_folder / "state" / "kode"
+    log = "".join(p.read_text() for p in await asyncio.to_thread(lambda: list(logs.glob("*.log"))))
     assert "stopping: no window for 0 s" in log
     assert "def area" not in log  # no source code in the log

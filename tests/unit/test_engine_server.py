@@ -18,7 +18,7 @@ from kode.backends.base import (
     GenerationStats,
     TokenChunk,
 )
-from kode.backends.daemon.client import Connection, SharedEngineBackend, connect
+from kode.backends.daemon.client import Connection, SharedEngineBackend
 from kode.backends.daemon.paths import EngineConfig, EnginePlace, engine_place
 from kode.backends.daemon.server import EngineServer
 from kode.backends.errors import ContextOverflow, EngineError
