@@ -7,7 +7,7 @@ import asyncio
 import time
 from typing import Any
 
-from kode.bench.engine import REPO_ROOT as REPO
+from kode.bench.common import REPO_ROOT as REPO
 from kode.bench.engine import Window, alive, engine_pids, stop_engines
 
 __all__ = ["REPO", "SMALL", "Window", "alive", "engine_pids", "eventually", "stop_engines"]
