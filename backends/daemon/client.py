@@ -291,6 +291,7 @@ def spawn_engine(config: EngineConfig, place: EnginePlace, *, idle_s: float) -> 
             stderr=out,
             start_new_session=True,
             close_fds=True,
+            cwd="/",  # a daemon keeps no folder of the window's busy
         )
     threading.Thread(target=proc.wait, name="kode-engine-reaper", daemon=True).start()
     return proc.pid

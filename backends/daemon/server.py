@@ -173,6 +173,10 @@ class EngineServer:
             return None
         try:
             hello = wire.decode_hello(payload)
+            if hello.fingerprint != self.place.name:
+                raise EngineSetupError(
+                    f"this engine is {self.place.name}, the window asked for {hello.fingerprint}"
+                )
         except EngineSetupError as exc:
             log.warning("refused window %d: %s", pid, exc)
             writer.write(wire.encode(wire.Refused(message=str(exc))))

@@ -21,7 +21,7 @@ from kode.backends.base import (
 from kode.backends.daemon.client import Connection, SharedEngineBackend
 from kode.backends.daemon.paths import EngineConfig, EnginePlace, engine_place
 from kode.backends.daemon.server import EngineServer
-from kode.backends.errors import ContextOverflow, EngineError
+from kode.backends.errors import ContextOverflow, EngineError, EngineSetupError
 from kode.backends.worker import BackendCounters
 
 STEP_S = 10.0
@@ -119,7 +119,7 @@ async def window(place: EnginePlace) -> Connection:
         while True:
             with contextlib.suppress(FileNotFoundError, ConnectionRefusedError):
                 return await Connection.open(
-                    str(place.socket), fingerprint="t", window=True, timeout_s=STEP_S
+                    str(place.socket), fingerprint=place.name, window=True, timeout_s=STEP_S
                 )
             await asyncio.sleep(0.01)
 
@@ -251,3 +251,16 @@ async def test_the_client_restarts_a_dead_engine_once_then_falls_back(
         for engine in engines:
             if not engine.task.done():
                 await engine.stop()
+
+
+async def test_a_window_asking_for_another_engine_is_refused(place: EnginePlace) -> None:
+    engine = Engine(place, SlowBackend())
+    first = await window(place)  # the engine is up
+    try:
+        with pytest.raises(EngineSetupError, match="the window asked for kode-other"):
+            await Connection.open(
+                str(place.socket), fingerprint="kode-other", window=True, timeout_s=STEP_S
+            )
+    finally:
+        await first.close()
+        await engine.stop()
