@@ -284,7 +284,7 @@ class EngineServer:
             if running is not None:
                 running.paused = True
                 self._cancel(running)
-        if plan.start is not None:
+        if plan.start is not None and not self._stop.is_set():
             running = self._jobs[plan.start.id]
             self._spawn(self._run(running))
 
