@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kode.bench import common
+from kode.bench import common, latency
 
 PAUSE_S = 0.05  # between an answer and the next keystroke
 STEP_S = 600.0  # the longest one step may take (a model load on a busy machine)
@@ -242,7 +242,7 @@ class Window:
         reply = await asyncio.wait_for(
             self.client.protocol.send_request_async("kode/stats", {}), 60
         )
-        plain: dict[str, Any] = _plain(reply)
+        plain: dict[str, Any] = latency.plain(reply)
         return plain
 
     async def stop(self) -> None:
@@ -255,17 +255,6 @@ class Window:
         if server is not None and server.returncode is None:
             server.kill()
             await server.wait()
-
-
-def _plain(value: Any) -> Any:
-    """pygls' attribute objects as plain dicts and lists."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if hasattr(value, "__dict__") and not isinstance(value, type):
-        return {k: _plain(v) for k, v in vars(value).items()}
-    return value
 
 
 # -- the windows benchmark -------------------------------------------------------------------
