@@ -130,6 +130,26 @@ class GenerationStats:
         return 0.0 if n == 0 else (self.total_ms - self.ttft_ms) / max(n - 1, 1)
 
 
+class PrefillRate:
+    """Prompt tokens per second this machine evaluates, learned from its generations
+    (an exponential moving average); ``fixed`` pins it (tests, benchmarks)."""
+
+    def __init__(self, tokens_per_s: float | None = None, *, fixed: bool = False) -> None:
+        self.value = tokens_per_s
+        self.fixed = fixed
+
+    def observe(self, stats: GenerationStats) -> None:
+        n, ms = stats.evaluated_prompt_tokens, stats.prefill_ms
+        if self.fixed or n < 64 or ms <= 0:
+            return
+        rate = n / (ms / 1000.0)
+        self.value = rate if self.value is None else 0.7 * self.value + 0.3 * rate
+
+    def tokens_within(self, ms: float) -> int | None:
+        """How many prompt tokens fit in ``ms``; None while the speed is unknown."""
+        return None if self.value is None else int(self.value * ms / 1000.0)
+
+
 class Generation(Protocol):
     """A running generation: iterate it for chunks, cancel it to stop it."""
 
@@ -223,4 +243,14 @@ class EngineReport(Protocol):
     def engine_info(self) -> dict[str, Any]:
         """``kind`` (``shared`` or ``inProcess``), ``pid``, and for a shared engine its
         ``socket``, whether it is ``connected`` and how many ``restarts`` it took."""
+        ...
+
+
+@runtime_checkable
+class PrefillSpeed(Protocol):
+    """A backend that already measured how fast this machine evaluates prompts."""
+
+    @property
+    def prefill_tokens_per_s(self) -> float | None:
+        """Prompt tokens per second (None: not measured yet)."""
         ...

@@ -27,6 +27,8 @@ from kode.backends.base import (
     Generation,
     GenerationRequest,
     GenerationStats,
+    PrefillRate,
+    PrefillSpeed,
     PromptCache,
     Sampling,
     SpeculationMethod,
@@ -74,26 +76,6 @@ _REINDEX_DELAY_S = 1.0
 # then fits it exactly (Qwen2.5's tokenizer: ~3.3 characters per token of Python).
 _CHARS_PER_TOKEN = 4
 PartialCallback = Callable[[str], None]
-
-
-class PrefillRate:
-    """Prompt tokens per second this machine evaluates, learned from its generations
-    (an exponential moving average); ``fixed`` pins it (tests, benchmarks)."""
-
-    def __init__(self, tokens_per_s: float | None = None, *, fixed: bool = False) -> None:
-        self.value = tokens_per_s
-        self.fixed = fixed
-
-    def observe(self, stats: GenerationStats) -> None:
-        n, ms = stats.evaluated_prompt_tokens, stats.prefill_ms
-        if self.fixed or n < 64 or ms <= 0:
-            return
-        rate = n / (ms / 1000.0)
-        self.value = rate if self.value is None else 0.7 * self.value + 0.3 * rate
-
-    def tokens_within(self, ms: float) -> int | None:
-        """How many prompt tokens fit in ``ms``; None while the speed is unknown."""
-        return None if self.value is None else int(self.value * ms / 1000.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -797,9 +779,14 @@ class CompletionEngine:
 
     async def warm_up(self) -> None:
         """Load the model, then time a synthetic prompt (no user code) to learn this
-        machine's prefill speed for ``firstAnswerMs``."""
+        machine's prefill speed for ``firstAnswerMs``, unless the backend knows it (a
+        shared engine measured it for an earlier window; there the synthetic prompt would
+        be answered from its cache and time nothing)."""
         backend = await self.backend()
         if self.rate.value is not None or not isinstance(backend, PromptCache):
+            return
+        if isinstance(backend, PrefillSpeed) and backend.prefill_tokens_per_s:
+            self.rate.value = backend.prefill_tokens_per_s
             return
         if not self._settings.first_answer_ms:
             return  # nothing needs the speed

@@ -503,6 +503,13 @@ class SharedEngineBackend:
         return self.mirror.reach(tokens), len(tokens)
 
     @property
+    def prefill_tokens_per_s(self) -> float | None:
+        """The prefill speed the engine measured for earlier windows (``PrefillSpeed``)."""
+        if self._fallback is not None or self._conn is None:
+            return None
+        return self._conn.welcome.prefill_tokens_per_s
+
+    @property
     def kv_memory(self) -> dict[str, int]:
         """The engine's saved-state memory as its last answer to this window reported it."""
         return dict(self._kv)

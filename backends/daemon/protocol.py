@@ -60,6 +60,7 @@ class Welcome(msgspec.Struct, tag="welcome", kw_only=True):
     socket: str
     engine: str  # e.g. "llama.cpp"
     model: str
+    prefill_tokens_per_s: float | None = None  # measured on earlier windows' prompts
 
 
 class Refused(msgspec.Struct, tag="refused", kw_only=True):

@@ -23,7 +23,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kode.backends.base import Backend, FinishReason, Generation, GenerationStats, KvMemoryReport
+from kode.backends.base import (
+    Backend,
+    FinishReason,
+    Generation,
+    GenerationStats,
+    KvMemoryReport,
+    PrefillRate,
+)
 from kode.backends.daemon import protocol as wire
 from kode.backends.daemon.paths import KODE_VERSION, EnginePlace
 from kode.backends.daemon.scheduler import Job, Plan, Scheduler
@@ -89,6 +96,7 @@ class EngineServer:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.started = time.time()
         self.served = 0
+        self.prefill = PrefillRate()
 
     async def run(self, *, signals: bool = True) -> int:
         """Serve until stopped; 0 on a clean stop, 1 if the model could not be loaded.
@@ -201,6 +209,7 @@ class EngineServer:
                 socket=str(self.place.socket),
                 engine=self.backend.name,
                 model=self.backend.model_name,
+                prefill_tokens_per_s=self.prefill.value,
             )
         )
         log.info("window %d connected (%d open)", pid, self._open_windows())
@@ -260,6 +269,7 @@ class EngineServer:
             "uptimeS": round(time.time() - self.started, 1),
             "idleS": self.idle_s,
             "served": self.served,
+            "prefillTokensPerS": self.prefill.value,
             "running": self.scheduler.running is not None,
             "waiting": len(self.scheduler.waiting),
             "counters": None if backend is None else backend.counters.as_dict(),
@@ -331,6 +341,7 @@ class EngineServer:
             else:
                 calls = int(backend.counters.as_dict().get("decodeCalls", 0)) - calls_before
                 self.served += 1
+                self.prefill.observe(stats)  # for the windows that connect later
                 self._end(running, stats, calls)
         except Exception as exc:
             self._forget(running)

@@ -33,7 +33,7 @@ class SlowGeneration:
     def __init__(self, backend: SlowBackend, request: GenerationRequest) -> None:
         self.backend, self.request = backend, request
         n = len(request.prompt)
-        self._stats = GenerationStats(prompt_tokens=n, evaluated_prompt_tokens=n)
+        self._stats = GenerationStats(prompt_tokens=n, evaluated_prompt_tokens=n, prefill_ms=100.0)
         self._cancel = asyncio.Event()
         self._done = asyncio.Event()
 
@@ -261,6 +261,21 @@ async def test_a_window_asking_for_another_engine_is_refused(place: EnginePlace)
             await Connection.open(
                 str(place.socket), fingerprint="kode-other", window=True, timeout_s=STEP_S
             )
+    finally:
+        await first.close()
+        await engine.stop()
+
+
+async def test_a_later_window_learns_the_prefill_speed(place: EnginePlace) -> None:
+    engine = Engine(place, SlowBackend(delay=0.01))
+    first = await window(place)
+    try:
+        assert first.welcome.prefill_tokens_per_s is None
+        prompt = "x" * 200  # 200 "tokens" evaluated in 100 ms
+        await text_of(first.generate(GenerationRequest(prompt=prompt, max_tokens=1)))
+        second = await window(place)
+        assert second.welcome.prefill_tokens_per_s == pytest.approx(2000.0)
+        await second.close()
     finally:
         await first.close()
         await engine.stop()
