@@ -464,7 +464,8 @@ def busy_bench(options: Options) -> str:
 
     model = models.resolve(options.model)
     cores = len(os.sched_getaffinity(0))
-    configs = [("quiet", "PASSIVE", cores, 0), ("quiet", "PASSIVE", 1, 0)]
+    configs = [("quiet", "ACTIVE", cores, 0), ("quiet", "PASSIVE", cores, 0)]
+    configs.append(("quiet", "PASSIVE", 1, 0))
     configs += [
         ("busy", policy, threads, 0)
         for policy in ("ACTIVE", "PASSIVE")
