@@ -397,3 +397,25 @@ def test_engine_settings_are_validated() -> None:
         0,
         [],
     )
+
+
+def test_engine_commands_without_an_engine(engine_folder: Path) -> None:
+    for action in ("status", "stop"):
+        done = subprocess.run(
+            [sys.executable, "-m", "kode.cli.main", "engine", action],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert (done.returncode, done.stdout) == (0, "no Kode engine is running\n")
+    os.chmod(engine_folder / "kode", 0o777)
+    done = subprocess.run(
+        [sys.executable, "-m", "kode.cli.main", "engine", "status"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "refusing the engine folder" in done.stderr and "chmod 700" in done.stderr
