@@ -272,14 +272,15 @@ class Report:
 
 async def type_keys(window: Window, uri: str, n: int, seed: int) -> list[float]:
     """``n`` keystrokes at the end of ``uri``, each answered before the next: their
-    latencies (ms)."""
+    latencies (ms). Each key differs from the suggestion shown, so the model answers it."""
     rng = random.Random(seed)
     out = []
+    shown = ""
     for _ in range(n):
-        window.type(uri, rng.choice(TYPED))
+        window.type(uri, rng.choice([c for c in TYPED if not shown.startswith(c)]))
         line, character = window.end_of(uri)
         start = time.perf_counter()
-        await window.complete(uri, line, character, STEP_S)
+        shown = await window.complete(uri, line, character, STEP_S)
         out.append((time.perf_counter() - start) * 1000.0)
         await asyncio.sleep(PAUSE_S)
     return out
@@ -347,6 +348,8 @@ async def shared_run(options: Options, report: Report, large: tuple[str, str]) -
         left = stop_engines(folder)
         if left:
             report.notes.append(f"engines that ignored SIGTERM: {left}")
+        for log in (folder / "st" / "kode").glob("*.log"):
+            shutil.copy(log, common.prepare_out(options.out) / "engine.log")
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -381,7 +384,7 @@ async def in_process_run(options: Options, report: Report) -> None:
 
 def render(report: Report) -> str:
     def ms(values: list[float]) -> str:
-        med, p90 = common.median(values), common.percentile(values, 0.9)
+        med, p90 = common.median(values), common.percentile(values, 90)
         return f"{common.fmt(med, 0)} / {common.fmt(p90, 0)}"
 
     lines = [f"# kode bench engine ({report.model})", "", f"- machine: {report.machine}", ""]

@@ -69,6 +69,7 @@ class Running:
     generation: Generation | None = None
     paused: bool = False
     produced: bool = False  # a chunk reached the window
+    submitted: float = field(default_factory=time.perf_counter)
 
 
 class EngineServer:
@@ -324,6 +325,7 @@ class EngineServer:
         assert backend is not None
         paused = False
         calls_before = int(backend.counters.as_dict().get("decodeCalls", 0))
+        started = time.perf_counter()
         try:
             generation = await backend.generate(running.request)
             running.generation = generation
@@ -336,6 +338,20 @@ class EngineServer:
                 )
             stats = await generation.wait()
             paused = running.paused and not running.produced and not running.job.abandoned
+            log.info(
+                "job %d of window %d%s: waited %.0f ms, %s after %.0f ms, %d prompt tokens "
+                "(%d evaluated), %d generated, %d waiting",
+                running.job.id,
+                running.window.pid,
+                " (background)" if running.job.background else "",
+                (started - running.submitted) * 1000.0,
+                "paused" if paused else stats.finish_reason,
+                (time.perf_counter() - started) * 1000.0,
+                stats.prompt_tokens,
+                stats.evaluated_prompt_tokens,
+                stats.completion_tokens,
+                len(self.scheduler.waiting),
+            )
             if paused:  # it goes back in the queue and comes back as a new generation
                 running.generation, running.paused = None, False
             else:
