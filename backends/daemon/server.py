@@ -94,6 +94,7 @@ class EngineServer:
         self._load_error: str | None = None
         self._stop = asyncio.Event()
         self._idle_task: asyncio.Task[None] | None = None
+        self._wake: asyncio.TimerHandle | None = None  # background work waits for quiet
         self._tasks: set[asyncio.Task[Any]] = set()
         self.started = time.time()
         self.served = 0
@@ -230,11 +231,11 @@ class EngineServer:
             running = Running(job, window, message.id, message.request)
             self._jobs[job.id] = running
             window.jobs[message.id] = running
-            self._apply(self.scheduler.submit(job))
+            self._apply(self.scheduler.submit(job, now=time.monotonic()))
         elif isinstance(message, wire.Cancel):
             found = window.jobs.get(message.id)
             if found is not None:
-                self._apply(self.scheduler.cancel(found.job.id))
+                self._apply(self.scheduler.cancel(found.job.id, now=time.monotonic()))
         elif isinstance(message, wire.Status):
             window.send(wire.StatusReply(info=self.status()))
         elif isinstance(message, wire.Stop):
@@ -242,7 +243,7 @@ class EngineServer:
 
     def _gone(self, window: Window) -> None:
         self.windows.pop(window.id, None)
-        self._apply(self.scheduler.disconnect(window.id))
+        self._apply(self.scheduler.disconnect(window.id, now=time.monotonic()))
         if window.counts:
             log.info("window %d disconnected (%d open)", window.pid, self._open_windows())
         if self._open_windows() == 0 and self._loaded.is_set():
@@ -298,6 +299,15 @@ class EngineServer:
         if plan.start is not None and not self._stop.is_set():
             running = self._jobs[plan.start.id]
             self._spawn(self._run(running))
+        if plan.wake_at is not None:
+            if self._wake is not None:
+                self._wake.cancel()
+            delay = max(0.0, plan.wake_at - time.monotonic())
+            self._wake = asyncio.get_running_loop().call_later(delay, self._poke)
+
+    def _poke(self) -> None:
+        self._wake = None
+        self._apply(self.scheduler.poke(now=time.monotonic()))
 
     def _cancel(self, running: Running) -> None:
         if running.generation is not None:
@@ -363,4 +373,6 @@ class EngineServer:
             self._forget(running)
             running.window.send(wire.failure(running.request_id, exc))
         finally:
-            self._apply(self.scheduler.finished(running.job.id, paused=paused))
+            self._apply(
+                self.scheduler.finished(running.job.id, paused=paused, now=time.monotonic())
+            )

@@ -254,61 +254,68 @@ def test_mirror_reach() -> None:
 # -- the scheduler ----------------------------------------------------------------------------
 
 
-def test_keystroke_pauses_background_work_which_resumes() -> None:
-    s = Scheduler()
+def test_keystroke_pauses_background_work_which_resumes_when_quiet() -> None:
+    s = Scheduler(quiet_s=0.25)
     read_ahead = Job(1, window=1, background=True, document="a")
-    assert s.submit(read_ahead).start is read_ahead
+    assert s.submit(read_ahead, now=0.0).start is read_ahead
     key = Job(2, window=2, background=False, document="b")
-    plan = s.submit(key)
+    plan = s.submit(key, now=1.0)
     assert plan.pause is read_ahead and plan.start is None
-    assert s.finished(1, paused=True).start is key
-    assert s.finished(2).start is read_ahead
+    assert s.finished(1, paused=True, now=1.01).start is key
+    plan = s.finished(2, now=1.4)
+    assert plan.start is None and plan.wake_at == pytest.approx(1.65)
+    key2 = Job(3, window=1, background=False, document="a2")
+    assert s.submit(key2, now=1.5).start is key2  # typing goes on: it waits more
+    assert s.finished(3, now=1.6).wake_at == pytest.approx(1.85)
+    assert s.poke(now=1.7).start is None
+    assert s.poke(now=1.85).start is read_ahead
 
 
 def test_newest_keystroke_first_and_no_foreground_interrupted() -> None:
     s = Scheduler()
     first = Job(1, window=1, background=False, document="a")
-    s.submit(first)
+    s.submit(first, now=0.0)
     older = Job(2, window=2, background=False, document="b")
     newer = Job(3, window=3, background=False, document="c")
-    assert s.submit(older) == Plan()
-    assert s.submit(newer) == Plan()  # the running keystroke is not interrupted
-    assert s.finished(1).start is newer
-    assert s.finished(3).start is older
+    assert s.submit(older, now=0.1) == Plan()
+    assert s.submit(newer, now=0.2) == Plan()  # the running keystroke is not interrupted
+    assert s.finished(1, now=0.3).start is newer
+    assert s.finished(3, now=0.4).start is older
 
 
 def test_latest_wins_per_document() -> None:
     s = Scheduler()
-    s.submit(Job(1, window=1, background=False, document="x"))
+    s.submit(Job(1, window=1, background=False, document="x"), now=0)
     queued = Job(2, window=2, background=False, document="a")
-    s.submit(queued)
-    plan = s.submit(Job(3, window=2, background=False, document="a"))
+    s.submit(queued, now=0)
+    plan = s.submit(Job(3, window=2, background=False, document="a"), now=0)
     assert plan.stop == (queued,)
-    plan = s.submit(Job(4, window=1, background=False, document="x"))
+    plan = s.submit(Job(4, window=1, background=False, document="x"), now=0)
     assert [j.id for j in plan.stop] == [1]  # the running one of the same document stops
-    assert s.finished(1).start is not None
+    assert s.finished(1, now=0).start is not None
 
 
 def test_disconnect_drops_everything_of_the_window() -> None:
     s = Scheduler()
     running = Job(1, window=1, background=False, document="a")
-    s.submit(running)
+    s.submit(running, now=0)
     waiting = Job(2, window=1, background=True, document="b")
     other = Job(3, window=2, background=True, document="c")
-    s.submit(waiting)
-    s.submit(other)
-    plan = s.disconnect(1)
+    s.submit(waiting, now=0)
+    s.submit(other, now=0)
+    plan = s.disconnect(1, now=0)
     assert set(plan.stop) == {running, waiting}
-    assert s.finished(1).start is other
+    assert s.finished(1, now=10).wake_at == 10.25  # a keystroke just ended: quiet first
+    assert s.poke(now=10.25).start is other
 
 
 def test_a_paused_job_of_a_gone_window_is_not_resumed() -> None:
     s = Scheduler()
     bg = Job(1, window=1, background=True)
-    s.submit(bg)
-    s.submit(Job(2, window=2, background=False))
-    s.disconnect(1)
-    assert s.finished(1, paused=True).start is not None
+    s.submit(bg, now=0)
+    s.submit(Job(2, window=2, background=False), now=0)
+    s.disconnect(1, now=0)
+    assert s.finished(1, paused=True, now=0).start is not None
     assert bg not in s.waiting
 
 
@@ -318,6 +325,7 @@ OPS = st.lists(
         st.tuples(st.just("finish"), st.booleans()),
         st.tuples(st.just("disconnect"), st.integers(1, 3)),
         st.tuples(st.just("cancel"), st.integers(1, 30)),
+        st.tuples(st.just("wait"), st.floats(0.0, 0.5)),
     ),
     max_size=40,
 )
@@ -326,27 +334,33 @@ OPS = st.lists(
 @settings(max_examples=300, deadline=None)
 @given(OPS)
 def test_scheduler_rules_hold_for_any_sequence(ops: list[tuple[object, ...]]) -> None:
-    """Whatever happens: at most one job runs; nothing waits while nothing runs; a
-    started job is the best waiting one (keystrokes first, newest first); a keystroke
-    never waits behind background work that was not told to pause; a gone window has
-    nothing waiting; a stopped or paused running job is ended by the engine."""
-    s = Scheduler()
+    """Whatever happens: at most one job runs; a keystroke never waits while nothing
+    runs, background work only within the quiet time (and then a wake-up is asked
+    for); a started job is the best waiting one (keystrokes first, newest first); a
+    keystroke never waits behind background work that was not told to pause; a gone
+    window has nothing waiting."""
+    quiet = 0.25
+    s = Scheduler(quiet_s=quiet)
     ids = iter(range(1, 1000))
     told_to_stop: set[int] = set()
     gone: set[int] = set()
+    now = 0.0
 
     def check(plan: Plan, before: list[Job]) -> None:
         if plan.start is not None:
             best = max(before, key=lambda j: (not j.background, j.seq))
             assert plan.start is best
+            assert not best.background or now >= s.last_foreground + quiet
         if plan.pause is not None:
             told_to_stop.add(plan.pause.id)
         for job in plan.stop:
             told_to_stop.add(job.id)
         running = s.running
-        if running is None:
-            assert not s.waiting
-        elif running.background and running.id not in told_to_stop:
+        if running is None and s.waiting:
+            assert all(j.background for j in s.waiting)
+            assert plan.wake_at == pytest.approx(s.last_foreground + quiet)
+            assert plan.wake_at > now
+        elif running is not None and running.background and running.id not in told_to_stop:
             assert all(j.background for j in s.waiting)
         assert not any(j.window in gone for j in s.waiting)
 
@@ -361,12 +375,12 @@ def test_scheduler_rules_hold_for_any_sequence(ops: list[tuple[object, ...]]) ->
                 for j in s.waiting
                 if (j.window, j.document) != (window, document) or (background and not j.background)
             ]
-            check(s.submit(job), [*kept, job])
+            check(s.submit(job, now=now), [*kept, job])
         elif op[0] == "finish" and s.running is not None:
             running = s.running
             paused = bool(op[1]) and running.id in told_to_stop and running.background
             before = list(s.waiting) + ([running] if paused and not running.abandoned else [])
-            plan = s.finished(running.id, paused=paused)
+            plan = s.finished(running.id, paused=paused, now=now)
             told_to_stop.discard(running.id)
             check(plan, before)
         elif op[0] == "disconnect":
@@ -374,11 +388,15 @@ def test_scheduler_rules_hold_for_any_sequence(ops: list[tuple[object, ...]]) ->
             assert isinstance(window, int)
             gone.add(window)
             before = [j for j in s.waiting if j.window != window]
-            check(s.disconnect(window), before)
+            check(s.disconnect(window, now=now), before)
         elif op[0] == "cancel":
             job_id = op[1]
             before = [j for j in s.waiting if j.id != job_id]
-            check(s.cancel(int(str(job_id))), before)
+            check(s.cancel(int(str(job_id)), now=now), before)
+        elif op[0] == "wait":
+            now += float(str(op[1]))
+            before = list(s.waiting)
+            check(s.poke(now=now), before)
 
 
 # -- the settings -----------------------------------------------------------------------------
