@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -105,6 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _lsp(args: argparse.Namespace) -> int:
+    # A window that loads the model itself waits like the engine does (measured there).
+    os.environ.setdefault("OMP_WAIT_POLICY", engine_cli.DEFAULT_WAIT_POLICY)
     from kode.lsp.server import build_server
 
     if args.verbose == 0:
