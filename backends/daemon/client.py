@@ -125,6 +125,11 @@ class EngineGeneration:
 
     # -- called by the connection's reader --------------------------------------------------
 
+    @property
+    def untouched(self) -> bool:
+        """Nothing came back yet and no one cancelled it: it can move to another engine."""
+        return self._stats.completion_tokens == 0 and not self._cancel_sent and not self.done
+
     def chunk(self, chunk: wire.Chunk) -> None:
         self._stats.completion_tokens += len(chunk.token_ids)
         self._queue.put_nowait(TokenChunk(chunk.text, chunk.token_ids))
@@ -152,10 +157,12 @@ class Connection:
         writer: asyncio.StreamWriter,
         welcome: wire.Welcome,
         on_end: Callable[[EngineGeneration], None],
+        on_lost: Callable[[list[EngineGeneration]], bool] = lambda _g: False,
     ) -> None:
         self._reader, self._writer = reader, writer
         self.welcome = welcome
         self._on_end = on_end
+        self.on_lost = on_lost  # takes over untouched generations when the engine dies
         self._ids = itertools.count(1)
         self._generations: dict[int, EngineGeneration] = {}
         self._status: list[asyncio.Future[dict[str, Any]]] = []
@@ -212,10 +219,15 @@ class Connection:
     def generate(self, request: GenerationRequest) -> EngineGeneration:
         if self.closed:
             raise EngineError("the connection to the Kode engine is closed")
-        generation = EngineGeneration(self, next(self._ids), request)
-        self._generations[generation.id] = generation
-        self.send(wire.Generate(id=generation.id, request=request))
+        generation = EngineGeneration(self, 0, request)
+        self.adopt(generation)
         return generation
+
+    def adopt(self, generation: EngineGeneration) -> None:
+        """Run ``generation`` here (a new one, or one a dead engine never started)."""
+        generation._conn, generation.id = self, next(self._ids)
+        self._generations[generation.id] = generation
+        self.send(wire.Generate(id=generation.id, request=generation.request))
 
     async def status(self, timeout_s: float = 2.0) -> dict[str, Any]:
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
@@ -244,6 +256,10 @@ class Connection:
         finally:
             self.closed = True
             self._writer.close()
+            untouched = [g for g in self._generations.values() if g.untouched]
+            if untouched and self.on_lost(untouched):
+                for g in untouched:
+                    self._generations.pop(g.id, None)
             self._fail_all(
                 EngineError(f"the Kode engine (pid {self.welcome.pid}) {why} during a request")
             )
@@ -447,6 +463,7 @@ class SharedEngineBackend:
         self.restarts = 0
         self._closed = False
         self._spawn: Callable[[EngineConfig, EnginePlace], int] | None = None  # tests swap it
+        self._moving: set[asyncio.Future[None]] = set()
 
     # -- Backend protocol -----------------------------------------------------------------
 
@@ -563,6 +580,7 @@ class SharedEngineBackend:
                 on_end=self._ended,
                 spawn=self._spawn,
             )
+            self._conn.on_lost = self._lost
         except (EngineError, OSError) as exc:
             await self._fall_back(describe(exc))
             return None
@@ -578,6 +596,25 @@ class SharedEngineBackend:
             await self._conn.close()
             self._conn = None
         self._fallback = await self._load_fallback()
+
+    def _lost(self, generations: list[EngineGeneration]) -> bool:
+        """The engine died before these produced anything: run them on a restarted one
+        (once per window, as any restart), so the keystroke is still answered."""
+        if self._closed or self._fallback is not None or self.restarts >= MAX_RESTARTS:
+            return False
+
+        async def move() -> None:
+            conn = await self._connection()
+            for generation in generations:
+                if conn is None:
+                    generation.fail(EngineError("the shared Kode engine stopped"))
+                else:
+                    conn.adopt(generation)
+
+        task = asyncio.ensure_future(move())
+        self._moving.add(task)
+        task.add_done_callback(self._moving.discard)
+        return True
 
     def _ended(self, generation: EngineGeneration) -> None:
         stats = generation.stats

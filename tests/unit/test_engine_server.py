@@ -279,3 +279,42 @@ async def test_a_later_window_learns_the_prefill_speed(place: EnginePlace) -> No
     finally:
         await first.close()
         await engine.stop()
+
+
+async def test_a_keystroke_in_flight_when_the_engine_dies_is_answered(
+    place: EnginePlace, tmp_path: Path
+) -> None:
+    engines: list[Engine] = [Engine(place, SlowBackend(delay=5.0))]
+    loop = asyncio.get_running_loop()
+
+    def spawn(_config: EngineConfig, p: EnginePlace) -> int:
+        loop.call_soon_threadsafe(lambda: engines.append(Engine(p, SlowBackend(delay=0.01))))
+        return 0
+
+    async def in_process() -> Backend:
+        raise AssertionError("no fallback expected")
+
+    backend = SharedEngineBackend(
+        EngineConfig(tmp_path / "m.gguf"),
+        place,
+        Vocab(),
+        idle_s=60,
+        fallback=in_process,
+        notify=lambda m: None,
+        timeout_s=STEP_S,
+    )
+    backend._spawn = spawn  # type: ignore[attr-defined]
+    try:
+        await asyncio.wait_for(backend.start(), STEP_S)
+        generation = await backend.generate(request("k", n=2))
+        await asyncio.sleep(0.2)  # running, no token yet
+        for w in list(engines[0].server.windows.values()):
+            w.writer.transport.abort()  # the engine dies: connections reset
+        engines[0].server.stop("crash")
+        assert await asyncio.wait_for(text_of(generation), STEP_S) == "k:0 k:1 "
+        assert backend.restarts == 1 and len(engines) == 2
+    finally:
+        await backend.aclose()
+        for engine in engines:
+            if not engine.task.done():
+                await engine.stop()
