@@ -65,6 +65,10 @@ class GenerationRequest:
     ``moved_kv_drift``: the local llama.cpp engine may reuse cached prompt entries that
     only moved after an edit (the FIM suffix after a keystroke) while at most this many
     edited tokens went unseen by them; 0 evaluates every changed position exactly.
+    ``background``: work no one waits for yet (reading a file ahead, preparing the
+    cursor's window, a prefetch); a backend shared by several windows runs a keystroke's
+    request before it and may pause it. ``document`` names the document it is for (its
+    URI), so that a newer request for the same document replaces an older one.
     """
 
     prompt: str
@@ -73,6 +77,8 @@ class GenerationRequest:
     speculation: SpeculationMethod = SpeculationMethod.AUTO
     draft_sources: Sequence[str] = ()
     moved_kv_drift: int = 0
+    background: bool = False
+    document: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +129,26 @@ class GenerationStats:
         """Decode time per generated token, prompt processing excluded."""
         n = self.completion_tokens
         return 0.0 if n == 0 else (self.total_ms - self.ttft_ms) / max(n - 1, 1)
+
+
+class PrefillRate:
+    """Prompt tokens per second this machine evaluates, learned from its generations
+    (an exponential moving average); ``fixed`` pins it (tests, benchmarks)."""
+
+    def __init__(self, tokens_per_s: float | None = None, *, fixed: bool = False) -> None:
+        self.value = tokens_per_s
+        self.fixed = fixed
+
+    def observe(self, stats: GenerationStats) -> None:
+        n, ms = stats.evaluated_prompt_tokens, stats.prefill_ms
+        if self.fixed or n < 64 or ms <= 0:
+            return
+        rate = n / (ms / 1000.0)
+        self.value = rate if self.value is None else 0.7 * self.value + 0.3 * rate
+
+    def tokens_within(self, ms: float) -> int | None:
+        """How many prompt tokens fit in ``ms``; None while the speed is unknown."""
+        return None if self.value is None else int(self.value * ms / 1000.0)
 
 
 class Generation(Protocol):
@@ -207,4 +233,25 @@ class KvMemoryReport(Protocol):
     def kv_memory(self) -> dict[str, int]:
         """``states``, ``bytes``, ``budgetBytes``, ``tokens``, ``saves``, ``restores``,
         ``evictions``."""
+        ...
+
+
+@runtime_checkable
+class EngineReport(Protocol):
+    """A backend that can say which engine process answers it (``kode/stats``)."""
+
+    @property
+    def engine_info(self) -> dict[str, Any]:
+        """``kind`` (``shared`` or ``inProcess``), ``pid``, and for a shared engine its
+        ``socket``, whether it is ``connected`` and how many ``restarts`` it took."""
+        ...
+
+
+@runtime_checkable
+class PrefillSpeed(Protocol):
+    """A backend that already measured how fast this machine evaluates prompts."""
+
+    @property
+    def prefill_tokens_per_s(self) -> float | None:
+        """Prompt tokens per second (None: not measured yet)."""
         ...

@@ -6,10 +6,12 @@
     ├── BackendError               a backend could not produce tokens
     │   ├── ContextOverflow        the prompt does not fit the context window
     │   ├── PrefillAborted         a cancel stopped a prompt evaluation (never reaches a user)
-    │   └── RemoteError            a remote server failed (HTTP status, malformed stream)
-    │       ├── RemoteAuthError    401 / 403
-    │       ├── RemoteBusyError    429
-    │       └── RemoteTimeout      no answer within the time budget
+    │   ├── RemoteError            a remote server failed (HTTP status, malformed stream)
+    │   │   ├── RemoteAuthError    401 / 403
+    │   │   ├── RemoteBusyError    429
+    │   │   └── RemoteTimeout      no answer within the time budget
+    │   └── EngineError            the shared engine process failed or cannot be reached
+    │       └── EngineSetupError   its folder is unsafe, or it speaks another protocol
     ├── DocumentError              unknown document or a position outside it
     └── SettingsError              a setting has the wrong type or value
 
@@ -62,6 +64,15 @@ class RemoteBusyError(RemoteError):
 
 class RemoteTimeout(RemoteError):
     """The remote server did not answer within the time budget."""
+
+
+class EngineError(BackendError):
+    """The shared engine process (``kode engine run``) failed, died or cannot be reached."""
+
+
+class EngineSetupError(EngineError):
+    """The shared engine cannot be used at all: its folder is unsafe (owner, mode), or it
+    speaks another protocol version; retrying does not help."""
 
 
 class DocumentError(KodeError):

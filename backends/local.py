@@ -14,10 +14,11 @@ sampler); the decoding methods are written once, in ``backends/steppers.py``.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from kode.backends.base import FinishReason, GenerationRequest, Sampling, SpeculationMethod
 from kode.backends.errors import BackendError, ContextOverflow, PrefillAborted
@@ -183,6 +184,11 @@ class LocalBackend(Generic[T]):
 
     async def health(self, timeout_s: float = 1.0) -> bool:
         return not self._closed
+
+    @property
+    def engine_info(self) -> dict[str, Any]:
+        """This process runs the model (``EngineReport``)."""
+        return {"kind": "inProcess", "pid": os.getpid()}
 
     async def aclose(self) -> None:
         if self._closed:

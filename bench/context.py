@@ -516,6 +516,7 @@ async def measure(options: Options) -> tuple[list[Result], dict[str, str]]:
     settings, problems = parse(
         {
             "model": options.model,
+            "engine": "inProcess",  # one process measures, no shared engine
             "retrievalTokens": options.retrieval_tokens,
             "movedSuffixDrift": 0,
             "readAhead": False,

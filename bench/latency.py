@@ -307,7 +307,7 @@ class Replay:
         """Attribute a partial to its request by ``requestId`` (else: the latest key);
         a partial with only whitespace shows nothing and is ignored."""
         now = time.perf_counter()
-        data = _plain(params)
+        data = plain(params)
         key = self.current
         if isinstance(data, dict) and str(data.get("requestId")) in self.by_id:
             key = self.by_id[str(data.get("requestId"))]
@@ -359,7 +359,7 @@ class Replay:
             await server.wait()
 
     async def stats(self) -> dict[str, Any]:
-        reply = _plain(await self.client.protocol.send_request_async(STATS_METHOD, {}))
+        reply = plain(await self.client.protocol.send_request_async(STATS_METHOD, {}))
         return reply if isinstance(reply, dict) else {}
 
     def _request(self, uri: str, line: int, character: int, msg_id: str) -> asyncio.Future[Any]:
@@ -533,16 +533,16 @@ def _items(result: Any) -> list[str]:
     return out
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """pygls hands unknown results over as attribute objects; make them dicts."""
     if hasattr(value, "_asdict"):  # pygls.protocol.Object is a namedtuple
-        return {k: _plain(v) for k, v in value._asdict().items()}
+        return {k: plain(v) for k, v in value._asdict().items()}
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     if hasattr(value, "__dict__") and not isinstance(value, type):
-        return {k: _plain(v) for k, v in vars(value).items()}
+        return {k: plain(v) for k, v in vars(value).items()}
     return value
 
 

@@ -270,8 +270,14 @@ async def _one_model(
     # firstAnswerMs 0: pass@1 of the full window. With the latency budget on, once the
     # prefill speed is learned a slow machine answers from a short window (no other
     # files, a cut prefix): that is the latency benchmarks' subject, not this one's.
+    # One process measures: the model loads here rather than in a shared engine.
     settings, problems = parse(
-        {"model": model, "speculation": options.speculation, "firstAnswerMs": 0}
+        {
+            "model": model,
+            "speculation": options.speculation,
+            "firstAnswerMs": 0,
+            "engine": "inProcess",
+        }
     )
     if problems:
         raise ValueError("; ".join(problems))

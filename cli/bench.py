@@ -148,6 +148,22 @@ def register(subparsers: Any) -> None:
     )
     latency.add_argument("--out", type=Path, default=Path("results/latency"))
 
+    engine = sub.add_parser(
+        "engine", help="one shared engine for 1-3 windows: memory, first answers, keystrokes"
+    )
+    engine.add_argument("--model", default="default")
+    engine.add_argument("--keys", type=int, default=8, help="keystrokes per measurement")
+    engine.add_argument(
+        "--large", type=Path, default=None, help="the busy neighbour's file (default: argparse.py)"
+    )
+    engine.add_argument(
+        "--busy",
+        action="store_true",
+        help="instead: llama.cpp under one busy process per core (wait policy, threads, nice)",
+    )
+    engine.add_argument("--seed", type=int, default=0)
+    engine.add_argument("--out", type=Path, default=Path("results/engine"))
+
     context = sub.add_parser("context", help="cross-file holes: project context vs open tabs")
     context.add_argument("--model", default="default")
     context.add_argument("--holes", type=int, default=24)
@@ -267,6 +283,19 @@ def run(args: argparse.Namespace) -> int:
                 args.model, args.files, args.lines, args.seed, args.rate, args.out
             )
         return latency.main(options)
+    if args.bench_command == "engine":
+        from kode.bench import engine as engine_bench
+
+        return engine_bench.main(
+            engine_bench.Options(
+                model=args.model,
+                keys=args.keys,
+                large=args.large,
+                out=args.out,
+                busy=args.busy,
+                seed=args.seed,
+            )
+        )
     if args.bench_command == "context":
         from kode.bench import context
 

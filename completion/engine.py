@@ -27,6 +27,8 @@ from kode.backends.base import (
     Generation,
     GenerationRequest,
     GenerationStats,
+    PrefillRate,
+    PrefillSpeed,
     PromptCache,
     Sampling,
     SpeculationMethod,
@@ -81,26 +83,6 @@ _REINDEX_DELAY_S = 1.0
 # then fits it exactly (Qwen2.5's tokenizer: ~3.3 characters per token of Python).
 _CHARS_PER_TOKEN = 4
 PartialCallback = Callable[[str], None]
-
-
-class PrefillRate:
-    """Prompt tokens per second this machine evaluates, learned from its generations
-    (an exponential moving average); ``fixed`` pins it (tests, benchmarks)."""
-
-    def __init__(self, tokens_per_s: float | None = None, *, fixed: bool = False) -> None:
-        self.value = tokens_per_s
-        self.fixed = fixed
-
-    def observe(self, stats: GenerationStats) -> None:
-        n, ms = stats.evaluated_prompt_tokens, stats.prefill_ms
-        if self.fixed or n < 64 or ms <= 0:
-            return
-        rate = n / (ms / 1000.0)
-        self.value = rate if self.value is None else 0.7 * self.value + 0.3 * rate
-
-    def tokens_within(self, ms: float) -> int | None:
-        """How many prompt tokens fit in ``ms``; None while the speed is unknown."""
-        return None if self.value is None else int(self.value * ms / 1000.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,11 +236,18 @@ class CompletionEngine:
             self._schedule_prepare()  # the full window for the next keystroke, when quiet
 
     async def _start(
-        self, uri: str, doc: Document, offset: int, backend: Backend, max_tokens: int | None
+        self,
+        uri: str,
+        doc: Document,
+        offset: int,
+        backend: Backend,
+        max_tokens: int | None,
+        *,
+        yields: bool = False,
     ) -> _Live:
         retrieved = await self.retrieve(uri, doc.text, offset)
         ctx = self._request_context(uri, doc, offset, backend, retrieved)
-        return await self._launch(uri, doc, offset, backend, ctx, max_tokens)
+        return await self._launch(uri, doc, offset, backend, ctx, max_tokens, yields=yields)
 
     # -- which window: the latency budget ------------------------------------------------
 
@@ -379,7 +368,11 @@ class CompletionEngine:
         max_tokens: int | None,
         *,
         background: bool = False,
+        yields: bool = False,
     ) -> _Live:
+        """Start a generation: a document's suggestion, or ``background`` preparation
+        (never shown). ``yields``: a suggestion no one asked for yet (a prefetch), which a
+        shared engine runs after other windows' keystrokes, like background work."""
         settings = self._settings
         template = self.template()
         prompt = self._prompt(uri, ctx)
@@ -400,6 +393,8 @@ class CompletionEngine:
             speculation=settings.speculation,
             draft_sources=(ctx.suffix, *(s.text for s in ctx.snippets)),
             moved_kv_drift=settings.moved_suffix_drift,
+            background=background or yields,
+            document=uri,
         )
         generation = await backend.generate(request)
         before, after = doc.text[:offset], doc.text[offset:]
@@ -677,7 +672,7 @@ class CompletionEngine:
         if offset > len(doc.text):
             return
         try:
-            await self._start(uri, doc, offset, await self.backend(), None)
+            await self._start(uri, doc, offset, await self.backend(), None, yields=True)
             self.prefetches += 1
         except Exception as exc:  # a prefetch is best effort; the next request will retry
             log.debug("prefetch failed: %s", _describe(exc))
@@ -836,16 +831,24 @@ class CompletionEngine:
 
     async def warm_up(self) -> None:
         """Load the model, then time a synthetic prompt (no user code) to learn this
-        machine's prefill speed for ``firstAnswerMs``."""
+        machine's prefill speed for ``firstAnswerMs``, unless the backend knows it (a
+        shared engine measured it for an earlier window; there the synthetic prompt would
+        be answered from its cache and time nothing)."""
         backend = await self.backend()
         if self.rate.value is not None or not isinstance(backend, PromptCache):
+            return
+        if isinstance(backend, PrefillSpeed) and backend.prefill_tokens_per_s:
+            self.rate.value = backend.prefill_tokens_per_s
             return
         if not self._settings.first_answer_ms:
             return  # nothing needs the speed
         if self._busy() or self._calibration is not None:
             return
         request = GenerationRequest(
-            prompt=_CALIBRATION_TEXT, max_tokens=1, speculation=SpeculationMethod.NONE
+            prompt=_CALIBRATION_TEXT,
+            max_tokens=1,
+            speculation=SpeculationMethod.NONE,
+            background=True,
         )
         self._calibration = generation = await backend.generate(request)
         try:
@@ -1014,6 +1017,7 @@ class BackendPool:
         key = (
             settings.backend,
             settings.local_engine,
+            settings.engine,
             settings.model,
             settings.draft_model if settings.speculation is SpeculationMethod.DRAFT else None,
             settings.context_size,

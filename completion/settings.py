@@ -30,6 +30,11 @@ class LocalEngine(enum.StrEnum):
     TORCH = "torch"  # transformers + PyTorch (pip install 'kode[torch]'); bf16 on a GPU
 
 
+class EngineMode(enum.StrEnum):
+    SHARED = "shared"  # one engine process per user and model, shared by every window
+    IN_PROCESS = "inProcess"  # this window loads its own copy of the model
+
+
 class RemoteApi(enum.StrEnum):
     SGLANG = "sglang"  # native POST /generate (SSE) + /abort_request
     OPENAI = "openai"  # POST /v1/completions (vLLM, TGI, llama.cpp server, kode serve)
@@ -56,6 +61,11 @@ class Settings(
     enabled: bool = True
     backend: BackendKind = BackendKind.LOCAL
     local_engine: LocalEngine = LocalEngine.LLAMA_CPP
+    # llama.cpp: every window talks to one engine process per user and model (started by
+    # the first window, `kode engine status|stop`), or loads the model itself.
+    engine: EngineMode = EngineMode.SHARED
+    # The shared engine exits this long after its last window closed (0: at once).
+    engine_idle_minutes: Annotated[int, msgspec.Meta(ge=0, le=7 * 24 * 60)] = 30
     model: str = "default"  # "default" (1.5B), "small" (0.5B), a GGUF path or hf:OWNER/REPO/FILE
     draft_model: str = "small"  # used by speculation = draft
     template: str = "qwen2.5-coder"

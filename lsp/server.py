@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import sys
@@ -29,7 +30,7 @@ from urllib.parse import urlparse
 from urllib.request import url2pathname
 
 import msgspec
-from kode.backends.base import KvMemoryReport
+from kode.backends.base import Backend, EngineReport, KvMemoryReport
 from kode.backends.errors import DocumentError, describe
 from kode.completion import settings as settings_mod
 from kode.completion.backend_factory import load_backend
@@ -181,7 +182,7 @@ class KodeServer(LanguageServer):
             text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
             protocol_cls=KodeProtocol,
         )
-        self.pool = BackendPool(load_backend)
+        self.pool = BackendPool(functools.partial(load_backend, notify=self.notice))
         self.engine = CompletionEngine(backend_factory or self.pool.get)
         self._pending_messages: list[str] = []
         self.told: set[str] = set()  # completion failures shown to the user (tell_once)
@@ -273,6 +274,14 @@ class KodeServer(LanguageServer):
             types.ShowMessageParams(type=types.MessageType.Error, message=message)
         )
         return True
+
+    def notice(self, message: str) -> None:
+        """Tell the user something about the engine (e.g. that this window fell back to
+        its own copy of the model)."""
+        log.warning("%s", message)
+        self.window_show_message(
+            types.ShowMessageParams(type=types.MessageType.Warning, message=message)
+        )
 
     def report_problems(self, problems: list[str]) -> None:
         for problem in problems:
@@ -447,6 +456,7 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
                 "prefillTokensPerS": server.engine.rate.value,
             },
             "kvMemory": backend.kv_memory if isinstance(backend, KvMemoryReport) else None,
+            "engineProcess": _engine_process(backend),
             "settings": _redacted(server.engine.settings),
             "workspace": _index_stats(server),
         }
@@ -528,6 +538,11 @@ def _redacted(settings: settings_mod.Settings) -> dict[str, Any]:
 def _describe(exc: BaseException) -> str:
     """``errors.describe``; pygls' own protocol errors carry no source either."""
     return str(exc) if isinstance(exc, JsonRpcException) else describe(exc)
+
+
+def _engine_process(backend: Backend | None) -> dict[str, Any] | None:
+    """Which process runs the model: the shared engine (pid, socket) or this one."""
+    return backend.engine_info if isinstance(backend, EngineReport) else None
 
 
 def _index_stats(server: KodeServer) -> dict[str, Any] | None:

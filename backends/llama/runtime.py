@@ -100,11 +100,14 @@ def default_threads() -> int:
 class LlamaModel:
     """A loaded GGUF model: weights, vocabulary and tokenizer."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, vocab_only: bool = False) -> None:
+        """``vocab_only``: the vocabulary and tokenizer without the weights (a window of
+        the shared engine counts tokens with it)."""
         _quiet_llama()
         self.path = path
         params = llama_cpp.llama_model_default_params()
         params.use_mmap = True
+        params.vocab_only = vocab_only
         model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
         if not model:
             raise ModelError(f"llama.cpp could not load the model {path}")

@@ -11,6 +11,8 @@ export const SERVER_KEYS = [
   "enabled",
   "backend",
   "localEngine",
+  "engine",
+  "engineIdleMinutes",
   "model",
   "draftModel",
   "template",

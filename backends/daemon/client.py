@@ -1,0 +1,626 @@
+"""A window's side of the shared engine: the ``Backend`` that ``kode lsp`` uses.
+
+``SharedEngineBackend`` connects to the engine for its settings' model, and starts one
+when none answers: the first window to take the start lock spawns ``kode engine run``
+(detached, logging to the state folder), the others wait for its socket with backoff,
+so windows opening at the same moment end with exactly one engine. If the engine dies
+under a window, the next request starts it again, once; if that fails too, or no engine
+can be started, the window says so once (``notify``, shown as ``window/showMessage``)
+and loads the model in its own process, as before the shared engine existed.
+
+What stays in the window: token counting (the GGUF's vocabulary only, a few MB, so a
+keystroke never waits for the socket to count context lines) and an estimate of what
+the engine holds for this window's prompts (``cached_prefix``, from what its
+generations reported evaluating: the engine's own saved states may have been evicted
+since, or another window's may serve more; it is an estimate, as the protocol says).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import fcntl
+import itertools
+import logging
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from typing import Any, Protocol
+
+from kode.backends.base import (
+    Backend,
+    FinishReason,
+    GenerationRequest,
+    GenerationStats,
+    PromptCache,
+    TokenChunk,
+)
+from kode.backends.chunks import ChunkQueue, drain
+from kode.backends.daemon import protocol as wire
+from kode.backends.daemon.paths import (
+    KODE_VERSION,
+    EngineConfig,
+    EnginePlace,
+    lock_is_held,
+)
+from kode.backends.errors import EngineError, EngineSetupError, describe
+from kode.backends.kv_reuse import plan_moved_tail, prefix_reach
+from kode.backends.worker import BackendCounters
+
+log = logging.getLogger("kode.engine")
+
+_PEERCRED = struct.Struct("3i")
+# How long a window waits for a new engine to load its model and answer (the 1.5B loads
+# in seconds on a quiet machine; a busy one and a cold page cache take much longer).
+START_TIMEOUT_S = 180.0
+# How often a window restarts an engine that died under it before it falls back.
+MAX_RESTARTS = 1
+# Prompts of this window remembered for ``cached_prefix``.
+_MIRRORED = 16
+# Tokens a moved suffix re-evaluates (``runtime.MOVED_REFRESH``; not imported, so the
+# window does not need the llama.cpp runtime module for an estimate).
+_MOVED_REFRESH = 8
+
+Notify = Callable[[str], None]
+
+
+class Vocabulary(Protocol):
+    """The model's tokenizer, loaded in the window (``LlamaModel(path, vocab_only=True)``)."""
+
+    def tokenize(self, text: str, *, special: bool = True) -> list[int]: ...
+
+    def close(self) -> None: ...
+
+
+class EngineGeneration:
+    """One generation running in the engine, as the window consumes it."""
+
+    def __init__(self, conn: Connection, request_id: int, request: GenerationRequest) -> None:
+        self._conn = conn
+        self.id = request_id
+        self.request = request
+        self._stats = GenerationStats()
+        self._queue: ChunkQueue = asyncio.Queue()
+        self._done = asyncio.Event()
+        self._cancel_sent = False
+        self.decode_calls = 0
+        self.kv: dict[str, int] | None = None  # the engine's KV memory when it ended
+
+    @property
+    def stats(self) -> GenerationStats:
+        return self._stats
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    async def __aiter__(self) -> AsyncIterator[TokenChunk]:
+        try:
+            async with aclosing(drain(self._queue)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+        finally:
+            self._request_cancel()  # leaving early stops the engine's work
+
+    async def cancel(self) -> None:
+        self._request_cancel()
+        await self._done.wait()
+
+    async def wait(self) -> GenerationStats:
+        await self._done.wait()
+        return self._stats
+
+    def _request_cancel(self) -> None:
+        if not self._done.is_set() and not self._cancel_sent:
+            self._cancel_sent = True
+            self._conn.send(wire.Cancel(id=self.id))
+
+    # -- called by the connection's reader --------------------------------------------------
+
+    @property
+    def untouched(self) -> bool:
+        """Nothing came back yet and no one cancelled it: it can move to another engine."""
+        return self._stats.completion_tokens == 0 and not self._cancel_sent and not self.done
+
+    def chunk(self, chunk: wire.Chunk) -> None:
+        self._stats.completion_tokens += len(chunk.token_ids)
+        self._queue.put_nowait(TokenChunk(chunk.text, chunk.token_ids))
+
+    def end(self, end: wire.End) -> None:
+        for f in dataclasses.fields(GenerationStats):
+            setattr(self._stats, f.name, getattr(end.stats, f.name))
+        self.decode_calls = end.decode_calls
+        self.kv = end.kv_memory
+        self._queue.put_nowait(None)
+        self._done.set()
+
+    def fail(self, exc: BaseException) -> None:
+        self._stats.finish_reason = FinishReason.ERROR
+        self._queue.put_nowait(exc)
+        self._done.set()
+
+
+class Connection:
+    """One session with the engine: requests go out, a reader task routes what comes back."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        welcome: wire.Welcome,
+        on_end: Callable[[EngineGeneration], None],
+        on_lost: Callable[[list[EngineGeneration]], bool] = lambda _g: False,
+    ) -> None:
+        self._reader, self._writer = reader, writer
+        self.welcome = welcome
+        self._on_end = on_end
+        self.on_lost = on_lost  # takes over untouched generations when the engine dies
+        self._ids = itertools.count(1)
+        self._generations: dict[int, EngineGeneration] = {}
+        self._status: list[asyncio.Future[dict[str, Any]]] = []
+        self.closed = False
+        self._task = asyncio.ensure_future(self._read())
+
+    @classmethod
+    async def open(
+        cls,
+        path: str,
+        *,
+        fingerprint: str,
+        window: bool,
+        timeout_s: float,
+        on_end: Callable[[EngineGeneration], None] = lambda _g: None,
+    ) -> Connection:
+        """Connect and say hello. Raises ``OSError`` if nothing listens, ``EngineSetupError``
+        if the engine refuses (another protocol, a model it could not load), ``EngineError``
+        if it does not answer within ``timeout_s``."""
+        reader, writer = await asyncio.open_unix_connection(path)
+        try:
+            sock = writer.get_extra_info("socket")
+            _pid, uid, _gid = _PEERCRED.unpack(
+                sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+            )
+            if uid != os.getuid():
+                raise EngineSetupError(f"the engine socket {path} is served by user id {uid}")
+            hello = wire.Hello(
+                protocol=wire.PROTOCOL_VERSION,
+                kode_version=KODE_VERSION,
+                fingerprint=fingerprint,
+                pid=os.getpid(),
+                window=window,
+            )
+            writer.write(wire.encode(hello))
+            try:
+                payload = await asyncio.wait_for(wire.read_frame(reader), timeout_s)
+            except TimeoutError:
+                raise EngineError(
+                    f"the Kode engine on {path} did not answer within {timeout_s:.0f} s"
+                ) from None
+            if payload is None:
+                raise EngineError(f"the Kode engine on {path} closed the connection")
+            welcome = wire.check_welcome(wire.decode_engine(payload))
+        except BaseException:
+            writer.close()
+            raise
+        return cls(reader, writer, welcome, on_end)
+
+    def send(self, message: Any) -> None:
+        if not self.closed and not self._writer.is_closing():
+            self._writer.write(wire.encode(message))
+
+    def generate(self, request: GenerationRequest) -> EngineGeneration:
+        if self.closed:
+            raise EngineError("the connection to the Kode engine is closed")
+        generation = EngineGeneration(self, 0, request)
+        self.adopt(generation)
+        return generation
+
+    def adopt(self, generation: EngineGeneration) -> None:
+        """Run ``generation`` here (a new one, or one a dead engine never started)."""
+        generation._conn, generation.id = self, next(self._ids)
+        self._generations[generation.id] = generation
+        self.send(wire.Generate(id=generation.id, request=generation.request))
+
+    async def status(self, timeout_s: float = 2.0) -> dict[str, Any]:
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._status.append(future)
+        self.send(wire.Status())
+        return await asyncio.wait_for(future, timeout_s)
+
+    def stop_engine(self) -> None:
+        self.send(wire.Stop())
+
+    async def close(self) -> None:
+        self.closed = True
+        self._writer.close()
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+            await self._task
+        self._fail_all(EngineError("the connection to the Kode engine was closed"))
+
+    async def _read(self) -> None:
+        why = "closed the connection"
+        try:
+            while (payload := await wire.read_frame(self._reader)) is not None:
+                self._route(wire.decode_engine(payload))
+        except (ConnectionError, EngineError) as exc:
+            why = f"failed ({describe(exc)})"
+        finally:
+            self.closed = True
+            self._writer.close()
+            untouched = [g for g in self._generations.values() if g.untouched]
+            if untouched and self.on_lost(untouched):
+                for g in untouched:
+                    self._generations.pop(g.id, None)
+            self._fail_all(
+                EngineError(f"the Kode engine (pid {self.welcome.pid}) {why} during a request")
+            )
+
+    def _route(self, message: wire.EngineMessage) -> None:
+        if isinstance(message, wire.Chunk):
+            generation = self._generations.get(message.id)
+            if generation is not None:
+                generation.chunk(message)
+        elif isinstance(message, wire.End):
+            generation = self._generations.pop(message.id, None)
+            if generation is not None:
+                generation.end(message)
+                self._on_end(generation)
+        elif isinstance(message, wire.Failed):
+            generation = self._generations.pop(message.id, None)
+            if generation is not None:
+                generation.fail(wire.raised(message))
+        elif isinstance(message, wire.StatusReply) and self._status:
+            future = self._status.pop(0)
+            if not future.done():
+                future.set_result(message.info)
+
+    def _fail_all(self, exc: EngineError) -> None:
+        generations, self._generations = self._generations, {}
+        for generation in generations.values():
+            generation.fail(exc)
+        for future in self._status:
+            if not future.done():
+                future.set_exception(exc)
+        self._status.clear()
+
+
+def spawn_engine(config: EngineConfig, place: EnginePlace, *, idle_s: float) -> int:
+    """Start ``kode engine run`` for ``config``, detached (its own session, no terminal),
+    its output appended to its log; returns its pid. A thread reaps it if it ends while
+    this window lives."""
+    command = [sys.executable, "-m", "kode.cli.main", "engine", "run", *config.argv()]
+    command += ["--idle-seconds", str(idle_s)]
+    with open(place.log, "ab") as out:
+        proc = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
+            close_fds=True,
+            cwd="/",  # a daemon keeps no folder of the window's busy
+        )
+    threading.Thread(target=proc.wait, name="kode-engine-reaper", daemon=True).start()
+    return proc.pid
+
+
+async def connect(
+    config: EngineConfig,
+    place: EnginePlace,
+    *,
+    idle_s: float,
+    window: bool = True,
+    start: bool = True,
+    timeout_s: float = START_TIMEOUT_S,
+    on_end: Callable[[EngineGeneration], None] = lambda _g: None,
+    spawn: Callable[[EngineConfig, EnginePlace], int] | None = None,
+) -> Connection:
+    """A connection to the engine for ``config``, starting it if none answers (``start``).
+
+    Connect; else, if no engine holds its lock, take the start lock and spawn one (the
+    others, finding the start lock taken, only wait); then retry with backoff until the
+    engine answers or ``timeout_s`` passes.
+    """
+
+    def default_spawn(c: EngineConfig, p: EnginePlace) -> int:
+        return spawn_engine(c, p, idle_s=idle_s)
+
+    spawn = spawn or default_spawn
+    deadline = time.monotonic() + timeout_s
+    delay = 0.02
+    start_lock = place.lock.with_suffix(".start")
+    while True:
+        try:
+            return await Connection.open(
+                str(place.socket),
+                fingerprint=place.name,
+                window=window,
+                timeout_s=max(1.0, deadline - time.monotonic()),
+                on_end=on_end,
+            )
+        except (FileNotFoundError, ConnectionRefusedError):
+            pass
+        if not start:
+            raise EngineError(f"no Kode engine is running on {place.socket}")
+        if not lock_is_held(place.lock):
+            await asyncio.to_thread(_start_once, start_lock, place, config, spawn, deadline)
+        if time.monotonic() >= deadline:
+            raise EngineError(
+                f"no Kode engine answered on {place.socket} within {timeout_s:.0f} s "
+                f"(its log: {place.log})"
+            )
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.5)
+
+
+def _start_once(
+    start_lock: Any,
+    place: EnginePlace,
+    config: EngineConfig,
+    spawn: Callable[[EngineConfig, EnginePlace], int],
+    deadline: float,
+) -> None:
+    """Spawn the engine unless another window is doing it; hold the start lock until the
+    engine holds its own lock (or it gave up), so that exactly one is spawned."""
+    fd = os.open(start_lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return  # another window is starting it
+        if lock_is_held(place.lock):
+            return
+        pid = spawn(config, place)
+        log.info("started the Kode engine (pid %d) for %s", pid, config.model.name)
+        while time.monotonic() < deadline and not lock_is_held(place.lock):
+            if not _alive(pid):
+                return
+            time.sleep(0.02)
+    finally:
+        os.close(fd)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+class KvMirror:
+    """What this window's generations left evaluated in the engine, to estimate
+    ``cached_prefix`` without a round trip: the evaluated tokens of recent prompts
+    (longest common prefix), and the last prompt's suffix moved after an edit.
+
+    >>> m = KvMirror()
+    >>> m.remember([1, 2, 3, 4, 5], evaluated=5)
+    >>> m.reach([1, 2, 3, 9])
+    3
+    """
+
+    def __init__(self, size: int = _MIRRORED) -> None:
+        self._size = size
+        self._prompts: OrderedDict[tuple[int, ...], None] = OrderedDict()
+        self._last: tuple[int, ...] = ()
+
+    def remember(self, tokens: list[int], evaluated: int) -> None:
+        kept = tuple(tokens[: max(0, evaluated)])
+        if not kept:
+            return
+        self._prompts.pop(kept, None)
+        self._prompts[kept] = None
+        while len(self._prompts) > self._size:
+            self._prompts.popitem(last=False)
+        self._last = kept
+
+    def reach(self, tokens: list[int]) -> int:
+        best = max((prefix_reach(p, tokens, None) for p in self._prompts), default=0)
+        if len(self._last) >= 2:
+            plan = plan_moved_tail(self._last, tokens, refresh=_MOVED_REFRESH)
+            if plan is not None:
+                best = max(best, plan.keep + plan.length)
+        return min(best, max(len(tokens) - 1, 0))
+
+
+class SharedEngineBackend:
+    """The ``Backend`` protocol over the shared engine (or, after a failure, over the
+    in-process backend ``fallback`` loads)."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        place: EnginePlace,
+        vocab: Vocabulary,
+        *,
+        idle_s: float,
+        fallback: Callable[[], Awaitable[Backend]],
+        notify: Notify,
+        timeout_s: float = START_TIMEOUT_S,
+    ) -> None:
+        self.config = config
+        self.place = place
+        self._vocab = vocab
+        self.idle_s = idle_s
+        self._load_fallback = fallback
+        self._notify = notify
+        self._timeout_s = timeout_s
+        self.counters = BackendCounters()
+        self.mirror = KvMirror()
+        self._conn: Connection | None = None
+        self._fallback: Backend | None = None
+        self._lock = asyncio.Lock()
+        self._kv: dict[str, int] = {}
+        self.restarts = 0
+        self._closed = False
+        self._spawn: Callable[[EngineConfig, EnginePlace], int] | None = None  # tests swap it
+        self._moving: set[asyncio.Future[None]] = set()
+
+    # -- Backend protocol -----------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        if self._fallback is not None:
+            return self._fallback.name
+        return "llama.cpp" if self._conn is None else self._conn.welcome.engine
+
+    @property
+    def model_name(self) -> str:
+        return self.config.model.name
+
+    def count_tokens(self, text: str) -> int:
+        return len(self._vocab.tokenize(text))
+
+    async def generate(self, request: GenerationRequest) -> Any:
+        if self._closed:
+            raise EngineError("backend is closed")
+        conn = await self._connection()
+        if conn is None:
+            assert self._fallback is not None
+            return await self._fallback.generate(request)
+        return conn.generate(request)
+
+    async def health(self, timeout_s: float = 1.0) -> bool:
+        if self._fallback is not None:
+            return await self._fallback.health(timeout_s)
+        conn = self._conn
+        if conn is None or conn.closed:
+            return False
+        try:
+            await conn.status(timeout_s)
+        except (EngineError, TimeoutError):
+            return False
+        return True
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._conn is not None:
+            await self._conn.close()
+        if self._fallback is not None:
+            await self._fallback.aclose()
+        self._vocab.close()
+
+    # -- PromptCache, KvMemoryReport, EngineReport -------------------------------------------
+
+    def cached_prefix(self, prompt: str) -> tuple[int, int]:
+        if self._fallback is not None:
+            if isinstance(self._fallback, PromptCache):
+                return self._fallback.cached_prefix(prompt)
+            return 0, self.count_tokens(prompt)
+        tokens = self._vocab.tokenize(prompt)
+        return self.mirror.reach(tokens), len(tokens)
+
+    @property
+    def prefill_tokens_per_s(self) -> float | None:
+        """The prefill speed the engine measured for earlier windows (``PrefillSpeed``)."""
+        if self._fallback is not None or self._conn is None:
+            return None
+        return self._conn.welcome.prefill_tokens_per_s
+
+    @property
+    def kv_memory(self) -> dict[str, int]:
+        """The engine's saved-state memory as its last answer to this window reported it."""
+        return dict(self._kv)
+
+    @property
+    def engine_info(self) -> dict[str, Any]:
+        conn = self._conn
+        if self._fallback is not None:
+            return {"kind": "inProcess", "pid": os.getpid(), "fallback": True}
+        return {
+            "kind": "shared",
+            "pid": None if conn is None else conn.welcome.pid,
+            "socket": str(self.place.socket),
+            "connected": conn is not None and not conn.closed,
+            "restarts": self.restarts,
+        }
+
+    # -- the connection -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect to (or start) the engine; on failure, fall back and say why."""
+        async with self._lock:
+            if self._conn is None and self._fallback is None:
+                await self._open_or_fall_back()
+
+    async def _connection(self) -> Connection | None:
+        async with self._lock:
+            if self._fallback is not None:
+                return None
+            conn = self._conn
+            if conn is not None and not conn.closed:
+                return conn
+            if conn is not None:
+                if self.restarts >= MAX_RESTARTS:
+                    await self._fall_back(
+                        f"the shared Kode engine stopped again (it was restarted "
+                        f"{self.restarts} time); see {self.place.log}"
+                    )
+                    return None
+                self.restarts += 1
+                log.warning("the Kode engine (pid %d) is gone; starting it again", conn.welcome.pid)
+            return await self._open_or_fall_back()
+
+    async def _open_or_fall_back(self) -> Connection | None:
+        try:
+            self._conn = await connect(
+                self.config,
+                self.place,
+                idle_s=self.idle_s,
+                timeout_s=self._timeout_s,
+                on_end=self._ended,
+                spawn=self._spawn,
+            )
+            self._conn.on_lost = self._lost
+        except (EngineError, OSError) as exc:
+            await self._fall_back(describe(exc))
+            return None
+        log.info("using the Kode engine pid %d on %s", self._conn.welcome.pid, self.place.socket)
+        return self._conn
+
+    async def _fall_back(self, why: str) -> None:
+        self._notify(
+            f"Kode: the shared engine is not available ({why}); this window loads its own "
+            "copy of the model"
+        )
+        if self._conn is not None:
+            await self._conn.close()
+            self._conn = None
+        self._fallback = await self._load_fallback()
+
+    def _lost(self, generations: list[EngineGeneration]) -> bool:
+        """The engine died before these produced anything: run them on a restarted one
+        (once per window, as any restart), so the keystroke is still answered."""
+        if self._closed or self._fallback is not None or self.restarts >= MAX_RESTARTS:
+            return False
+
+        async def move() -> None:
+            conn = await self._connection()
+            for generation in generations:
+                if conn is None:
+                    generation.fail(EngineError("the shared Kode engine stopped"))
+                else:
+                    conn.adopt(generation)
+
+        task = asyncio.ensure_future(move())
+        self._moving.add(task)
+        task.add_done_callback(self._moving.discard)
+        return True
+
+    def _ended(self, generation: EngineGeneration) -> None:
+        stats = generation.stats
+        self.counters.record(stats, generation.decode_calls)
+        if stats.prompt_tokens:
+            tokens = self._vocab.tokenize(generation.request.prompt)
+            self.mirror.remember(tokens, stats.reused_prompt_tokens + stats.evaluated_prompt_tokens)
+        if generation.kv is not None:
+            self._kv = generation.kv

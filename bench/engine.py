@@ -1,0 +1,533 @@
+"""``kode bench engine``: one shared engine for several editor windows (issue #15).
+
+Real ``kode lsp`` processes (pygls clients over stdio, as editors run them), each run in
+a folder of its own (``XDG_RUNTIME_DIR``), so the benchmark never meets the user's own
+engine and leaves none behind. Measured, in one run:
+
+- memory, PSS summed over every Kode process (``/proc/PID/smaps_rollup``), with 1, 2 and
+  3 windows on one shared engine, and with 1 and 2 windows that each load the model;
+- each window's first answer (from starting ``kode lsp``): the first pays the model load,
+  the next ones should not;
+- the active window's keystroke latency alone, then while another window reads a large
+  file ahead and prepares the cursor's places in it (``kode/didMoveCursor``);
+- two windows typing at once, on the shared engine and with a model per window.
+
+A keystroke here is a character the model does not predict (a new generation every time,
+never answered from the shown suggestion), typed at the end of a line, then an inline
+completion request; the next one follows the answer after ``PAUSE_S``.
+
+``--busy`` measures instead how llama.cpp degrades under one busy process per core:
+prefill and decode speed for OpenMP's wait policy (active, passive), threads (1, 2) and
+priority (nice 0, 5), against the quiet machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kode.bench import common, latency
+
+PAUSE_S = 0.05  # between an answer and the next keystroke
+STEP_S = 600.0  # the longest one step may take (a model load on a busy machine)
+TYPED = "zqxjvkwq"  # characters the model does not predict at the cursor
+SMALL_DOC = (
+    "import math\n\n\n"
+    "class Circle:\n"
+    "    def __init__(self, radius):\n"
+    "        self.radius = radius\n\n"
+    "    def area(self):\n"
+    "        return math.pi * self.radius ** 2\n\n"
+    "    def scaled(self, factor):\n"
+    "        value = "
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    model: str = "default"
+    keys: int = 8  # keystrokes per measurement
+    large: Path | None = None  # the neighbour's file (default: argparse.py of the stdlib)
+    out: Path = Path("results/engine")
+    busy: bool = False
+    seed: int = 0
+
+
+# -- processes ----------------------------------------------------------------------------
+
+
+def proc_state(pid: int) -> str | None:
+    """The state letter of ``pid`` (``Z``: a zombie), None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    state = proc_state(pid)
+    return state is not None and state != "Z"
+
+
+def engine_pids(folder: Path) -> list[int]:
+    """Live ``kode engine run`` processes whose ``XDG_RUNTIME_DIR`` is ``folder``."""
+    found = []
+    want = f"XDG_RUNTIME_DIR={folder}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            if b"engine" not in cmdline or b"run" not in cmdline:
+                continue
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if want in environ and alive(int(entry.name)):
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def stop_engines(folder: Path, timeout_s: float = 20.0) -> list[int]:
+    """SIGTERM every engine of ``folder``; the pids still running after ``timeout_s``
+    (then killed)."""
+    pids = engine_pids(folder)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stubborn = [p for p in pids if alive(p)]
+    for pid in stubborn:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return stubborn
+
+
+def pss_mb(pids: Sequence[int]) -> float:
+    """Proportional set size summed over ``pids`` (shared pages split among sharers)."""
+    total_kb = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total_kb += int(line.split()[1])
+    return total_kb / 1024.0
+
+
+# -- a window -------------------------------------------------------------------------------
+
+
+class Window:
+    """One ``kode lsp`` process with a pygls client, as an editor window runs it."""
+
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        from pygls.lsp.client import LanguageClient
+
+        self.client = LanguageClient("kode-bench", "0.1.0")
+        self.env = env
+        self.shown: list[str] = []
+        self._n = 0
+        self._versions: dict[str, int] = {}
+        self._texts: dict[str, str] = {}
+
+        def show(params: Any) -> None:
+            self.shown.append(params.message)
+
+        self.client.feature("window/showMessage")(show)
+
+    @property
+    def pid(self) -> int:
+        server = self.client._server
+        assert server is not None
+        return int(server.pid)
+
+    async def start(self, options: dict[str, Any]) -> None:
+        from lsprotocol import types
+
+        await self.client.start_io(
+            sys.executable, "-m", "kode.cli.main", "lsp", cwd=str(common.REPO_ROOT), env=self.env
+        )
+        await self.client.initialize_async(
+            types.InitializeParams(
+                capabilities=types.ClientCapabilities(),
+                process_id=None,
+                root_uri=None,
+                initialization_options=options,
+            )
+        )
+        self.client.initialized(types.InitializedParams())
+
+    def open(self, uri: str, text: str) -> None:
+        from lsprotocol import types
+
+        self._versions[uri], self._texts[uri] = 1, text
+        self.client.text_document_did_open(
+            types.DidOpenTextDocumentParams(
+                text_document=types.TextDocumentItem(
+                    uri=uri, language_id="python", version=1, text=text
+                )
+            )
+        )
+
+    def end_of(self, uri: str) -> tuple[int, int]:
+        """The position after the last character of ``uri``."""
+        lines = self._texts[uri].split("\n")
+        return len(lines) - 1, len(lines[-1].encode("utf-16-le")) // 2
+
+    def type(self, uri: str, text: str) -> None:
+        """Append ``text`` to ``uri`` (an incremental ``didChange`` at its end)."""
+        from lsprotocol import types
+
+        line, character = self.end_of(uri)
+        self._versions[uri] += 1
+        self._texts[uri] += text
+        at = types.Position(line=line, character=character)
+        self.client.text_document_did_change(
+            types.DidChangeTextDocumentParams(
+                text_document=types.VersionedTextDocumentIdentifier(
+                    uri=uri, version=self._versions[uri]
+                ),
+                content_changes=[
+                    types.TextDocumentContentChangePartial(
+                        range=types.Range(start=at, end=at), text=text
+                    )
+                ],
+            )
+        )
+
+    def move_cursor(self, uri: str, line: int, character: int) -> None:
+        self.client.protocol.notify(
+            "kode/didMoveCursor",
+            {"textDocument": {"uri": uri}, "position": {"line": line, "character": character}},
+        )
+
+    def request(self, uri: str, line: int, character: int) -> asyncio.Future[Any]:
+        from lsprotocol import types
+
+        params = types.InlineCompletionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            position=types.Position(line=line, character=character),
+            context=types.InlineCompletionContext(
+                trigger_kind=types.InlineCompletionTriggerKind.Invoked
+            ),
+        )
+        self._n += 1
+        future = self.client.protocol.send_request(
+            types.TEXT_DOCUMENT_INLINE_COMPLETION, params, msg_id=f"c{self._n}"
+        )
+        return asyncio.wrap_future(future)
+
+    async def complete(self, uri: str, line: int, character: int, timeout_s: float) -> str:
+        result = await asyncio.wait_for(self.request(uri, line, character), timeout_s)
+        items = getattr(result, "items", None) or []
+        return str(items[0].insert_text) if items else ""
+
+    async def stats(self) -> dict[str, Any]:
+        reply = await asyncio.wait_for(
+            self.client.protocol.send_request_async("kode/stats", {}), 60
+        )
+        plain: dict[str, Any] = latency.plain(reply)
+        return plain
+
+    async def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.client.shutdown_async(None), 20)
+            self.client.exit(None)
+        server = self.client._server
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.client.stop(), 20)  # type: ignore[no-untyped-call]
+        if server is not None and server.returncode is None:
+            server.kill()
+            await server.wait()
+
+
+# -- the windows benchmark -------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Report:
+    model: str
+    machine: str = ""
+    first_answer_s: dict[str, list[float]] = field(default_factory=dict)
+    memory_mb: dict[str, list[float]] = field(default_factory=dict)
+    keys_ms: dict[str, list[float]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+async def type_keys(window: Window, uri: str, n: int, seed: int) -> list[float]:
+    """``n`` keystrokes at the end of ``uri``, each answered before the next: their
+    latencies (ms). Each key differs from the suggestion shown, so the model answers it."""
+    rng = random.Random(seed)
+    out = []
+    shown = ""
+    for _ in range(n):
+        window.type(uri, rng.choice([c for c in TYPED if not shown.startswith(c)]))
+        line, character = window.end_of(uri)
+        start = time.perf_counter()
+        shown = await window.complete(uri, line, character, STEP_S)
+        out.append((time.perf_counter() - start) * 1000.0)
+        await asyncio.sleep(PAUSE_S)
+    return out
+
+
+async def keep_busy(window: Window, uri: str, text: str, stop: asyncio.Event, seed: int) -> None:
+    """A neighbour reading ``uri``: the cursor rests at a new place every second, so its
+    window keeps preparing places of the large file in the background."""
+    rng = random.Random(seed)
+    lines = text.split("\n")
+    while not stop.is_set():
+        line = rng.randrange(len(lines))
+        window.move_cursor(uri, line, len(lines[line]))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 1.0)
+
+
+async def open_and_answer(window: Window, settings: dict[str, Any], uri: str) -> float:
+    """Start ``window``, open a small document and complete in it: seconds to the answer."""
+    start = time.perf_counter()
+    await window.start(settings)
+    window.open(uri, SMALL_DOC)
+    line, character = window.end_of(uri)
+    await window.complete(uri, line, character, STEP_S)
+    return time.perf_counter() - start
+
+
+async def shared_run(options: Options, report: Report, large: tuple[str, str]) -> None:
+    folder = Path(tempfile.mkdtemp(prefix="kode-b-", dir="/tmp"))
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(folder), "XDG_STATE_HOME": str(folder / "st")}
+    settings = {"model": options.model, "maxTokens": 32, "workspaceIndex": False}
+    windows = [Window(env) for _ in range(3)]
+    try:
+        firsts, memory = [], []
+        for n, window in enumerate(windows):
+            firsts.append(await open_and_answer(window, settings, f"file:///w{n}/circle.py"))
+            await asyncio.sleep(1.0)
+            memory.append(pss_mb([*engine_pids(folder), *(w.pid for w in windows[: n + 1])]))
+        report.first_answer_s["shared"] = firsts
+        report.memory_mb["shared"] = memory
+        process = (await windows[1].stats()).get("engineProcess") or {}
+        report.notes.append(f"shared: windows answered by {process}")
+        a, b = windows[0], windows[1]
+        report.keys_ms["alone"] = await type_keys(a, "file:///w0/circle.py", options.keys, 1)
+        uri, text = large
+        b.open(uri, text)
+        stop = asyncio.Event()
+        busy = asyncio.ensure_future(keep_busy(b, uri, text, stop, options.seed))
+        await asyncio.sleep(2.0)  # the neighbour is reading ahead by now
+        report.keys_ms["busy neighbour"] = await type_keys(
+            a, "file:///w0/circle.py", options.keys, 2
+        )
+        stop.set()
+        await busy
+        report.keys_ms["alone again"] = await type_keys(a, "file:///w0/circle.py", options.keys, 3)
+        pair = await asyncio.gather(
+            type_keys(a, "file:///w0/circle.py", options.keys, 4),
+            type_keys(windows[2], "file:///w2/circle.py", options.keys, 5),
+        )
+        report.keys_ms["two typing, shared"] = [*pair[0], *pair[1]]
+        counters = (await a.stats()).get("counters")
+        report.notes.append(f"shared: window 1 counters {json.dumps(counters)[:400]}")
+    finally:
+        await asyncio.gather(*(w.stop() for w in windows))
+        left = stop_engines(folder)
+        if left:
+            report.notes.append(f"engines that ignored SIGTERM: {left}")
+        for log in (folder / "st" / "kode").glob("*.log"):
+            shutil.copy(log, common.prepare_out(options.out) / "engine.log")
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+async def in_process_run(options: Options, report: Report) -> None:
+    settings = {
+        "model": options.model,
+        "maxTokens": 32,
+        "workspaceIndex": False,
+        "engine": "inProcess",
+    }
+    windows = [Window() for _ in range(2)]
+    try:
+        firsts, memory = [], []
+        for n, window in enumerate(windows):
+            firsts.append(await open_and_answer(window, settings, f"file:///p{n}/circle.py"))
+            await asyncio.sleep(1.0)
+            memory.append(pss_mb([w.pid for w in windows[: n + 1]]))
+        report.first_answer_s["in-process"] = firsts
+        report.memory_mb["in-process"] = memory
+        a, b = windows
+        report.keys_ms["alone, in-process"] = await type_keys(
+            a, "file:///p0/circle.py", options.keys, 1
+        )
+        pair = await asyncio.gather(
+            type_keys(a, "file:///p0/circle.py", options.keys, 4),
+            type_keys(b, "file:///p1/circle.py", options.keys, 5),
+        )
+        report.keys_ms["two typing, in-process"] = [*pair[0], *pair[1]]
+    finally:
+        await asyncio.gather(*(w.stop() for w in windows))
+
+
+def render(report: Report) -> str:
+    def ms(values: list[float]) -> str:
+        med, p90 = common.median(values), common.percentile(values, 90)
+        return f"{common.fmt(med, 0)} / {common.fmt(p90, 0)}"
+
+    lines = [f"# kode bench engine ({report.model})", "", f"- machine: {report.machine}", ""]
+    rows = []
+    for kind, values in report.first_answer_s.items():
+        mem = report.memory_mb.get(kind, [])
+        rows.append(
+            [
+                kind,
+                " / ".join(f"{v:.1f}" for v in values),
+                " / ".join(f"{v:.0f}" for v in mem),
+                f"{mem[-1] / mem[0]:.2f}x" if len(mem) > 1 and mem[0] else common.UNKNOWN,
+            ]
+        )
+    lines.append(
+        common.markdown_table(
+            ["engine", "first answer per window (s)", "PSS with 1/2/3 windows (MB)", "last/one"],
+            rows,
+        )
+    )
+    lines += ["", "Keystrokes the model must answer (ms, median / p90):", ""]
+    alone = common.median(report.keys_ms.get("alone", []))
+    alone_ip = common.median(report.keys_ms.get("alone, in-process", []))
+    krows = []
+    for kind, values in report.keys_ms.items():
+        base = alone_ip if "in-process" in kind else alone
+        med = common.median(values)
+        ratio = f"{med / base:.2f}x" if med and base else common.UNKNOWN
+        krows.append([kind, len(values), ms(values), ratio])
+    lines.append(common.markdown_table(["window(s)", "keys", "latency", "vs alone"], krows))
+    lines += ["", *[f"- {note}" for note in report.notes], ""]
+    return "\n".join(lines)
+
+
+async def windows_bench(options: Options) -> Report:
+    report = Report(model=options.model, machine=common.machine_note())
+    path = options.large or Path(common.stdlib_files(1)[0]).parent / "argparse.py"
+    large = (path.resolve().as_uri(), path.read_text())
+    await shared_run(options, report, large)
+    await in_process_run(options, report)
+    report.machine += f"; after: {common.machine_note()}"
+    return report
+
+
+# -- the busy machine ---------------------------------------------------------------------
+
+# One fresh process per setting: libgomp reads OMP_WAIT_POLICY once, when it loads. The
+# prompt is synthetic (no user code); plain decoding, no calibration (a fixed cost curve).
+_PROBE = """
+import asyncio, json, os, sys
+from pathlib import Path
+from kode.backends.base import GenerationRequest, SpeculationMethod
+from kode.backends.llama.backend import LlamaBackend
+from kode.backends.speculative import CostCurve
+
+model, threads, nice = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+os.nice(nice)
+text = "".join(f"def step_{i}(value, scale={i}):\\n    return value * scale + {i}\\n\\n"
+               for i in range(24))
+
+async def main():
+    backend = await LlamaBackend.load(model, n_threads=threads, curve=CostCurve({1: 1.0}))
+    request = GenerationRequest(prompt=text, max_tokens=24, speculation=SpeculationMethod.NONE)
+    generation = await backend.generate(request)
+    async for _ in generation:
+        pass
+    s = await generation.wait()
+    await backend.aclose()
+    print(json.dumps({"prefill_tok_s": s.evaluated_prompt_tokens / (s.prefill_ms / 1000),
+                      "ms_per_token": s.ms_per_token, "prompt": s.evaluated_prompt_tokens,
+                      "tokens": s.completion_tokens}))
+
+asyncio.run(main())
+"""
+
+
+def busy_bench(options: Options) -> str:
+    """Prefill and decode under one busy process per core, per thread setting."""
+    from kode.backends import models
+
+    model = models.resolve(options.model)
+    cores = len(os.sched_getaffinity(0))
+    configs = [("quiet", "ACTIVE", cores, 0), ("quiet", "PASSIVE", cores, 0)]
+    configs.append(("quiet", "PASSIVE", 1, 0))
+    configs += [
+        ("busy", policy, threads, 0)
+        for policy in ("ACTIVE", "PASSIVE")
+        for threads in sorted({1, cores})
+    ]
+    configs.append(("busy", "PASSIVE", cores, 5))
+    rows = []
+    results: list[dict[str, Any]] = []
+    for load, policy, threads, nice in configs:
+        hogs = []
+        if load == "busy":
+            hogs = [
+                subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)
+            ]
+        try:
+            env = {**os.environ, "OMP_WAIT_POLICY": policy}
+            done = subprocess.run(
+                [sys.executable, "-c", _PROBE, str(model), str(threads), str(nice)],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=STEP_S,
+                check=False,
+            )
+        finally:
+            for hog in hogs:
+                hog.kill()
+                hog.wait()
+        if done.returncode != 0:
+            rows.append([load, policy, threads, nice, "failed", done.stderr[-200:]])
+            continue
+        got = json.loads(done.stdout.strip().splitlines()[-1])
+        results.append({"load": load, "policy": policy, "threads": threads, "nice": nice, **got})
+        rows.append(
+            [
+                load,
+                policy,
+                threads,
+                nice,
+                f"{got['prefill_tok_s']:.0f}",
+                f"{got['ms_per_token']:.1f}",
+            ]
+        )
+    table = common.markdown_table(
+        ["load", "OMP_WAIT_POLICY", "threads", "nice", "prefill tok/s", "ms/token"], rows
+    )
+    return f"# kode bench engine --busy ({options.model})\n\n{table}\n\n" + json.dumps(results)
+
+
+def main(options: Options) -> int:
+    out = common.prepare_out(options.out)
+    if options.busy:
+        text = busy_bench(options)
+        (out / "busy.md").write_text(text + "\n")
+        print(text)
+        return 0
+    report = asyncio.run(windows_bench(options))
+    text = render(report)
+    (out / "engine.md").write_text(text)
+    (out / "engine.json").write_text(json.dumps(asdict(report), indent=2))
+    print(text)
+    return 0

@@ -1,0 +1,171 @@
+"""The shared engine end to end (issue #15): real ``kode lsp`` windows, a real engine
+process, the real 0.5B, Unix sockets in the test's own folder (``conftest.py``), every
+step bounded in time. The folder's engines are SIGTERMed after each test and must go."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+from engine_windows import REPO, SMALL, Window, alive, engine_pids, eventually
+from kode.backends.daemon import protocol as wire
+
+pytestmark = [pytest.mark.model, pytest.mark.slow]
+
+URI = "file:///project/shapes.py"
+TEXT = "def area(width, height):\n    return "
+STEP_S = 120.0
+
+
+def kode(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kode.cli.main", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+async def open_windows(n: int, options: dict[str, object]) -> list[Window]:
+    windows = [Window() for _ in range(n)]
+    await asyncio.wait_for(asyncio.gather(*(w.start(options) for w in windows)), STEP_S)
+    return windows
+
+
+async def test_four_windows_started_at_once_share_one_engine(engine_folder: Path) -> None:
+    windows = await open_windows(4, SMALL)
+    try:
+        for w in windows:
+            w.open(URI, TEXT)
+        answers = await asyncio.gather(*(w.complete(URI, 1, 11, STEP_S) for w in windows))
+        assert all(a.strip() for a in answers), answers
+        engines = engine_pids(engine_folder)
+        assert len(engines) == 1, engines
+        for w in windows:
+            process = (await w.stats())["engineProcess"]
+            assert process["kind"] == "shared" and process["pid"] == engines[0]
+            assert process["socket"].startswith(str(engine_folder))
+            assert not w.shown, w.shown
+        status = json.loads((await asyncio.to_thread(kode, "engine", "status", "--json")).stdout)
+        assert [s["pid"] for s in status] == engines and status[0]["windows"] == 4
+    finally:
+        await asyncio.gather(*(w.stop() for w in windows))
+    # the windows are gone; `kode engine stop` ends the engine
+    stopped = await asyncio.to_thread(kode, "engine", "stop")
+    assert stopped.returncode == 0 and f"stopped engine pid {engines[0]}" in stopped.stdout
+    assert not engine_pids(engine_folder)
+
+
+async def test_a_killed_window_has_its_generation_cancelled(engine_folder: Path) -> None:
+    long = {**SMALL, "maxTokens": 400, "multiline": "always", "maxLines": 400}
+    victim, neighbour = await open_windows(2, long)
+    try:
+        text = "NUMBERS = [\n    1,\n    2,\n    3,\n"
+        victim.open(URI, text)
+        neighbour.open(URI, TEXT)
+        await neighbour.complete(URI, 1, 11, STEP_S)  # the engine is up and warm
+        (engine,) = engine_pids(engine_folder)
+        before = (await neighbour.stats())["engineProcess"]
+
+        def status() -> dict[str, object]:
+            found = json.loads(kode("engine", "status", "--json").stdout)
+            return dict(found[0])
+
+        cancelled_before = (await asyncio.to_thread(status))["counters"]["cancelled"]  # type: ignore[index]
+        victim.request(URI, 4, 0)
+        assert await eventually(lambda: status()["running"], 60, 0.02)
+        os.kill(victim.pid, signal.SIGKILL)
+        assert await eventually(lambda: not status()["running"], 30, 0.05)
+        after = await asyncio.to_thread(status)
+        counters = after["counters"]
+        assert isinstance(counters, dict)
+        assert counters["cancelled"] == cancelled_before + 1
+        assert counters["last"]["finishReason"] == "cancelled"
+        assert counters["last"]["stepsAfterCancel"] <= 1
+        assert after["windows"] == 1
+        # the engine goes on serving the other window
+        assert (await neighbour.complete(URI, 1, 11, STEP_S)).strip()
+        assert engine_pids(engine_folder) == [engine] == [before["pid"]]
+    finally:
+        await asyncio.gather(victim.stop(), neighbour.stop())
+
+
+async def test_an_engine_killed_under_a_window_is_restarted(engine_folder: Path) -> None:
+    (window,) = await open_windows(1, SMALL)
+    try:
+        window.open(URI, TEXT)
+        shown = await window.complete(URI, 1, 11, STEP_S)
+        assert shown.strip()
+        (first,) = engine_pids(engine_folder)
+        os.kill(first, signal.SIGKILL)
+        assert await eventually(lambda: not alive(first), 10)
+        # a key that is not the suggestion's (typed-ahead would answer without the model)
+        window.type(URI, "Q" if not shown.startswith("Q") else "Z")
+        answer = await window.complete(URI, *window.end_of(URI), STEP_S)
+        assert answer.strip()
+        (second,) = engine_pids(engine_folder)
+        assert second != first
+        process = (await window.stats())["engineProcess"]
+        assert process == {**process, "kind": "shared", "pid": second, "restarts": 1}
+        assert not window.shown, window.shown
+    finally:
+        await window.stop()
+
+
+async def test_an_open_engine_folder_is_refused_with_a_message(engine_folder: Path) -> None:
+    folder = engine_folder / "kode"
+    folder.mkdir(mode=0o755)
+    folder.chmod(0o755)
+    (window,) = await open_windows(1, SMALL)
+    try:
+        window.open(URI, TEXT)
+        assert (await window.complete(URI, 1, 11, STEP_S)).strip()  # in-process fallback
+        assert len(window.shown) == 1, window.shown
+        assert f"refusing the engine folder {folder}: its mode is 0755" in window.shown[0]
+        assert "loads its own copy of the model" in window.shown[0]
+        assert (await window.stats())["engineProcess"]["kind"] == "inProcess"
+        assert not engine_pids(engine_folder)
+        assert not await asyncio.to_thread(lambda: list(folder.iterdir()))
+    finally:
+        await window.stop()
+
+
+async def test_engine_refuses_another_protocol_and_idles_out(engine_folder: Path) -> None:
+    (window,) = await open_windows(1, {**SMALL, "engineIdleMinutes": 0})
+    try:
+        window.open(URI, TEXT)
+        assert (await window.complete(URI, 1, 11, STEP_S)).strip()
+        process = (await window.stats())["engineProcess"]
+        with socket.socket(socket.AF_UNIX) as raw:
+            raw.settimeout(10)
+            raw.connect(process["socket"])
+            hello = {"type": "hello", "protocol": 99, "kode_version": "9.9", "pid": 1}
+            payload = msgspec.msgpack.encode(hello)
+            raw.sendall(len(payload).to_bytes(4, "big") + payload)
+            size = int.from_bytes(raw.recv(4), "big")
+            data = b""
+            while len(data) < size:
+                data += raw.recv(size - len(data))
+        reply = wire.decode_engine(data)
+        assert isinstance(reply, wire.Refused)
+        assert "window speaks engine protocol 99 (Kode 9.9)" in reply.message
+        assert "restart the editor windows" in reply.message
+    finally:
+        await window.stop()
+    # engineIdleMinutes 0: the engine leaves with its last window, socket and all
+    assert await eventually(lambda: not engine_pids(engine_folder), 20)
+    assert not await asyncio.to_thread(Path(process["socket"]).exists)
+    logs = engine_folder / "state" / "kode"
+    log = "".join(p.read_text() for p in await asyncio.to_thread(lambda: list(logs.glob("*.log"))))
+    assert "stopping: no window for 0 s" in log
+    assert "def area" not in log  # no source code in the log

@@ -1,0 +1,320 @@
+"""The engine server and the window's client over a real Unix socket, with an in-memory
+backend instead of a model (issue #15): scheduling across windows, cancel on
+disconnect, restart once then fall back, versions. Fast; no engine process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kode.backends.base import (
+    Backend,
+    FinishReason,
+    GenerationRequest,
+    GenerationStats,
+    TokenChunk,
+)
+from kode.backends.daemon.client import Connection, SharedEngineBackend
+from kode.backends.daemon.paths import EngineConfig, EnginePlace, engine_place
+from kode.backends.daemon.server import EngineServer
+from kode.backends.errors import ContextOverflow, EngineError, EngineSetupError
+from kode.backends.worker import BackendCounters
+
+STEP_S = 10.0
+
+
+class SlowGeneration:
+    """Chunks after ``delay`` each; a cancel ends it before the next one."""
+
+    def __init__(self, backend: SlowBackend, request: GenerationRequest) -> None:
+        self.backend, self.request = backend, request
+        n = len(request.prompt)
+        self._stats = GenerationStats(prompt_tokens=n, evaluated_prompt_tokens=n, prefill_ms=100.0)
+        self._cancel = asyncio.Event()
+        self._done = asyncio.Event()
+
+    @property
+    def stats(self) -> GenerationStats:
+        return self._stats
+
+    async def __aiter__(self) -> AsyncIterator[TokenChunk]:
+        try:
+            for n in range(self.request.max_tokens):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._cancel.wait(), self.backend.delay)
+                if self._cancel.is_set():
+                    self._stats.finish_reason = FinishReason.CANCELLED
+                    return
+                self._stats.completion_tokens += 1
+                yield TokenChunk(f"{self.request.document}:{n} ", (n,))
+            self._stats.finish_reason = FinishReason.LENGTH
+        finally:
+            self.backend.counters.record(self._stats, 1)
+            self._done.set()
+
+    async def cancel(self) -> None:
+        self._cancel.set()
+        await self._done.wait()
+
+    async def wait(self) -> GenerationStats:
+        await self._done.wait()
+        return self._stats
+
+
+class SlowBackend:
+    name = "fake"
+    model_name = "fake.gguf"
+
+    def __init__(self, delay: float = 0.05) -> None:
+        self.delay = delay
+        self.counters = BackendCounters()
+        self.started: list[str] = []  # documents, in the order their generations started
+        self.closed = False
+
+    def count_tokens(self, text: str) -> int:
+        return len(text)
+
+    async def generate(self, request: GenerationRequest) -> SlowGeneration:
+        if request.prompt == "overflow":
+            raise ContextOverflow("prompt (9 tokens) + max_tokens exceeds the context window")
+        self.started.append(request.document)
+        return SlowGeneration(self, request)
+
+    async def health(self, timeout_s: float = 1.0) -> bool:
+        return True
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+class Engine:
+    """An ``EngineServer`` on a task of this loop."""
+
+    def __init__(self, place: EnginePlace, backend: SlowBackend) -> None:
+        self.backend = backend
+
+        async def load() -> Backend:
+            return backend
+
+        self.server = EngineServer(place, load, idle_s=60)
+        self.task = asyncio.ensure_future(self.server.run(signals=False))
+
+    async def stop(self) -> None:
+        self.server.stop("test")
+        await asyncio.wait_for(self.task, STEP_S)
+
+
+@pytest.fixture
+def place(tmp_path: Path) -> EnginePlace:
+    folder = Path(tmp_path)
+    return engine_place("test", folder, folder)
+
+
+async def window(place: EnginePlace) -> Connection:
+    async def opened() -> Connection:
+        while True:
+            with contextlib.suppress(FileNotFoundError, ConnectionRefusedError):
+                return await Connection.open(
+                    str(place.socket), fingerprint=place.name, window=True, timeout_s=STEP_S
+                )
+            await asyncio.sleep(0.01)
+
+    return await asyncio.wait_for(opened(), STEP_S)
+
+
+def request(document: str, *, background: bool = False, n: int = 3) -> GenerationRequest:
+    return GenerationRequest(
+        prompt=f"prompt of {document}", max_tokens=n, background=background, document=document
+    )
+
+
+async def text_of(generation: Any) -> str:
+    return "".join([chunk.text async for chunk in generation])
+
+
+async def test_keystroke_of_another_window_goes_before_background_work(
+    place: EnginePlace,
+) -> None:
+    engine = Engine(place, SlowBackend(delay=0.2))
+    a, b = await window(place), await window(place)
+    try:
+        read_ahead = a.generate(request("a", background=True, n=1))
+        await asyncio.sleep(0.05)  # it runs, no token yet
+        key = b.generate(request("b", n=2))
+        assert await asyncio.wait_for(text_of(key), STEP_S) == "b:0 b:1 "
+        assert not read_ahead.done  # paused, then resumed after the keystroke
+        assert await asyncio.wait_for(text_of(read_ahead), STEP_S) == "a:0 "
+        assert engine.backend.started == ["a", "b", "a"]
+        assert read_ahead.stats.finish_reason is FinishReason.LENGTH
+    finally:
+        await a.close()
+        await b.close()
+        await engine.stop()
+
+
+async def test_a_closed_window_has_its_generation_cancelled(place: EnginePlace) -> None:
+    engine = Engine(place, SlowBackend(delay=0.05))
+    a, b = await window(place), await window(place)
+    try:
+        long = a.generate(request("a", n=1000))
+        waiting = a.generate(request("a2", n=5))
+        chunks = aiter(long)
+        await asyncio.wait_for(anext(chunks), STEP_S)
+        await a.close()
+        with pytest.raises(EngineError, match="closed"):
+            await text_of(waiting)
+        assert await asyncio.wait_for(text_of(b.generate(request("b", n=2))), STEP_S)
+        counters = engine.backend.counters
+        assert counters.cancelled == 1 and counters.generations == 2
+        assert engine.backend.started == ["a", "b"]  # a2 never ran
+    finally:
+        await b.close()
+        await engine.stop()
+
+
+async def test_cancel_errors_and_status(place: EnginePlace) -> None:
+    engine = Engine(place, SlowBackend(delay=0.05))
+    a = await window(place)
+    try:
+        generation = a.generate(request("a", n=1000))
+        await asyncio.wait_for(anext(aiter(generation)), STEP_S)
+        await asyncio.wait_for(generation.cancel(), STEP_S)
+        assert generation.stats.finish_reason is FinishReason.CANCELLED
+        with pytest.raises(ContextOverflow, match="exceeds the context window"):
+            await text_of(a.generate(GenerationRequest(prompt="overflow", max_tokens=1)))
+        status = await a.status()
+        assert status["windows"] == 1 and status["model"] == "fake.gguf"
+        assert status["counters"]["cancelled"] == 1
+    finally:
+        await a.close()
+        await engine.stop()
+    assert not place.socket.exists()
+    assert engine.backend.closed
+
+
+class Vocab:
+    def tokenize(self, text: str, *, special: bool = True) -> list[int]:
+        return [ord(c) for c in text]
+
+    def close(self) -> None:
+        return None
+
+
+async def test_the_client_restarts_a_dead_engine_once_then_falls_back(
+    place: EnginePlace, tmp_path: Path
+) -> None:
+    engines: list[Engine] = []
+    notices: list[str] = []
+    loop = asyncio.get_running_loop()
+
+    def spawn(_config: EngineConfig, p: EnginePlace) -> int:
+        # called on a worker thread, as the real one starts a process from there
+        loop.call_soon_threadsafe(lambda: engines.append(Engine(p, SlowBackend(delay=0.01))))
+        return 0  # no process to watch
+
+    fallback = SlowBackend(delay=0.01)
+
+    async def in_process() -> Backend:
+        return fallback
+
+    backend = SharedEngineBackend(
+        EngineConfig(tmp_path / "m.gguf"),
+        place,
+        Vocab(),
+        idle_s=60,
+        fallback=in_process,
+        notify=notices.append,
+        timeout_s=STEP_S,
+    )
+    backend._spawn = spawn  # type: ignore[attr-defined]
+    try:
+        await asyncio.wait_for(backend.start(), STEP_S)
+        assert len(engines) == 1 and backend.engine_info["kind"] == "shared"
+        assert await text_of(await backend.generate(request("x", n=2))) == "x:0 x:1 "
+        assert backend.cached_prefix("prompt of x and more")[0] == len("prompt of x")
+        await engines[0].stop()  # the engine dies under the window
+        await asyncio.sleep(0.05)
+        assert await text_of(await backend.generate(request("y", n=1))) == "y:0 "
+        assert len(engines) == 2 and backend.restarts == 1 and not notices
+        await engines[1].stop()  # and again: the window loads its own model
+        await asyncio.sleep(0.05)
+        assert await text_of(await backend.generate(request("z", n=1))) == "z:0 "
+        assert backend.engine_info["kind"] == "inProcess" and fallback.started == ["z"]
+        assert len(notices) == 1 and "stopped again" in notices[0]
+        assert backend.counters.generations == 2  # the engine's; the fallback counts its own
+    finally:
+        await backend.aclose()
+        for engine in engines:
+            if not engine.task.done():
+                await engine.stop()
+
+
+async def test_a_window_asking_for_another_engine_is_refused(place: EnginePlace) -> None:
+    engine = Engine(place, SlowBackend())
+    first = await window(place)  # the engine is up
+    try:
+        with pytest.raises(EngineSetupError, match="the window asked for kode-other"):
+            await Connection.open(
+                str(place.socket), fingerprint="kode-other", window=True, timeout_s=STEP_S
+            )
+    finally:
+        await first.close()
+        await engine.stop()
+
+
+async def test_a_later_window_learns_the_prefill_speed(place: EnginePlace) -> None:
+    engine = Engine(place, SlowBackend(delay=0.01))
+    first = await window(place)
+    try:
+        assert first.welcome.prefill_tokens_per_s is None
+        prompt = "x" * 200  # 200 "tokens" evaluated in 100 ms
+        await text_of(first.generate(GenerationRequest(prompt=prompt, max_tokens=1)))
+        second = await window(place)
+        assert second.welcome.prefill_tokens_per_s == pytest.approx(2000.0)
+        await second.close()
+    finally:
+        await first.close()
+        await engine.stop()
+
+
+async def test_a_keystroke_in_flight_when_the_engine_dies_is_answered(
+    place: EnginePlace, tmp_path: Path
+) -> None:
+    engines: list[Engine] = [Engine(place, SlowBackend(delay=5.0))]
+    loop = asyncio.get_running_loop()
+
+    def spawn(_config: EngineConfig, p: EnginePlace) -> int:
+        loop.call_soon_threadsafe(lambda: engines.append(Engine(p, SlowBackend(delay=0.01))))
+        return 0
+
+    async def in_process() -> Backend:
+        raise AssertionError("no fallback expected")
+
+    backend = SharedEngineBackend(
+        EngineConfig(tmp_path / "m.gguf"),
+        place,
+        Vocab(),
+        idle_s=60,
+        fallback=in_process,
+        notify=lambda m: None,
+        timeout_s=STEP_S,
+    )
+    backend._spawn = spawn  # type: ignore[attr-defined]
+    try:
+        await asyncio.wait_for(backend.start(), STEP_S)
+        generation = await backend.generate(request("k", n=2))
+        await asyncio.sleep(0.2)  # running, no token yet
+        for w in list(engines[0].server.windows.values()):
+            w.writer.transport.abort()  # the engine dies: connections reset
+        engines[0].server.stop("crash")
+        assert await asyncio.wait_for(text_of(generation), STEP_S) == "k:0 k:1 "
+        assert backend.restarts == 1 and len(engines) == 2
+    finally:
+        await backend.aclose()
+        for engine in engines:
+            if not engine.task.done():
+                await engine.stop()
