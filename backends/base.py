@@ -65,6 +65,10 @@ class GenerationRequest:
     ``moved_kv_drift``: the local llama.cpp engine may reuse cached prompt entries that
     only moved after an edit (the FIM suffix after a keystroke) while at most this many
     edited tokens went unseen by them; 0 evaluates every changed position exactly.
+    ``heal`` (token healing): the prompt ends just before this text, which the
+    generation must begin with; its first token(s) are constrained to spell it
+    (``backends/healing.py``) and are emitted like any other. Only a backend that
+    implements ``TokenHealing`` accepts a non-empty ``heal``.
     """
 
     prompt: str
@@ -73,6 +77,7 @@ class GenerationRequest:
     speculation: SpeculationMethod = SpeculationMethod.AUTO
     draft_sources: Sequence[str] = ()
     moved_kv_drift: int = 0
+    heal: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,4 +211,15 @@ class KvMemoryReport(Protocol):
     def kv_memory(self) -> dict[str, int]:
         """``states``, ``bytes``, ``budgetBytes``, ``tokens``, ``saves``, ``restores``,
         ``evictions``."""
+        ...
+
+
+@runtime_checkable
+class TokenHealing(Protocol):
+    """A backend that can constrain a generation's first tokens (``GenerationRequest.heal``):
+    a local engine, which sees every logit. A remote server cannot, so it does not heal."""
+
+    def last_token_chars(self, text: str) -> int:
+        """How many characters at the end of ``text`` its last token spells (0: none, or
+        this model cannot heal)."""
         ...

@@ -87,6 +87,13 @@ class LlamaTarget:
     def pick(self, row: int) -> int:
         return self.sampler(self.ctx.logits(row))
 
+    def pick_among(self, row: int, allowed: Sequence[int]) -> int:
+        logits = self.ctx.logits(row)
+        ids = np.asarray(allowed, dtype=np.intp)
+        masked = np.full_like(logits, -np.inf)
+        masked[ids] = logits[ids]
+        return self.sampler(masked)
+
     def probs(self, rows: int) -> Probs:
         return np.stack([self.sampler.probs(self.ctx.logits(i)) for i in range(rows)])
 

@@ -179,6 +179,13 @@ class TorchTarget:
     def pick(self, row: int) -> int:
         return self.picker.pick(self._rows()[row])
 
+    def pick_among(self, row: int, allowed: Sequence[int]) -> int:
+        logits = self._rows()[row]
+        ids = torch.as_tensor(list(allowed), dtype=torch.long, device=logits.device)
+        masked = torch.full_like(logits, float("-inf"))
+        masked[ids] = logits[ids]
+        return self.picker.pick(masked)
+
     def probs(self, rows: int) -> Probs:
         return self.picker.probs(self._rows()[:rows])
 

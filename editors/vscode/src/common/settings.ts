@@ -36,6 +36,7 @@ export const SERVER_KEYS = [
   "timeBudgetMs",
   "prefetch",
   "readAhead",
+  "tokenHealing",
   "firstAnswerMs",
   "kvMemoryMb",
 ] as const;
