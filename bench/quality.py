@@ -27,8 +27,8 @@ Modes:
   ``completion.context.gather`` + ``render`` exactly as the engine does, but never
   token-healed), up to its end token or ``max_tokens``, with no stop rules and no
   trimming: the difference to ``engine`` is what the stop rules are worth.
-- ``no-heal``: ``engine`` with ``tokenHealing`` off; it differs only where the cursor
-  sits inside a word, and the difference to ``engine`` is what healing is worth.
+- ``heal``: ``engine`` with ``tokenHealing`` on; it differs only where the cursor
+  follows a word character, and the difference to ``engine`` is what healing is worth.
 - ``llama-server``: the same tasks through llama.cpp's ``/infill`` endpoint
   (``input_prefix`` / ``input_suffix``), when a ``llama-server`` binary is on ``PATH``.
 """
@@ -49,7 +49,7 @@ import msgspec
 from kode.bench import common, sandbox
 from kode.bench.common import HumanEvalTask, fmt, fmt_ratio, markdown_table
 
-MODES = ("engine", "raw", "moved", "spm", "no-heal", "llama-server")
+MODES = ("engine", "raw", "moved", "spm", "heal", "llama-server")
 DEFAULT_MODES = ("engine", "raw", "llama-server")
 MOVED_CHARS = 12  # characters typed between the cached prompt and the measured one
 SETS = ("single", "multi")  # the default sets
@@ -279,7 +279,7 @@ async def _one_model(
     # gone): on the 40-task span set (1.5B, 2 cores) that scored 5/40, the full window 28/40.
     exact = msgspec.structs.replace(settings, moved_suffix_drift=0, first_answer_ms=0)
     spm = msgspec.structs.replace(exact, template="qwen2.5-coder-spm")
-    unhealed = msgspec.structs.replace(exact, token_healing=False)
+    healed = msgspec.structs.replace(exact, token_healing=True)
     settings = exact
     max_tokens = options.max_tokens or settings.max_tokens
     limits = sandbox.Limits(timeout_s=options.timeout_s, cpu_s=max(1, int(options.timeout_s)))
@@ -288,9 +288,9 @@ async def _one_model(
     # The template is part of the backend's identity (BackendPool), so SPM runs as a
     # second pass rather than switching (and reloading) per task.
     passes = [
-        (exact, [m for m in options.modes if m not in ("spm", "no-heal")]),
+        (exact, [m for m in options.modes if m not in ("spm", "heal")]),
         (spm, [m for m in options.modes if m == "spm"]),
-        (unhealed, [m for m in options.modes if m == "no-heal"]),
+        (healed, [m for m in options.modes if m == "heal"]),
     ]
     try:
         for pass_settings, modes in passes:
@@ -360,7 +360,7 @@ async def _one_task(
             offset = len(task.prompt)
             if mode == "raw":
                 completion, tokens = await _raw(engine, backend, uri, offset, max_tokens)
-            else:  # engine, spm, no-heal
+            else:  # engine, spm, heal
                 position = engine.documents.get(uri).position_at(offset)
                 done = await engine.complete(uri, position, max_tokens=max_tokens)
                 completion, tokens = done.text, done.stats.completion_tokens

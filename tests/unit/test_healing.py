@@ -132,7 +132,7 @@ class HealingBackend(ScriptedBackend):
 
 async def test_engine_heals_a_cursor_inside_a_word_and_shows_what_follows() -> None:
     backend = HealingBackend([".pro", "cess(", "items)", "\n"])
-    engine = engine_for(backend)
+    engine = engine_for(backend, tokenHealing=True)
     engine.documents.open(URI, "def f(self, items):\n    return self.pro\n", 1)
     result = await engine.complete(URI, Position(1, 19))
     request: GenerationRequest = backend.requests[0]
@@ -150,13 +150,13 @@ async def test_engine_does_not_heal_when_off_or_not_mid_word_or_not_able() -> No
     assert result.text == "items)"
 
     backend = HealingBackend(["items)"])
-    engine = engine_for(backend)
+    engine = engine_for(backend, tokenHealing=True)
     engine.documents.open(URI, "def f(self, items):\n    return len(\n", 1)
     await engine.complete(URI, Position(1, 15))
     assert backend.requests[0].heal == ""  # after "(": nothing to heal
 
     plain = ScriptedBackend(["cess()"])  # no TokenHealing (a remote server): the prompt as is
-    engine = engine_for(plain)
+    engine = engine_for(plain, tokenHealing=True)
     engine.documents.open(URI, "def f(self, items):\n    return self.pro\n", 1)
     result = await engine.complete(URI, Position(1, 19))
     assert plain.requests[0].heal == "" and result.text == "cess()"
