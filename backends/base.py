@@ -69,6 +69,10 @@ class GenerationRequest:
     cursor's window, a prefetch); a backend shared by several windows runs a keystroke's
     request before it and may pause it. ``document`` names the document it is for (its
     URI), so that a newer request for the same document replaces an older one.
+    ``heal`` (token healing): the prompt ends just before this text, which the
+    generation must begin with; its first token(s) are constrained to spell it
+    (``backends/healing.py``) and are emitted like any other. Only a backend that
+    implements ``TokenHealing`` accepts a non-empty ``heal``.
     """
 
     prompt: str
@@ -79,6 +83,7 @@ class GenerationRequest:
     moved_kv_drift: int = 0
     background: bool = False
     document: str = ""
+    heal: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,4 +259,15 @@ class PrefillSpeed(Protocol):
     @property
     def prefill_tokens_per_s(self) -> float | None:
         """Prompt tokens per second (None: not measured yet)."""
+        ...
+
+
+@runtime_checkable
+class TokenHealing(Protocol):
+    """A backend that can constrain a generation's first tokens (``GenerationRequest.heal``):
+    a local engine, which sees every logit. A remote server cannot, so it does not heal."""
+
+    def last_token_chars(self, text: str) -> int:
+        """How many characters at the end of ``text`` its last token spells (0: none, or
+        this model cannot heal)."""
         ...

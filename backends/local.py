@@ -22,6 +22,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from kode.backends.base import FinishReason, GenerationRequest, Sampling, SpeculationMethod
 from kode.backends.errors import BackendError, ContextOverflow, PrefillAborted
+from kode.backends.healing import HealIndex
 from kode.backends.speculative import CostCurve
 from kode.backends.steppers import (
     DraftModel,
@@ -30,6 +31,7 @@ from kode.backends.steppers import (
     PlainStepper,
     Stepper,
     Target,
+    heal,
 )
 from kode.backends.worker import (
     BackendCounters,
@@ -99,6 +101,15 @@ class Engine(Protocol[T]):
 
     def text_stream(self) -> TextStream: ...
 
+    @property
+    def heals(self) -> bool:
+        """Whether ``pieces`` is available (token healing)."""
+        ...
+
+    def pieces(self) -> Sequence[bytes]:
+        """What each token id spells (bytes; control tokens nothing), for token healing."""
+        ...
+
     def target(self, sampling: Sampling) -> T: ...
 
     def refuse(self, method: SpeculationMethod) -> str | None:
@@ -144,6 +155,7 @@ class LocalBackend(Generic[T]):
         self._owns_executor = owns_executor
         self._lock = asyncio.Lock()
         self._closed = False
+        self._heal_index: HealIndex | None = None  # built on first use, on the worker
 
     # -- Backend protocol -------------------------------------------------------------
 
@@ -158,11 +170,31 @@ class LocalBackend(Generic[T]):
     def count_tokens(self, text: str) -> int:
         return len(self.engine.tokenize(text))
 
+    def last_token_chars(self, text: str) -> int:
+        """``TokenHealing``: the characters of ``text``'s last token (0 when this engine
+        cannot heal or the token does not end on a character boundary)."""
+        if not self.engine.heals:
+            return 0
+        tokens = self.engine.tokenize(text, special=False)
+        if not tokens:
+            return 0
+        stream = self.engine.text_stream()
+        last = stream.push(tokens[-1]) + stream.flush()
+        return len(last) if last and text.endswith(last) else 0
+
+    def heal_index(self) -> HealIndex:
+        """The vocabulary indexed for healing (worker thread: it reads every piece)."""
+        if self._heal_index is None:
+            self._heal_index = HealIndex(self.engine.pieces(), self.engine.is_stop)
+        return self._heal_index
+
     async def generate(self, request: GenerationRequest) -> WorkerGeneration:
         if self._closed:
             raise BackendError("backend is closed")
         if request.max_tokens < 1:
             raise BackendError("max_tokens must be at least 1")
+        if request.heal and not self.engine.heals:
+            raise BackendError(f"the {self.engine.name} engine cannot heal tokens")
         method = request.speculation
         refusal = REMOTE_ONLY if method is SpeculationMethod.REMOTE else self.engine.refuse(method)
         if refusal is not None:
@@ -249,7 +281,11 @@ class LocalRun(WorkerRun, Generic[T]):
         stats.reused_prompt_tokens, stats.moved_prompt_tokens = done.reused, done.moved
         stats.evaluated_prompt_tokens = len(prompt) - done.reused
         stats.prefill_ms = self.elapsed_ms()
-        first = self.target.pick(-1)
+        if req.heal:
+            index = self.backend.heal_index()
+            first = heal(self.target, index, req.heal.encode(), req.max_tokens, self.job.cancelled)
+        else:
+            first = [self.target.pick(-1)]
         self.decode(first, self._stepper(req), engine.is_stop)
 
     def _stepper(self, req: GenerationRequest) -> Stepper:

@@ -29,6 +29,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 from kode.backends.base import SpeculationMethod, SpeculationStats
+from kode.backends.healing import HealIndex
 from kode.backends.speculative import (
     AdaptivePolicy,
     CostCurve,
@@ -102,6 +103,10 @@ class Target(Protocol):
         on this engine's kernels (logits)."""
         ...
 
+    def pick_among(self, row: int, allowed: Sequence[int]) -> int:
+        """``pick(row)`` restricted to the token ids ``allowed`` (token healing)."""
+        ...
+
     def probs(self, rows: int) -> Probs:
         """Sampling distributions after the first ``rows`` rows of the last batch [rows, V]."""
         ...
@@ -166,6 +171,38 @@ def measure_curve(
             best = min(best, time.perf_counter() - start)
         ms[n] = max(best * 1000.0, 1e-3)
     return CostCurve(ms)
+
+
+def heal(
+    target: Target,
+    index: HealIndex,
+    text: bytes,
+    limit: int,
+    cancelled: Callable[[], bool],
+) -> list[int]:
+    """The first tokens of a generation that must spell ``text`` (token healing), right
+    after ``prefill``: each is the target's pick among the tokens that fit
+    (``HealIndex.allowed``), one plain step per token until ``text`` is spelled, ``limit``
+    tokens are made or ``cancelled()``. The result has the shape of a stepper's: every
+    token but the last is evaluated and in the cache, the last is the next root.
+
+    Example: ``text = b"pro"`` may give ``[process]`` (one token, nothing evaluated) or
+    ``[p, ro]`` (``p`` evaluated, ``ro`` the root). Should no token fit (a vocabulary
+    without single bytes), the unconstrained pick is returned and the caller sees a
+    generation that does not spell ``text``.
+    """
+    out: list[int] = []
+    row = -1  # the prompt's last row
+    while True:
+        allowed = index.allowed(text)
+        out.append(target.pick_among(row, allowed) if allowed else target.pick(row))
+        text = index.rest(text, out[-1]) if allowed else b""
+        if not text or len(out) >= limit or cancelled():
+            return out
+        tree = build_tree(out[-1], [], max_rows=1)
+        target.evaluate(tree)
+        target.commit(tree, 0, 0)
+        row = 0
 
 
 class PlainStepper:

@@ -211,12 +211,15 @@ class WorkerRun:
             self.job.emit(TokenChunk(tail, ()))
         self.stats.finish_reason = reason
 
-    def decode(self, first: int, stepper: Stepper, is_stop: Callable[[int], bool]) -> None:
-        """Emit ``first`` (from the prompt's logits), then step until a stop token,
+    def decode(
+        self, first: Sequence[int], stepper: Stepper, is_stop: Callable[[int], bool]
+    ) -> None:
+        """Emit ``first`` (from the prompt's logits: one token, or the constrained ones of
+        token healing, all but the last already evaluated), then step until a stop token,
         ``max_tokens`` or a cancel; a step in flight when the cancel came is counted."""
         stats, job = self.stats, self.job
         max_tokens = job.request.max_tokens
-        pending = [first]
+        pending = list(first)
         produced = 0
         while True:
             for token in pending:

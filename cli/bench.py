@@ -89,7 +89,8 @@ def register(subparsers: Any) -> None:
         "--modes",
         type=_csv,
         default=("engine", "raw", "llama-server"),
-        help="comma list of engine,raw,moved,spm,llama-server (default engine,raw,llama-server)",
+        help="comma list of engine,raw,moved,spm,heal,llama-server "
+        "(default engine,raw,llama-server)",
     )
     quality.add_argument("--speculation", default="auto")
     quality.add_argument("--seed", type=int, default=0)

@@ -32,6 +32,7 @@ from kode.backends.base import (
     PromptCache,
     Sampling,
     SpeculationMethod,
+    TokenHealing,
 )
 from kode.backends.errors import (
     BackendError,
@@ -41,7 +42,7 @@ from kode.backends.errors import (
     describe,
 )
 from kode.completion import context as ctxmod
-from kode.completion import syntax
+from kode.completion import healing, syntax
 from kode.completion.documents import (
     Document,
     DocumentStore,
@@ -304,7 +305,7 @@ class CompletionEngine:
         """Prompt tokens a generation from ``ctx`` would still evaluate (0 if unknown)."""
         if not isinstance(backend, PromptCache):
             return 0
-        cached, total = backend.cached_prefix(self._prompt(uri, ctx))
+        cached, total = backend.cached_prefix(self._prompt(uri, ctx, self._heal(ctx, backend)))
         return total - cached
 
     def _request_context(
@@ -345,12 +346,19 @@ class CompletionEngine:
                 return ctx
         return self._short_context(uri, doc, offset, backend, allowed)
 
-    def _prompt(self, uri: str, ctx: ctxmod.CompletionContext) -> str:
+    def _heal(self, ctx: ctxmod.CompletionContext, backend: Backend) -> str:
+        """The end of the prefix to heal (``completion/healing.py``), if any."""
+        if not self._settings.token_healing or not isinstance(backend, TokenHealing):
+            return ""
+        return healing.heal_text(ctx.line_prefix, backend.last_token_chars)
+
+    def _prompt(self, uri: str, ctx: ctxmod.CompletionContext, heal: str = "") -> str:
+        """The prompt for ``ctx``, its prefix without the ``heal`` text at its end."""
         # Document text is scrubbed when stored; the URI (path, repo name) is not.
         return scrub(
             render(
                 self.template(),
-                ctx.prefix,
+                ctx.prefix[: len(ctx.prefix) - len(heal)],
                 ctx.suffix,
                 path=ctx.path,
                 repo=_repo_name(uri),
@@ -375,7 +383,8 @@ class CompletionEngine:
         shared engine runs after other windows' keystrokes, like background work."""
         settings = self._settings
         template = self.template()
-        prompt = self._prompt(uri, ctx)
+        heal = self._heal(ctx, backend)
+        prompt = self._prompt(uri, ctx, heal)
         if settings.log_prompts:
             log.debug("prompt for %s:%s:\n%s", uri, doc.version, prompt)
         rules = StopRules.build(
@@ -395,6 +404,7 @@ class CompletionEngine:
             moved_kv_drift=settings.moved_suffix_drift,
             background=background or yields,
             document=uri,
+            heal=heal,
         )
         generation = await backend.generate(request)
         before, after = doc.text[:offset], doc.text[offset:]
@@ -407,6 +417,7 @@ class CompletionEngine:
             generation=generation,
             model=backend.model_name,
             backend=backend.name,
+            heal=heal,
         )
         live.task = asyncio.ensure_future(live.pump())
         live.task.add_done_callback(lambda _t: self.rate.observe(generation.stats))
@@ -878,8 +889,11 @@ class _Live:
         model: str,
         backend: str,
         fits: FillCheck | None = None,
+        heal: str = "",
     ) -> None:
         self.start, self.before, self.after = start, before, after
+        self.heal = heal  # the generation begins by spelling this again (token healing)
+        self.generated = ""
         self.rules = rules
         self.fits = fits
         self._final: str | None = None
@@ -896,7 +910,8 @@ class _Live:
     async def pump(self) -> None:
         try:
             async for chunk in self.generation:
-                self.raw += chunk.text
+                self.generated += chunk.text
+                self.raw = healing.after_heal(self.generated, self.heal)
                 self.wake()
                 if self.rules.scan(self.raw).stop:
                     break

@@ -75,6 +75,11 @@ class Settings(
     seed: Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)] | None = None  # llama.cpp: uint32
     speculation: SpeculationMethod = SpeculationMethod.AUTO
     multiline: MultilineMode = MultilineMode.AUTO
+    # Local engine: a cursor inside a word backs the prompt off to a token boundary and
+    # constrains the first generated token(s) to spell the removed text (token healing).
+    # Off by default: +1 task of 14 mid-word on one sample, a suspected loss on another
+    # (docs/benchmarks.md); not shown to gain.
+    token_healing: bool = False
     max_lines: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 32
     prefix_tokens: Annotated[int, msgspec.Meta(ge=1, le=_TOKENS)] = 1024
     suffix_tokens: _Tokens = 64

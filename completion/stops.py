@@ -13,13 +13,15 @@
 - Multi-line mode: it ends at the end of the block (a line indented less than the
   cursor's block), after two blank lines, after ``max_lines``, or when a generated
   line repeats the next line of the suffix (the model ran into the existing code).
-- Finally, a one-line fill that duplicates what already follows the cursor is trimmed.
+- Finally, a one-line fill that duplicates what already follows the cursor is trimmed,
+  and so are its trailing blanks, unless a word follows the cursor (they separate it).
 """
 
 from __future__ import annotations
 
 import enum
 import itertools
+import re
 from dataclasses import dataclass
 
 from kode.completion.syntax import FillCheck
@@ -190,11 +192,15 @@ class StopRules:
                 return text
             text = first
         if "\n" not in text:
-            return _trim_overlap(self.line_prefix, text.rstrip(), self.line_suffix.rstrip())
+            # Trailing blanks go, unless a word follows the cursor: ``for e in `` + ``l:``
+            # needs its space, or the fill's last word and the suffix's first one merge.
+            kept = text if _WORD_START.match(self.line_suffix) else text.rstrip()
+            return _trim_overlap(self.line_prefix, kept, self.line_suffix.rstrip())
         return text.rstrip()
 
 
 _OPEN, _CLOSE = "([{", ")]}"
+_WORD_START = re.compile(r"\w")
 
 
 def _excess_closers(text: str) -> int:

@@ -138,3 +138,23 @@ async def test_cancel_during_speculation_stops_within_one_verify_step(
     finally:
         await fresh.aclose()
     assert again[:8] == reference[:8]
+
+
+async def test_token_healing_spells_the_removed_text_first(backend: LlamaBackend) -> None:
+    """The first tokens are constrained to spell ``heal``, even text the model would never
+    choose there (``zq_``), over one or several tokens; every method decodes on after it."""
+    n = backend.last_token_chars("        return self.si")
+    assert 0 < n <= len(".si")
+    prompt = f"<|fim_prefix|>{SHAPES}        return self<|fim_suffix|>\n<|fim_middle|>"
+    for heal in (".si", "zq_"):
+        for method in (SpeculationMethod.NONE, SpeculationMethod.AUTO):
+            request = GenerationRequest(prompt, 12, speculation=method, heal=heal)
+            generation = await backend.generate(request)
+            text = "".join([chunk.text async for chunk in generation])
+            stats = await generation.wait()
+            assert text.startswith(heal), (heal, method, text)
+            assert stats.completion_tokens > 1
+    request = GenerationRequest(prompt, 12, heal=".si")
+    generation = await backend.generate(request)
+    healed = "".join([chunk.text async for chunk in generation])
+    assert healed.startswith(".side")  # the model's own choice among the fitting tokens

@@ -77,6 +77,11 @@ class LlamaEngine:
     def text_stream(self) -> TextStream:
         return Utf8Stream(self.model)
 
+    heals = True
+
+    def pieces(self) -> list[bytes]:
+        return [self.model.piece(token) for token in range(self.model.n_vocab)]
+
     def target(self, sampling: Sampling) -> LlamaTarget:
         return LlamaTarget(self.ctx, Sampler(sampling))
 

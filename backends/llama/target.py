@@ -97,6 +97,13 @@ class LlamaTarget:
         top2 = np.partition(self.ctx.logits(row), -2)[-2:]
         return float(abs(top2[1] - top2[0]))
 
+    def pick_among(self, row: int, allowed: Sequence[int]) -> int:
+        logits = self.ctx.logits(row)
+        ids = np.asarray(allowed, dtype=np.intp)
+        masked = np.full_like(logits, -np.inf)
+        masked[ids] = logits[ids]
+        return self.sampler(masked)
+
     def probs(self, rows: int) -> Probs:
         return np.stack([self.sampler.probs(self.ctx.logits(i)) for i in range(rows)])
 

@@ -192,6 +192,13 @@ class TorchEngine:
     def text_stream(self) -> TextStream:
         return Detokenizer(self.vocab)
 
+    # Token healing needs every token's bytes; the tokenizer gives text, and Kode heals
+    # with llama.cpp only (the torch engine is the optional second engine).
+    heals = False
+
+    def pieces(self) -> list[bytes]:
+        raise BackendError("the torch engine does not heal tokens")
+
     def target(self, sampling: Sampling) -> TorchTarget:
         return TorchTarget(self.lm, Picker(sampling))
 

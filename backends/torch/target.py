@@ -192,6 +192,13 @@ class TorchTarget:
         top2 = torch.topk(self._rows()[row].float(), 2).values
         return float(top2[0] - top2[1])
 
+    def pick_among(self, row: int, allowed: Sequence[int]) -> int:
+        logits = self._rows()[row]
+        ids = torch.as_tensor(list(allowed), dtype=torch.long, device=logits.device)
+        masked = torch.full_like(logits, float("-inf"))
+        masked[ids] = logits[ids]
+        return self.picker.pick(masked)
+
     def probs(self, rows: int) -> Probs:
         return self.picker.probs(self._rows()[:rows])
 

@@ -188,3 +188,11 @@ def test_the_fill_check_parses_only_the_statement_around_the_cursor() -> None:
     assert fits("x += 1") and not fits("x +=")
     huge = "x = 1\n" + "y = [\n" + "    1,\n" * 20_000
     assert syntax.checker("python", huge, "]\n") is None  # too long for the event loop
+
+
+def test_a_blank_that_separates_the_fill_from_the_next_word_is_kept() -> None:
+    """HumanEval/35 as a random span: ``for e in `` must keep its space before ``l:``."""
+    r = rules(" ", "l:", "\n        if e > m:\n")
+    assert r.finish("   for e in ", ended=True) == "   for e in "
+    assert rules("x = ", "").finish("1  ") == "1"  # end of line: trailing blanks go
+    assert rules("f(", ")").finish("a ") == "a"  # punctuation follows: they go too

@@ -38,6 +38,7 @@ export const SERVER_KEYS = [
   "timeBudgetMs",
   "prefetch",
   "readAhead",
+  "tokenHealing",
   "firstAnswerMs",
   "kvMemoryMb",
 ] as const;
