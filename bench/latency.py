@@ -331,7 +331,13 @@ class Replay:
             str((out / "lsp.log").resolve()),
             cwd=str(common.REPO_ROOT),
         )
-        init: dict[str, Any] = {"model": self.options.model, "partialCompletions": True}
+        # The default shared engine, gone when this replay's window closes (its idle
+        # time 0), so that no benchmark leaves an engine running.
+        init: dict[str, Any] = {
+            "model": self.options.model,
+            "partialCompletions": True,
+            "engineIdleMinutes": 0,
+        }
         if self.options.speculation:
             init["speculation"] = self.options.speculation
         init.update(dict(self.options.settings))
