@@ -311,7 +311,12 @@ async def open_and_answer(window: Window, settings: dict[str, Any], uri: str) ->
 async def shared_run(options: Options, report: Report, large: tuple[str, str]) -> None:
     folder = Path(tempfile.mkdtemp(prefix="kode-b-", dir="/tmp"))
     env = {**os.environ, "XDG_RUNTIME_DIR": str(folder), "XDG_STATE_HOME": str(folder / "st")}
-    settings = {"model": options.model, "maxTokens": 32, "workspaceIndex": False}
+    settings = {
+        "model": options.model,
+        "maxTokens": 32,
+        "workspaceIndex": False,
+        "engine": "shared",
+    }
     windows = [Window(env) for _ in range(3)]
     try:
         firsts, memory = [], []

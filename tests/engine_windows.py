@@ -15,6 +15,7 @@ __all__ = ["REPO", "SMALL", "Window", "alive", "engine_pids", "eventually", "sto
 # The 0.5B, answering quickly.
 SMALL = {
     "model": "small",
+    "engine": "shared",
     "readAhead": False,
     "prefetch": False,
     "workspaceIndex": False,

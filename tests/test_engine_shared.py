@@ -9,31 +9,19 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import msgspec
 import pytest
-from engine_windows import REPO, SMALL, Window, alive, engine_pids, eventually
+from engine_windows import SMALL, Window, alive, engine_pids, eventually
 from kode.backends.daemon import protocol as wire
+from kode_servers import run_kode
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 URI = "file:///project/shapes.py"
 TEXT = "def area(width, height):\n    return "
 STEP_S = 120.0
-
-
-def kode(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kode.cli.main", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 async def open_windows(n: int, options: dict[str, object]) -> list[Window]:
@@ -56,12 +44,13 @@ async def test_four_windows_started_at_once_share_one_engine(engine_folder: Path
             assert process["kind"] == "shared" and process["pid"] == engines[0]
             assert process["socket"].startswith(str(engine_folder))
             assert not w.shown, w.shown
-        status = json.loads((await asyncio.to_thread(kode, "engine", "status", "--json")).stdout)
+        listed = await asyncio.to_thread(run_kode, ["engine", "status", "--json"], 60.0)
+        status = json.loads(listed.stdout)
         assert [s["pid"] for s in status] == engines and status[0]["windows"] == 4
     finally:
         await asyncio.gather(*(w.stop() for w in windows))
     # the windows are gone; `kode engine stop` ends the engine
-    stopped = await asyncio.to_thread(kode, "engine", "stop")
+    stopped = await asyncio.to_thread(run_kode, ["engine", "stop"], 60.0)
     assert stopped.returncode == 0 and f"stopped engine pid {engines[0]}" in stopped.stdout
     assert not engine_pids(engine_folder)
 
@@ -78,7 +67,7 @@ async def test_a_killed_window_has_its_generation_cancelled(engine_folder: Path)
         before = (await neighbour.stats())["engineProcess"]
 
         def status() -> dict[str, object]:
-            found = json.loads(kode("engine", "status", "--json").stdout)
+            found = json.loads(run_kode(["engine", "status", "--json"], timeout=60.0).stdout)
             return dict(found[0])
 
         cancelled_before = (await asyncio.to_thread(status))["counters"]["cancelled"]  # type: ignore[index]
