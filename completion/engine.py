@@ -51,6 +51,7 @@ from kode.completion.documents import (
     scrub,
     with_selected,
 )
+from kode.completion.partials import PartialPacer
 from kode.completion.retrieval import Retrieved, Retriever
 from kode.completion.settings import DEFAULT, BackendKind, Settings
 from kode.completion.stops import StopRules
@@ -247,8 +248,10 @@ class CompletionEngine:
         yields: bool = False,
     ) -> _Live:
         retrieved = await self.retrieve(uri, doc.text, offset)
-        ctx = self._request_context(uri, doc, offset, backend, retrieved)
-        return await self._launch(uri, doc, offset, backend, ctx, max_tokens, yields=yields)
+        ctx, short = self._request_context(uri, doc, offset, backend, retrieved, count=not yields)
+        live = await self._launch(uri, doc, offset, backend, ctx, max_tokens, yields=yields)
+        live.short = short
+        return live
 
     # -- which window: the latency budget ------------------------------------------------
 
@@ -315,22 +318,26 @@ class CompletionEngine:
         offset: int,
         backend: Backend,
         retrieved: tuple[Retrieved, ...] = (),
-    ) -> ctxmod.CompletionContext:
+        *,
+        count: bool = True,
+    ) -> tuple[ctxmod.CompletionContext, bool]:
         """The full window, unless evaluating what it still needs would take longer than
         ``firstAnswerMs`` at the measured prefill speed: then the largest remembered
         shorter window that fits, else a new one sized to fit. Background preparation
-        (``cursor_moved``) then works towards the full window for the next keystroke."""
+        (``cursor_moved``) then works towards the full window for the next keystroke.
+        Also says whether the window is a short one. ``count``: a keystroke's window
+        (the counters ``shortAnswers`` and ``keptSnippets``), not a prefetch's."""
         previous = self._evaluated_retrieval.get(uri)
         full = self._full_context(uri, doc, offset, backend, retrieved)
         budget_ms = self._settings.first_answer_ms
         allowed = self.rate.tokens_within(budget_ms) if budget_ms else None
         if allowed is None or not isinstance(backend, PromptCache):
             self._evaluated_retrieval[uri] = retrieved
-            return full
+            return full, False
         allowed = max(allowed, 16)
         if self._to_evaluate(uri, full, backend) <= allowed:
             self._evaluated_retrieval[uri] = retrieved
-            return full
+            return full, False
         if previous is not None and previous != retrieved:
             # The project context changed at this keystroke (a name typed on the line
             # resolved): everything after the first changed snippet would be evaluated
@@ -338,13 +345,13 @@ class CompletionEngine:
             # preparation evaluates the new ones for the next keystrokes.
             kept = self._full_context(uri, doc, offset, backend, previous)
             if self._to_evaluate(uri, kept, backend) <= allowed:
-                self.kept_snippets += 1
-                return kept
-        self.short_answers += 1
+                self.kept_snippets += count
+                return kept, False
+        self.short_answers += count
         for ctx in self._known_windows(uri, doc, offset, backend):
             if self._to_evaluate(uri, ctx, backend) <= allowed:
-                return ctx
-        return self._short_context(uri, doc, offset, backend, allowed)
+                return ctx, True
+        return self._short_context(uri, doc, offset, backend, allowed), True
 
     def _heal(self, ctx: ctxmod.CompletionContext, backend: Backend) -> str:
         """The end of the prefix to heal (``completion/healing.py``), if any."""
@@ -447,7 +454,8 @@ class CompletionEngine:
         stored = self.documents.get(uri)
         budget_ms = self._settings.time_budget_ms
         deadline = None if budget_ms == 0 else started + budget_ms / 1000.0
-        shown = len(typed)
+        continuing = bool(typed) or live.started_before(started)
+        pacer = None if on_partial is None else PartialPacer(typed, started, continuing=continuing)
         live.waiters += 1
 
         def current() -> bool:
@@ -461,10 +469,9 @@ class CompletionEngine:
                 visible = live.visible()
                 if typed and not (visible.startswith(typed) or typed.startswith(visible)):
                     return None  # it went another way than what was typed
-                if on_partial is not None and len(visible) > shown and "\n" in visible[shown:]:
-                    shown = len(visible)  # a line completed: each partial extends the last
-                    partial = visible[len(typed) :].rstrip()
-                    if partial.strip():
+                if pacer is not None and on_partial is not None:
+                    partial = pacer.next(visible, time.perf_counter())
+                    if partial is not None:
                         on_partial(partial)
                 left = None if deadline is None else deadline - time.perf_counter()
                 if left is not None and left <= 0:
@@ -806,6 +813,7 @@ class CompletionEngine:
                 retrieved = await self.retrieve(uri, doc.text, offset)
                 ctx = self._next_to_prepare(uri, doc, offset, backend, retrieved)
                 if ctx is None:
+                    await self._suggest_at_cursor(uri, doc, offset, backend)
                     return
                 if self._prep is not None:
                     return  # a read-ahead is running
@@ -814,8 +822,33 @@ class CompletionEngine:
                 if live.generation.stats.finish_reason is FinishReason.CANCELLED:
                     return  # a request or an edit came; it schedules the next round
                 self.prepared += 1
+                # A window a keystroke here would now answer from is ready: make that
+                # answer while the user still reads (the full window follows).
+                await self._suggest_at_cursor(uri, doc, offset, backend)
         except Exception as exc:  # best effort: the request does the work itself
             log.debug("preparation failed: %s", type(exc).__name__)
+
+    async def _suggest_at_cursor(
+        self, uri: str, doc: Document, offset: int, backend: Backend
+    ) -> None:
+        """Start the suggestion a keystroke at the resting cursor would ask for (setting
+        ``prefetch``), as the document's live suggestion: a key that types into it is
+        answered from it at once (typed-ahead), any other key or edit replaces it. Only
+        at the end of a line's text, where a suggestion shows; once per place, again
+        only to replace one made from a short window, untouched, by the full window."""
+        if not self._settings.prefetch or doc.text[offset:].split("\n", 1)[0].strip():
+            return
+        live = self._live.get(uri)
+        if live is not None and live.start == offset and live.typed_into(doc.text) == "":
+            if not (live.short and live.done.is_set() and live.waiters == 0):
+                return  # already suggested here (or in use)
+            await self._drop(uri)
+        elif live is not None and not live.done.is_set():
+            return  # a suggestion for another place is still being made
+        if self._cursor.get(uri) != (doc.version, offset) or self._active != uri:
+            return
+        await self._start(uri, doc, offset, backend, None, yields=True)
+        self.prefetches += 1
 
     def _next_to_prepare(
         self,
@@ -906,6 +939,7 @@ class _Live:
         self._changed = asyncio.Event()
         self.task: asyncio.Future[None] | None = None
         self.error: KodeError | None = None  # why the generation failed, for the request
+        self.short = False  # made from a shorter window than the full one (firstAnswerMs)
 
     async def pump(self) -> None:
         try:

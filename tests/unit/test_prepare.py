@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from kode.backends.base import GenerationRequest, PromptCache
-from kode.completion.documents import Position
+from kode.completion.documents import Position, Range
 from kode.completion.engine import CompletionEngine, PrefillRate
 from kode.completion.settings import parse
 from test_engine import URI, ScriptedBackend, ScriptedGeneration
@@ -149,3 +149,53 @@ async def test_a_tab_opened_meanwhile_is_not_read_ahead_over_the_active_file() -
     assert engine.read_aheads == 0
     assert all(r.prompt.count("def g") == 0 for r in backend.requests)
     await engine.aclose()
+
+
+async def test_a_resting_cursor_at_the_end_of_a_line_gets_its_suggestion_before_a_key() -> None:
+    backend = CachingBackend(["value", "_1", "\n"])
+    engine = engine_for(backend, 100_000.0, firstAnswerMs=1000, multiline="never")
+    engine.documents.open(URI, DOC + "total = ", 1)
+    engine.cursor_moved(URI, Position(400, 8))
+    await until(lambda: engine.prefetches == 1)
+    await until(lambda: not engine._busy())
+    suggestions = [r for r in backend.requests if r.max_tokens > 1]
+    assert len(suggestions) == 1 and suggestions[0].background  # yields to keystrokes
+    # The first key types into it: answered from it, nothing new generated.
+    engine.documents.change(URI, 2, [("v", Range(Position(400, 8), Position(400, 8)))])
+    engine.document_changed(URI)
+    result = await engine.complete(URI, Position(400, 9))
+    assert result.text == "alue_1" and result.from_cache
+    assert engine.typed_ahead_hits == 1
+    assert [r for r in backend.requests if r.max_tokens > 1] == suggestions
+
+
+async def test_the_suggestion_from_a_short_window_is_remade_from_the_full_one() -> None:
+    backend = CachingBackend(["value", "_1", "\n"])
+    engine = engine_for(backend, 100.0, firstAnswerMs=1000, multiline="never")
+    engine.documents.open(URI, DOC + "total = ", 1)
+    engine.cursor_moved(URI, Position(400, 8))
+    await until(lambda: engine.prefetches == 2, 10)
+    await until(lambda: not engine.preparing)
+    kinds = ["prepare" if r.max_tokens == 1 else "suggest" for r in backend.requests]
+    assert kinds == ["prepare", "suggest", "prepare", "suggest"]
+    short, full = backend.requests[1].prompt.split(), backend.requests[3].prompt.split()
+    assert len(short) <= 250 + 10 < 900 < len(full)
+    await engine.complete(URI, Position(400, 8))
+    assert engine.typed_ahead_hits == 1 and engine.short_answers == 0
+    assert len(backend.requests) == 4
+
+
+async def test_no_suggestion_is_made_mid_line_or_with_prefetch_off() -> None:
+    for settings, doc, at in (
+        ({}, DOC, Position(390, 10)),  # text after the cursor: no ghost text shows there
+        ({"prefetch": False}, DOC + "total = ", Position(400, 8)),
+    ):
+        backend = CachingBackend(["value", "\n"])
+        engine = engine_for(backend, 100_000.0, firstAnswerMs=1000, **settings)
+        engine.documents.open(URI, doc, 1)
+        engine.cursor_moved(URI, at)
+        await until(lambda: engine.prepared >= 1)  # noqa: B023 - awaited in the loop
+        await asyncio.sleep(0.4)
+        assert engine.prefetches == 0
+        assert all(r.max_tokens == 1 for r in backend.requests)
+        await engine.aclose()

@@ -1,0 +1,80 @@
+"""Pacing of streamed partial suggestions (``completion/partials.py``): no model."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+from hypothesis import given
+from hypothesis import strategies as st
+from kode.completion.documents import Position
+from kode.completion.partials import EVERY_S, PartialPacer
+from test_engine import URI, ScriptedBackend, engine_for  # the engine tests' scripted backend
+
+
+def test_a_completed_line_goes_out_at_once() -> None:
+    pacer = PartialPacer("", 0.0, continuing=False)
+    assert pacer.next("x = 1", 0.01) is None  # a fragment, too soon after the request
+    assert pacer.next("x = 1\n", 0.02) == "x = 1"
+
+
+def test_a_growing_line_goes_out_once_the_interval_passed() -> None:
+    pacer = PartialPacer("", 0.0, continuing=False)
+    assert pacer.next("self", 0.1) is None
+    assert pacer.next("self.items", EVERY_S) == "self.items"
+    assert pacer.next("self.items.app", EVERY_S + 0.1) is None
+    assert pacer.next("self.items.append(", 2 * EVERY_S) == "self.items.append("
+
+
+def test_a_suggestion_already_ahead_of_the_typist_goes_out_at_once() -> None:
+    pacer = PartialPacer("ret", 5.0, continuing=True)
+    assert pacer.next("return self", 5.0) == "urn self"
+    assert pacer.next("return self.x", 5.01) is None  # then paced again
+
+
+def test_nothing_blank_nothing_repeated_nothing_that_went_another_way() -> None:
+    pacer = PartialPacer("a", 0.0, continuing=True)
+    assert pacer.next("a   ", 1.0) is None  # only whitespace after what was typed
+    assert pacer.next("b = 1\n", 2.0) is None  # not what was typed
+    assert pacer.next("a = 1  ", 3.0) == " = 1"
+    assert pacer.next("a = 1   ", 4.0) is None  # the same text again
+
+
+@given(
+    st.lists(
+        st.tuples(st.text(alphabet="ab \n", min_size=1, max_size=4), st.floats(0, 0.5)),
+        max_size=30,
+    ),
+    st.booleans(),
+)
+def test_every_partial_extends_the_one_before(
+    steps: list[tuple[str, float]], continuing: bool
+) -> None:
+    pacer = PartialPacer("", 0.0, continuing=continuing)
+    visible, now, sent = "", 0.0, []
+    for piece, pause in steps:
+        visible += piece
+        now += pause
+        text = pacer.next(visible, now)
+        if text is not None:
+            sent.append(text)
+    assert all(text.strip() for text in sent)
+    assert all(b.startswith(a) and b != a for a, b in itertools.pairwise(sent))
+    assert all(visible.startswith(text) for text in sent)
+
+
+async def test_a_slow_line_shows_its_first_words_before_it_completes() -> None:
+    # One token every 0.1 s: the line completes after 0.6 s; its start shows well before.
+    backend = ScriptedBackend(["self", ".", "items", ".", "append", "(x)\n", "z"], delay=0.1)
+    engine = engine_for(backend, multiline="never")
+    engine.documents.open(URI, "def f(x):\n    \n", 1)
+    partials: list[tuple[float, str]] = []
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    result = await engine.complete(
+        URI, Position(1, 4), on_partial=lambda text: partials.append((loop.time(), text))
+    )
+    assert result.text == "self.items.append(x)"
+    assert partials, "no partial before the answer"
+    first_at, first = partials[0]
+    assert first_at - started < 0.5 and "self" in first and "(x)" not in first
