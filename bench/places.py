@@ -210,6 +210,19 @@ def first_key_ms(segment: Segment) -> float:
     return (min(seen) - start) * 1000.0 if seen else float("inf")
 
 
+def next_shown_ms(keys: Sequence[Keystroke], i: int) -> float:
+    """From key ``i`` to the first suggestion text shown for it or a later key of the
+    line (a partial or a non-empty answer): how long a person who typed it waits for a
+    suggestion, whether or not they type on meanwhile. ``inf`` if none came."""
+    seen = [
+        t
+        for k in keys[i:]
+        for t in (k.partial, k.answered if k.outcome == "shown" else None)
+        if t is not None
+    ]
+    return (min(seen) - keys[i].sent) * 1000.0 if seen else float("inf")
+
+
 def summary_rows(label: str, segments: Sequence[Segment]) -> list[list[object]]:
     first = {
         kind: common.median([first_key_ms(s) for s in segments if s.place.kind == kind])
@@ -217,12 +230,14 @@ def summary_rows(label: str, segments: Sequence[Segment]) -> list[list[object]]:
     }
     keys = [k for s in segments for k in s.keys]
     every = [answer_ms(k) for k in keys]
-    # A key after one whose shown suggestion the user did not type: a new generation.
+    waits = [next_shown_ms(s.keys, i) for s in segments for i in range(len(s.keys))]
+    # A key after one whose shown suggestion (answer or partial) the user did not type:
+    # a new generation; from it to the next suggestion shown on the line.
     missed = [
-        answer_ms(k)
+        next_shown_ms(s.keys, i + 1)
         for s in segments
-        for prev, k in zip(s.keys, s.keys[1:], strict=False)
-        if prev.outcome == "shown" and prev.matched is False
+        for i, prev in enumerate(s.keys[:-1])
+        if prev.matched is False
     ]
     return [
         [
@@ -233,6 +248,8 @@ def summary_rows(label: str, segments: Sequence[Segment]) -> list[list[object]]:
             fmt(first.get("back"), 0, " ms"),
             fmt(common.percentile(every, 50), 0, " ms"),
             fmt(common.percentile(every, 95), 0, " ms"),
+            fmt(common.percentile(waits, 50), 0, " ms"),
+            fmt(common.percentile(waits, 95), 0, " ms"),
             f"{sum(k.outcome == 'shown' for k in keys)}/{len(keys)}",
             f"{fmt(common.percentile(missed, 95), 0, ' ms')} ({len(missed)})",
         ]
@@ -298,8 +315,10 @@ def main(options: Options, files: Sequence[Path] | None, rounds: int) -> int:
         "back: 1st key",
         "all keys p50",
         "all keys p95",
+        "key to next shown p50",
+        "key to next shown p95",
         "shown",
-        "non-matching keys p95 (n)",
+        "non-matching keys to next shown p95 (n)",
     ]
     rows: list[list[object]] = []
     for label, segments in results.items():
@@ -319,7 +338,10 @@ def main(options: Options, files: Sequence[Path] | None, rounds: int) -> int:
         "- 1st key = from the first keystroke at a place to the first suggestion text shown "
         "there (a partial or an answer, for that key or a later one of the line); all keys "
         "= keystroke -> its answer or first partial (an empty answer counts; a key "
-        "superseded before any answer is `inf`)\n\n"
+        "superseded before any answer is `inf`); key to next shown = from a keystroke to "
+        "the first suggestion text shown for it or a later key of the line (what a person "
+        "who typed it waits for, typing on or not); non-matching keys = keys after one "
+        "whose shown suggestion the user did not type\n\n"
         + table
         + "\n\nEngine counters at the end of each run: "
         + "; ".join(f"{k}: {v}" for k, v in facts["stats"].items())
@@ -351,15 +373,25 @@ class Window:
     suffix_tokens: int
 
 
-def windows_for(rate: float, budget_ms: float, horizon_s: float) -> list[Window]:
+def windows_for(rate: float, budget_ms: float, *horizons_s: float) -> list[Window]:
     """The windows the engine uses at ``rate`` prompt tokens/s: the full default one, the
-    one background preparation makes first (``horizon_s`` of evaluation) and the one a
-    keystroke gets with nothing prepared (``budget_ms``), split 4:1 as the engine does."""
-    horizon = int(rate * horizon_s)
+    one background preparation makes first (each of ``horizons_s`` seconds of evaluation)
+    and the one a keystroke gets with nothing prepared (``budget_ms``), split 4:1 as the
+    engine does."""
     budget = max(16, int(rate * budget_ms / 1000.0))
+    prepared = []
+    for horizon_s in horizons_s:
+        horizon = int(rate * horizon_s)
+        prepared.append(
+            Window(
+                f"prepared in {horizon_s:g} s ({horizon} tokens)",
+                max(16, horizon * 4 // 5),
+                min(64, horizon // 5),
+            )
+        )
     return [
         Window("full (1024 + 64)", 1024, 64),
-        Window(f"prepared ({horizon} tokens)", max(16, horizon * 4 // 5), min(64, horizon // 5)),
+        *prepared,
         Window(f"unprepared ({budget} tokens)", max(16, budget * 4 // 5), min(64, budget // 5)),
     ]
 
@@ -401,6 +433,9 @@ async def window_quality(
                     "firstAnswerMs": 0,
                     "readAhead": False,
                     "maxTokens": 48,
+                    # Only the first line is scored; greedy decoding writes the same first
+                    # line either way, and stopping there saves most of the decoding.
+                    "multiline": "never",
                 }
             )
             assert not problems, problems
@@ -425,11 +460,17 @@ async def window_quality(
 
 
 def quality_main(
-    model: str, files: Sequence[Path] | None, n: int, seed: int, rate: float, out: Path
+    model: str,
+    files: Sequence[Path] | None,
+    n: int,
+    seed: int,
+    rate: float,
+    out: Path,
+    horizons: Sequence[float] = (2.5,),
 ) -> int:
     chosen = tuple(files) if files else DEFAULT_FILES
     cases = line_cases(chosen, n, seed, 60)
-    windows = windows_for(rate, 1000.0, 2.5)
+    windows = windows_for(rate, 1000.0, *horizons)
     machine_before = common.machine_note()
     results = asyncio.run(window_quality(model, chosen, cases, windows))
     rows: list[list[object]] = [

@@ -147,6 +147,13 @@ def register(subparsers: Any) -> None:
         default=95.0,
         help="windows: prompt tokens/s the windows are sized for (95: the 1.5B on 2 cores)",
     )
+    latency.add_argument(
+        "--horizons",
+        type=float,
+        nargs="+",
+        default=[2.5],
+        help="windows: seconds of reading the prepared windows are sized for (default 2.5)",
+    )
     latency.add_argument("--out", type=Path, default=Path("results/latency"))
 
     engine = sub.add_parser(
@@ -281,7 +288,13 @@ def run(args: argparse.Namespace) -> int:
             from kode.bench import places
 
             return places.quality_main(
-                args.model, args.files, args.lines, args.seed, args.rate, args.out
+                args.model,
+                args.files,
+                args.lines,
+                args.seed,
+                args.rate,
+                args.out,
+                horizons=tuple(args.horizons),
             )
         return latency.main(options)
     if args.bench_command == "engine":

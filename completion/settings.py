@@ -101,7 +101,9 @@ class Settings(
     log_prompts: bool = False  # never log source code unless asked to
     partial_completions: bool = False  # send kode/inlineCompletionPartial while text grows
     time_budget_ms: _Ms = 0  # 0: no budget; else answer with what is ready by then
-    prefetch: bool = True  # after a suggestion is accepted, start the next one
+    # Start a suggestion before it is asked for: after one is accepted, and where the
+    # cursor rests at the end of a line (local engine, with background preparation).
+    prefetch: bool = True
     read_ahead: bool = True  # local engine: evaluate a newly opened document's prompt early
     # Local engine: the most a keystroke may spend evaluating prompt tokens, at the prefill
     # speed measured on this machine; past it, answer from a shorter window that fits and

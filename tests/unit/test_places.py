@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from kode.bench.latency import Keystroke
 from kode.bench.places import (
     DEFAULT_FILES,
@@ -9,6 +10,7 @@ from kode.bench.places import (
     Segment,
     blank,
     first_key_ms,
+    next_shown_ms,
     plan_places,
     windows_for,
 )
@@ -44,8 +46,22 @@ def test_first_key_waits_for_the_first_suggestion_shown_while_typing() -> None:
     assert first_key_ms(Segment(Place(0, 0, 0, "", "open"), [])) == float("inf")
 
 
+def test_a_key_waits_for_the_next_suggestion_shown_on_its_line() -> None:
+    keys = [Keystroke("s", i, "x", sent=float(i)) for i in range(4)]
+    keys[0].outcome, keys[0].answered = "cancelled", 0.5  # superseded: nothing shown
+    keys[1].partial = 2.5  # its partial came after the next key was typed
+    keys[2].outcome, keys[2].answered = "empty", 2.2  # an empty answer shows nothing
+    keys[3].outcome, keys[3].answered = "shown", 3.1
+    waits = [next_shown_ms(keys, i) for i in range(4)]
+    assert waits == pytest.approx([2500.0, 1500.0, 1100.0, 100.0])
+    assert next_shown_ms(keys[:1], 0) == float("inf")
+
+
 def test_windows_for_the_measured_speed() -> None:
     full, prepared, unprepared = windows_for(95.0, 1000.0, 2.5)
     assert (full.prefix_tokens, full.suffix_tokens) == (1024, 64)
     assert prepared.prefix_tokens + prepared.suffix_tokens <= 237
     assert unprepared.prefix_tokens + unprepared.suffix_tokens <= 95
+    full, longer, shorter, unprepared = windows_for(40.0, 1000.0, 2.5, 1.5)
+    assert longer.label == "prepared in 2.5 s (100 tokens)"
+    assert shorter.prefix_tokens + shorter.suffix_tokens <= 60 < longer.prefix_tokens
