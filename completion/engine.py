@@ -497,6 +497,7 @@ class CompletionEngine:
         if typed and live.done.is_set() and not text.startswith(typed):
             return None
         answer = text[len(typed) :] if text.startswith(typed) else ""
+        live.answered = True
         return Completion(
             text=answer,
             uri=uri,
@@ -835,13 +836,14 @@ class CompletionEngine:
         ``prefetch``), as the document's live suggestion: a key that types into it is
         answered from it at once (typed-ahead), any other key or edit replaces it. Only
         at the end of a line's text, where a suggestion shows; once per place, again
-        only to replace one made from a short window, untouched, by the full window."""
+        only to replace one made from a short window that no request was answered from
+        (the editor never showed it) by the full window."""
         if not self._settings.prefetch or doc.text[offset:].split("\n", 1)[0].strip():
             return
         live = self._live.get(uri)
         if live is not None and live.start == offset and live.typed_into(doc.text) == "":
-            if not (live.short and live.done.is_set() and live.waiters == 0):
-                return  # already suggested here (or in use)
+            if not (live.short and live.done.is_set() and not live.answered and not live.waiters):
+                return  # already suggested here (or shown, or in use)
             await self._drop(uri)
         elif live is not None and not live.done.is_set():
             return  # a suggestion for another place is still being made
@@ -940,6 +942,7 @@ class _Live:
         self.task: asyncio.Future[None] | None = None
         self.error: KodeError | None = None  # why the generation failed, for the request
         self.short = False  # made from a shorter window than the full one (firstAnswerMs)
+        self.answered = False  # a request was answered from it (the editor may show it)
 
     async def pump(self) -> None:
         try:
