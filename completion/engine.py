@@ -210,6 +210,7 @@ class CompletionEngine:
         if selected is not None:
             doc, offset = with_selected(doc, position, *selected)
         await self._cancel_background()
+        await self._leave_others(uri)
         if self._tickets.get(uri) is not ticket:
             raise Superseded(uri)
         live = self._live.get(uri)
@@ -764,8 +765,9 @@ class CompletionEngine:
             await prep.cancel()
 
     def cursor_moved(self, uri: str, position: Position) -> None:
-        """The cursor settled at ``position`` (``kode/didMoveCursor``): prepare the prompt
-        a keystroke there will need, at the lowest priority."""
+        """The cursor settled at ``position`` (``kode/didMoveCursor``): stop suggestions
+        still being made elsewhere, and prepare the prompt a keystroke there will need,
+        at the lowest priority."""
         self.cursor_moves += 1
         if uri not in self.documents:
             return
@@ -776,7 +778,26 @@ class CompletionEngine:
             return
         self._cursor[uri] = (doc.version, offset)
         self._active = uri
+        self._spawn(self._leave_others(uri, doc.text, offset))
         self._schedule_prepare()
+
+    async def _leave_others(self, uri: str, text: str | None = None, offset: int = 0) -> None:
+        """The user works in ``uri`` now (at ``offset`` of ``text``, if given): stop the
+        suggestions still being generated for other documents, or for another place of
+        this one, that no request waits for. The engine runs one generation at a time,
+        so one left behind (a long suggestion going on after its answer) would make the
+        first keystroke here wait for it."""
+        for other, live in list(self._live.items()):
+            if live.done.is_set() or live.waiters:
+                continue
+            if other == uri:
+                if text is None:
+                    continue  # a request for this document decides itself (typed-ahead)
+                typed = live.typed_into(text)
+                if typed is not None and offset == live.start + len(typed):
+                    continue  # the cursor is in this suggestion: the user types into it
+            if self._live.get(other) is live:
+                await self._drop(other)
 
     def _schedule_prepare(self) -> None:
         if not self._settings.enabled or self._settings.backend is not BackendKind.LOCAL:

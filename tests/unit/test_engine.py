@@ -334,3 +334,26 @@ async def test_partials_grow_by_lines_and_stop_once_the_document_changes() -> No
     )
     assert {version for version, _ in partials} == {1}
     assert all(text.endswith(("1", "2", "3", "4", "5")) for _, text in partials)  # whole lines
+
+
+async def test_working_elsewhere_stops_a_suggestion_no_one_waits_for() -> None:
+    """A suggestion that goes on after its answer (here: the time budget answered it)
+    would hold the engine, which runs one generation at a time, from the keystroke in
+    another document or at another place; typing into it keeps it."""
+    other = "file:///p/other.py"
+    for elsewhere in ("request", "cursor", "cursor in it"):
+        backend = ScriptedBackend(["x = 1\n"] * 200, delay=0.02)
+        engine = engine_for(backend, multiline="always", maxLines=400, timeBudgetMs=50)
+        engine.documents.open(URI, "a = 0\n", 1)
+        engine.documents.open(other, "b = 0\n", 1)
+        first = await engine.complete(URI, Position(1, 0))
+        assert first.text and not backend.generations[0].cancelled  # it goes on
+        if elsewhere == "request":
+            await engine.complete(other, Position(1, 0))
+        elif elsewhere == "cursor":
+            engine.cursor_moved(URI, Position(0, 0))
+        else:
+            engine.cursor_moved(URI, Position(1, 0))
+        await asyncio.sleep(0.1)
+        assert backend.generations[0].cancelled == (elsewhere != "cursor in it"), elsewhere
+        await engine.aclose()
