@@ -467,10 +467,14 @@ def quality_main(
     rate: float,
     out: Path,
     horizons: Sequence[float] = (2.5,),
+    *,
+    full: bool = True,
 ) -> int:
     chosen = tuple(files) if files else DEFAULT_FILES
     cases = line_cases(chosen, n, seed, 60)
     windows = windows_for(rate, 1000.0, *horizons)
+    if not full:
+        windows = windows[1:]
     machine_before = common.machine_note()
     results = asyncio.run(window_quality(model, chosen, cases, windows))
     rows: list[list[object]] = [

@@ -154,6 +154,11 @@ def register(subparsers: Any) -> None:
         default=[2.5],
         help="windows: seconds of reading the prepared windows are sized for (default 2.5)",
     )
+    latency.add_argument(
+        "--no-full",
+        action="store_true",
+        help="windows: leave out the full window (its figure is known from an earlier run)",
+    )
     latency.add_argument("--out", type=Path, default=Path("results/latency"))
 
     engine = sub.add_parser(
@@ -295,6 +300,7 @@ def run(args: argparse.Namespace) -> int:
                 args.rate,
                 args.out,
                 horizons=tuple(args.horizons),
+                full=not args.no_full,
             )
         return latency.main(options)
     if args.bench_command == "engine":
