@@ -390,23 +390,24 @@ def test_new_indented_line_ghost_text_and_tab(editor: Editor) -> None:
     editor.wait("kode/didMoveCursor sent", editor.cursor_notifications, 30)
 
 
-@pytest.mark.xfail(
-    reason="open (#17): after `rad` opens the suggest widget and Escape closes it, no ghost "
-    "text showed within 180 s on the merged tree (session 4, 3 runs); see editors/README.md",
-    strict=False,
-)
 def test_end_of_line_accept_a_word_then_the_rest(editor: Editor) -> None:
     editor.open("circle.py")
     editor.go_to(5, 100)  # `    return math.pi * |`
     editor.type("rad")
-    # `rad` opens the suggest widget (`radius`). With it open, accepting a word of the
-    # ghost text (Ctrl+Right) took the widget item's rest (`ius`) and then no ghost text
-    # showed within 10 s (one run; open, see editors/README.md). Here the widget is closed
-    # first, as a user who wants Kode's suggestion alone would (Escape closes the widget
-    # before anything else).
-    editor.wait("the suggest widget", editor.suggest_widget_open, 30)
-    editor.page.keyboard.press("Escape")
-    editor.wait("the suggest widget to close", lambda: not editor.suggest_widget_open(), 10)
+    # `rad` opens the suggest widget (`radius`): VS Code waits 750 ms for an inline
+    # suggestion as one types, and Kode's first one here takes longer; VS Code then opens
+    # the widget and stops asking for inline suggestions but ones extending its item.
+    # Escape closes the widget and Kode asks again (`kode.closeSuggestWidget`); before
+    # that, no ghost text showed at all (see editors/README.md). With the widget open,
+    # accepting a word of the ghost text (Ctrl+Right) took the widget item's rest (`ius`)
+    # and then no ghost text showed within 10 s (one run; open).
+    # Where Kode answers within the 750 ms, the ghost text shows instead of the widget.
+    editor.wait("the widget or ghost text", lambda: editor.suggest_widget_open() or editor.ghost())
+    widget = editor.suggest_widget_open()
+    print(f"suggest widget open after `rad`: {widget}")
+    if widget:
+        editor.page.keyboard.press("Escape")
+        editor.wait("the suggest widget to close", lambda: not editor.suggest_widget_open(), 10)
     ghost = editor.wait("ghost text after `rad`", editor.ghost)
     assert "\n" not in ghost and ghost.strip(), ghost
     editor.page.keyboard.press("Control+ArrowRight")  # accept the next word

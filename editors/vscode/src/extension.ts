@@ -78,6 +78,7 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
       output.show();
     }),
     vscode.commands.registerCommand("kode.dismiss", () => kode.dismiss()),
+    vscode.commands.registerCommand("kode.closeSuggestWidget", () => kode.closeSuggestWidget()),
     vscode.workspace.onDidChangeConfiguration(async (event) => {
       if (!event.affectsConfiguration(settings.SECTION)) {
         return;
