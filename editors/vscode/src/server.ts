@@ -242,6 +242,19 @@ export class KodeServer implements vscode.Disposable {
     }
   }
 
+  /**
+   * Ctrl+Right while Kode's suggestion shows over the suggest widget's item: accept its
+   * next word, then ask again. The suggestion lived with the widget (VS Code had stopped
+   * its other inline suggestions, see `closeSuggestWidget`), and the word's edit closed
+   * the widget, so the rest of the suggestion went with it.
+   */
+  async acceptNextWord(): Promise<void> {
+    await vscode.commands.executeCommand("editor.action.inlineSuggest.acceptNextWord");
+    if (settings.isEnabled() && this.running) {
+      await vscode.commands.executeCommand("editor.action.inlineSuggest.trigger");
+    }
+  }
+
   /** Escape while a suggestion shows: stop streaming into it, then hide it. */
   async dismiss(): Promise<void> {
     this.streaming.cancel("dismissed");

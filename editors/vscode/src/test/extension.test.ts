@@ -208,6 +208,24 @@ describe("the extension in a fake VS Code", { timeout: 5 * STEP_MS }, () => {
     assert.equal(item?.range?.start.character ?? position.character, position.character, JSON.stringify(item));
   });
 
+  it("asks again after a word is accepted with the suggest widget open", async () => {
+    // The suggestion over the widget's item went with the widget when the word's edit
+    // closed it, VS Code having stopped its other inline suggestions (see above).
+    const word = boundCommand(
+      "ctrl+right",
+      new Set(["suggestWidgetVisible", "inlineSuggestionVisible", "editorTextFocus", "config.kode.enabled"]),
+    );
+    assert.ok(word, "no Ctrl+Right binding for a suggestion over the suggest widget");
+    const from = recorded.executed.length;
+    await vscode.commands.executeCommand(word);
+    assert.deepEqual(recorded.executed.slice(from + 1), [
+      "editor.action.inlineSuggest.acceptNextWord",
+      "editor.action.inlineSuggest.trigger",
+    ]);
+    // Without the widget, VS Code's own word-accept keeps the rest: not Kode's business.
+    assert.equal(boundCommand("ctrl+right", new Set(["inlineSuggestionVisible", "editorTextFocus"])), undefined);
+  });
+
   it("toggles completions from the status-bar command", async () => {
     const toggle = recorded.commands.get("kode.toggle");
     assert.ok(toggle, "kode.toggle is not registered");
