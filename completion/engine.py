@@ -140,6 +140,9 @@ class CompletionEngine:
         self._live: dict[str, _Live] = {}
         self._tickets: dict[str, object] = {}
         self.typed_ahead_hits = 0
+        # The last non-empty answer (`kode/stats` `lastCompletion`, the status bars): the
+        # backend's own last generation is often a one-token background one.
+        self.last_answer: Completion | None = None
         self.prefetches = 0
         self.read_aheads = 0
         self._counter: Callable[[str], int] | None = None
@@ -499,7 +502,7 @@ class CompletionEngine:
             return None
         answer = text[len(typed) :] if text.startswith(typed) else ""
         live.answered = True
-        return Completion(
+        completion = Completion(
             text=answer,
             uri=uri,
             version=version,
@@ -511,6 +514,9 @@ class CompletionEngine:
             single_line=live.rules.single_line,
             from_cache=bool(typed) or live.started_before(started),
         )
+        if answer:
+            self.last_answer = completion
+        return completion
 
     def document_opened(self, uri: str) -> None:
         """Read a newly opened document into the model's cache before the first

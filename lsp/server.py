@@ -38,6 +38,7 @@ from kode.completion.documents import Position, Range
 from kode.completion.engine import (
     BackendFactory,
     BackendPool,
+    Completion,
     CompletionEngine,
     PartialCallback,
     Superseded,
@@ -455,6 +456,7 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
                 "cursorMoves": server.engine.cursor_moves,
                 "prefillTokensPerS": server.engine.rate.value,
             },
+            "lastCompletion": _last_completion(server.engine.last_answer),
             "kvMemory": backend.kv_memory if isinstance(backend, KvMemoryReport) else None,
             "engineProcess": _engine_process(backend),
             "settings": _redacted(server.engine.settings),
@@ -525,6 +527,28 @@ def _clamp_positions(data: dict[str, Any]) -> dict[str, Any] | None:
     except (KeyError, TypeError, AttributeError, ValueError):
         return None
     return copy if changed else None
+
+
+def _last_completion(answer: Completion | None) -> dict[str, Any] | None:
+    """The last non-empty answer, for status bars: ``answerMs`` from the request to the
+    answer (0 for one typed ahead), and the generation that made it: its tokens, time to
+    the first token, time in all, and ``tokensPerS``, the decode speed after the first
+    token (null with fewer than two tokens: there is nothing to time)."""
+    if answer is None:
+        return None
+    stats = answer.stats
+    decode_ms = stats.total_ms - stats.ttft_ms
+    speed = None
+    if stats.completion_tokens >= 2 and decode_ms > 0:
+        speed = round((stats.completion_tokens - 1) / decode_ms * 1000.0, 1)
+    return {
+        "answerMs": round(answer.total_ms, 1),
+        "fromCache": answer.from_cache,
+        "completionTokens": stats.completion_tokens,
+        "ttftMs": round(stats.ttft_ms, 1),
+        "generationMs": round(stats.total_ms, 1),
+        "tokensPerS": speed,
+    }
 
 
 def _redacted(settings: settings_mod.Settings) -> dict[str, Any]:

@@ -56,6 +56,7 @@ FILES = {
         "def add(a, b):\n    return a + b\n\n\ndef main():\n    total = add()\n    print(total)\n"
     ),
     "typing.py": 'def greet(name):\n    """Say hello to `name`."""\n',
+    "fib2.py": 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
 }
 
 
@@ -376,6 +377,15 @@ def test_new_indented_line_ghost_text_and_tab(editor: Editor) -> None:
     )
     print(f"suggest widget open: {widget}; ghost texts seen: {seen!r}")
     if (folder := pictures_dir()) is not None:
+        if editor.suggest_widget_open():
+            # The widget hides the ghost text's second line: Tab takes its item first (as
+            # `accept` does), and the picture shows the rest of the suggestion.
+            editor.page.keyboard.press("Tab")
+            editor.wait(
+                "the rest as ghost text, the widget closed",
+                lambda: not editor.suggest_widget_open() and editor.ghost(),
+                30,
+            )
         editor.screenshot(folder / "vscode-ghost-text.png")
     editor.accept()
     text = editor.save_and_read("fib.py")
@@ -390,23 +400,23 @@ def test_new_indented_line_ghost_text_and_tab(editor: Editor) -> None:
     editor.wait("kode/didMoveCursor sent", editor.cursor_notifications, 30)
 
 
-@pytest.mark.xfail(
-    reason="open (#17): after `rad` opens the suggest widget and Escape closes it, no ghost "
-    "text showed within 180 s on the merged tree (session 4, 3 runs); see editors/README.md",
-    strict=False,
-)
 def test_end_of_line_accept_a_word_then_the_rest(editor: Editor) -> None:
     editor.open("circle.py")
     editor.go_to(5, 100)  # `    return math.pi * |`
     editor.type("rad")
-    # `rad` opens the suggest widget (`radius`). With it open, accepting a word of the
-    # ghost text (Ctrl+Right) took the widget item's rest (`ius`) and then no ghost text
-    # showed within 10 s (one run; open, see editors/README.md). Here the widget is closed
-    # first, as a user who wants Kode's suggestion alone would (Escape closes the widget
-    # before anything else).
-    editor.wait("the suggest widget", editor.suggest_widget_open, 30)
-    editor.page.keyboard.press("Escape")
-    editor.wait("the suggest widget to close", lambda: not editor.suggest_widget_open(), 10)
+    # `rad` opens the suggest widget (`radius`): VS Code waits 750 ms for an inline
+    # suggestion as one types, and Kode's first one here takes longer; VS Code then opens
+    # the widget and stops asking for inline suggestions but ones extending its item.
+    # Escape closes the widget and Kode asks again (`kode.closeSuggestWidget`); before
+    # that, no ghost text showed at all (see editors/README.md). A word accepted with the
+    # widget open: `test_a_word_accepted_with_the_suggest_widget_open`.
+    # Where Kode answers within the 750 ms, the ghost text shows instead of the widget.
+    editor.wait("the widget or ghost text", lambda: editor.suggest_widget_open() or editor.ghost())
+    widget = editor.suggest_widget_open()
+    print(f"suggest widget open after `rad`: {widget}")
+    if widget:
+        editor.page.keyboard.press("Escape")
+        editor.wait("the suggest widget to close", lambda: not editor.suggest_widget_open(), 10)
     ghost = editor.wait("ghost text after `rad`", editor.ghost)
     assert "\n" not in ghost and ghost.strip(), ghost
     editor.page.keyboard.press("Control+ArrowRight")  # accept the next word
@@ -418,6 +428,44 @@ def test_end_of_line_accept_a_word_then_the_rest(editor: Editor) -> None:
     editor.accept()
     line = editor.save_and_read("circle.py").split("\n")[4]
     assert line == "    return math.pi * rad" + ghost, (ghost, line)
+
+
+def test_a_word_accepted_with_the_suggest_widget_open(editor: Editor) -> None:
+    editor.open("fib2.py")
+    editor.go_to(2, 100)
+    editor.page.keyboard.press("Enter")
+    editor.type("if n")
+    # With the widget open (`number`), Kode's ghost text extends its item; Ctrl+Right
+    # takes a word of it (the item's rest first). Once, no ghost text showed after that
+    # (the suggestion went with the widget); `kode.acceptNextWord` asks again.
+    ghost = editor.wait("ghost text after `if n`", editor.ghost)
+    widget = editor.suggest_widget_open()
+    print(f"suggest widget open: {widget}; ghost text: {ghost!r}")
+    editor.page.keyboard.press("Control+ArrowRight")
+    editor.page.wait_for_timeout(1000)  # the word lands; the old ghost text goes
+    start = FILES["fib2.py"] + "    if n"
+    rest = editor.wait("the rest of the suggestion after a word", editor.ghost, 60)
+    path = editor.server.workspace / "fib2.py"
+
+    def saved(prefix: str, more: bool = False) -> str | None:
+        """The file once it starts with `prefix` (`more`: and more on that line); the web
+        workbench also saves by itself after a second, so any write will not do."""
+        text = path.read_text()
+        if not text.startswith(prefix) or (more and text.startswith(prefix + "\n")):
+            return None
+        return text
+
+    editor.page.keyboard.press("Control+S")
+    text = editor.wait("the word saved", lambda: saved(start, more=True), 30)
+    word = text[len(start) :].split("\n")[0]
+    assert ghost.startswith(word), (ghost, word)
+    # One Tab takes the rest (it may have grown meanwhile); after it, the next suggestion
+    # (`prefetch`) may show at once, so `accept`'s "until the ghost text goes" does not fit.
+    rest = editor.ghost() or rest
+    editor.page.keyboard.press("Tab")
+    editor.page.wait_for_timeout(500)
+    editor.page.keyboard.press("Control+S")
+    editor.wait("the rest saved", lambda: saved(start + word + rest), 30)
 
 
 def test_mid_line_ghost_text(editor: Editor) -> None:

@@ -218,6 +218,20 @@ test("ghost text appears at the cursor and <Tab> accepts it", function()
   end)
 end)
 
+test("the status line shows the last answer, not the last generation", function()
+  -- A one-token background preparation after a 13 s answer once read `176ms 10000tok/s`.
+  local line = lua([[return require("kode.status").line({
+    backend = "llama.cpp", model = "m.gguf",
+    counters = { last = { totalMs = 176, ttftMs = 175.9, completionTokens = 1 } },
+    lastCompletion = { answerMs = 13270.4, tokensPerS = 9.6 },
+  }, true)]])
+  eq(line, "kode: llama.cpp m 13270ms 10tok/s", "status line")
+  line = lua([[return require("kode.status").line({
+    backend = "llama.cpp", model = "m.gguf", lastCompletion = { answerMs = 0, tokensPerS = vim.NIL },
+  }, true)]])
+  eq(line, "kode: llama.cpp m 0ms", "status line of a one-token answer")
+end)
+
 test("a word and a line at a time", function()
   open("words.py", FIB)
   insert_at_end(3)

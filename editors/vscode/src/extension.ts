@@ -78,6 +78,8 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
       output.show();
     }),
     vscode.commands.registerCommand("kode.dismiss", () => kode.dismiss()),
+    vscode.commands.registerCommand("kode.closeSuggestWidget", () => kode.closeSuggestWidget()),
+    vscode.commands.registerCommand("kode.acceptNextWord", () => kode.acceptNextWord()),
     vscode.workspace.onDidChangeConfiguration(async (event) => {
       if (!event.affectsConfiguration(settings.SECTION)) {
         return;

@@ -63,6 +63,9 @@ export class KodeServer implements vscode.Disposable {
       retrigger: (uri) => {
         this.retrigger(uri);
       },
+      log: (message) => {
+        this.output.trace(message);
+      },
     });
     this.subscriptions.push(
       vscode.workspace.onDidChangeTextDocument((event) => {
@@ -79,7 +82,7 @@ export class KodeServer implements vscode.Disposable {
         this.cursorSettles(event.textEditor);
       }),
       vscode.window.onDidChangeActiveTextEditor((editor) => {
-        this.streaming.cancel();
+        this.streaming.cancel("another editor");
         this.cursorSettles(editor);
       }),
       new vscode.Disposable(() => {
@@ -176,7 +179,7 @@ export class KodeServer implements vscode.Disposable {
   }
 
   async stop(): Promise<void> {
-    this.streaming.cancel();
+    this.streaming.cancel("server stopped");
     const client = this.client;
     const child = this.child;
     this.client = undefined;
@@ -201,7 +204,7 @@ export class KodeServer implements vscode.Disposable {
 
   /** Sends the current settings (`workspace/didChangeConfiguration`). */
   async sendSettings(): Promise<void> {
-    this.streaming.cancel();
+    this.streaming.cancel("settings changed");
     if (!this.running || !this.client) {
       return;
     }
@@ -223,9 +226,38 @@ export class KodeServer implements vscode.Disposable {
     }
   }
 
+  /**
+   * Escape while VS Code's suggest widget shows: close it, then ask for Kode's suggestion
+   * for the text as typed. With `editor.quickSuggestions` at its default
+   * (`offWhenInlineCompletions`, VS Code 1.139), typing waits 750 ms for an inline
+   * suggestion; when none came by then, VS Code opens the widget and stops its inline
+   * suggestions for the place (`SuggestModel._waitForInlineCompletionsAndTrigger`). While
+   * the widget is open it still asks for suggestions that extend its item; once Escape
+   * closed it, it asked for nothing more, so a suggestion slower than 750 ms never showed.
+   */
+  async closeSuggestWidget(): Promise<void> {
+    await vscode.commands.executeCommand("hideSuggestWidget");
+    if (settings.isEnabled() && this.running) {
+      await vscode.commands.executeCommand("editor.action.inlineSuggest.trigger");
+    }
+  }
+
+  /**
+   * Ctrl+Right while Kode's suggestion shows over the suggest widget's item: accept its
+   * next word, then ask again. The suggestion lived with the widget (VS Code had stopped
+   * its other inline suggestions, see `closeSuggestWidget`), and the word's edit closed
+   * the widget, so the rest of the suggestion went with it.
+   */
+  async acceptNextWord(): Promise<void> {
+    await vscode.commands.executeCommand("editor.action.inlineSuggest.acceptNextWord");
+    if (settings.isEnabled() && this.running) {
+      await vscode.commands.executeCommand("editor.action.inlineSuggest.trigger");
+    }
+  }
+
   /** Escape while a suggestion shows: stop streaming into it, then hide it. */
   async dismiss(): Promise<void> {
-    this.streaming.cancel();
+    this.streaming.cancel("dismissed");
     await vscode.commands.executeCommand("editor.action.inlineSuggest.hide");
   }
 
@@ -263,9 +295,13 @@ export class KodeServer implements vscode.Disposable {
       character: position.character,
       selected: selected && `${rangeText(selected.range)} ${selected.text}`,
     };
+    const where = `v${String(key.version)} ${String(key.line)}:${String(key.character)}`;
+    const widget = selected ? ` (suggest widget item over ${rangeText(selected.range)})` : "";
+    this.output.trace(`inline completion asked at ${where}, trigger ${String(context.triggerKind)}${widget}`);
     const outcome = await this.streaming.provide(key, token, (own) =>
       Promise.resolve(next(document, position, context, own)),
     );
+    this.output.trace(`inline completion at ${where}: ${outcome.kind}`);
     switch (outcome.kind) {
       case "partial":
         return new vscode.InlineCompletionList([

@@ -13,12 +13,13 @@ function M.line(stats, enabled)
   end
   local model = type(stats.model) == "string" and stats.model:gsub("%.gguf$", "") or "?"
   local parts = { "kode:", stats.backend, model }
-  local last = type(stats.counters) == "table" and stats.counters.last or nil
-  if type(last) == "table" and (last.totalMs or 0) > 0 then
-    parts[#parts + 1] = ("%dms"):format(last.totalMs)
-    local decode = last.totalMs - last.ttftMs
-    if last.completionTokens > 0 and decode > 0 then
-      parts[#parts + 1] = ("%dtok/s"):format(last.completionTokens / decode * 1000)
+  -- The last answer (not `counters.last`, the backend's last generation: often a
+  -- one-token background preparation, which read `176ms 10000tok/s` after a 13 s answer).
+  local last = stats.lastCompletion
+  if type(last) == "table" and type(last.answerMs) == "number" then
+    parts[#parts + 1] = ("%dms"):format(math.floor(last.answerMs + 0.5))
+    if type(last.tokensPerS) == "number" and last.tokensPerS > 0 then
+      parts[#parts + 1] = ("%dtok/s"):format(math.floor(last.tokensPerS + 0.5))
     end
   end
   return table.concat(parts, " ")

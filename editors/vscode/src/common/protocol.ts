@@ -55,10 +55,25 @@ export interface Counters {
   last: LastGeneration;
 }
 
+/** The last non-empty answer (docs/protocol.md, `kode/stats`). */
+export interface LastCompletion {
+  /** From the request to its answer (0 for one typed ahead). */
+  answerMs: number;
+  fromCache: boolean;
+  /** The generation that made it. */
+  completionTokens: number;
+  ttftMs: number;
+  generationMs: number;
+  /** Decode speed after the first token; null with fewer than two tokens. */
+  tokensPerS: number | null;
+}
+
 export interface KodeStats {
   backend: string | null;
   model: string | null;
   counters: Counters | null;
+  /** Null until a completion was answered (absent from older servers). */
+  lastCompletion?: LastCompletion | null;
   settings: Record<string, unknown>;
 }
 

@@ -10,21 +10,24 @@ export interface StatusView {
 }
 
 export interface Latency {
+  /** How long the last answer took. */
   totalMs: number;
-  /** Decode speed after the first token; undefined when too few tokens to tell. */
+  /** Its generation's decode speed after the first token; undefined when too few tokens to tell. */
   tokensPerSecond: number | undefined;
 }
 
-/** Last completion's latency and speed: tokens/s = completionTokens / (totalMs - ttftMs). */
+/**
+ * The last answer's latency and speed (`lastCompletion` of `kode/stats`). Not the
+ * backend's last generation (`counters.last`): that is often a one-token background
+ * preparation, which showed as `176 ms · 10000 tok/s` after an answer of 13 s.
+ */
 export function lastLatency(stats: KodeStats | undefined): Latency | undefined {
-  const last = stats?.counters?.last;
-  if (!last || last.totalMs <= 0) {
+  const last = stats?.lastCompletion;
+  if (!last) {
     return undefined;
   }
-  const decodeMs = last.totalMs - last.ttftMs;
-  const tokensPerSecond =
-    last.completionTokens > 0 && decodeMs > 0 ? (last.completionTokens / decodeMs) * 1000 : undefined;
-  return { totalMs: last.totalMs, tokensPerSecond };
+  const speed = last.tokensPerS;
+  return { totalMs: last.answerMs, tokensPerSecond: speed !== null && speed > 0 ? speed : undefined };
 }
 
 /** `qwen2.5-coder-0.5b-instruct.gguf` -> `qwen2.5-coder-0.5b-instruct`. */

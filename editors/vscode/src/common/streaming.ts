@@ -70,6 +70,8 @@ export interface StreamingOptions<T> {
   graceMs?: number;
   /** After this, a re-ask that brought no provide call no longer blocks the next one. */
   retriggerTimeoutMs?: number;
+  /** Diagnostics (positions and reasons only, never document text). */
+  log?(message: string): void;
 }
 
 const NONE = { kind: "none" } as const;
@@ -148,7 +150,7 @@ export class StreamingCompletions<R, T> {
     }
     let session = this.session;
     if (!session || !sameKey(session.key, key)) {
-      this.cancel();
+      this.cancel("another place");
       session = this.begin(key, start);
     }
     session.asks += 1;
@@ -206,7 +208,7 @@ export class StreamingCompletions<R, T> {
   /** The document was edited: its running request is stale. */
   documentChanged(uri: string): void {
     if (this.session?.key.uri === uri) {
-      this.cancel();
+      this.cancel("document changed");
     }
   }
 
@@ -214,12 +216,12 @@ export class StreamingCompletions<R, T> {
   cursorMoved(uri: string, line: number, character: number): void {
     const key = this.session?.key;
     if (key && (key.uri !== uri || key.line !== line || key.character !== character)) {
-      this.cancel();
+      this.cancel("cursor moved");
     }
   }
 
   /** Cancel the running request (Escape, focus change, disable, shutdown). */
-  cancel(): void {
+  cancel(reason = "cancelled"): void {
     const session = this.session;
     if (!session) {
       return;
@@ -227,6 +229,7 @@ export class StreamingCompletions<R, T> {
     this.session = undefined;
     session.clearTimers();
     if (session.outcome === undefined) {
+      this.options.log?.(`request ${String(session.requestId)} cancelled: ${reason}`);
       session.outcome = NONE;
       session.source.cancel();
     }
@@ -235,7 +238,7 @@ export class StreamingCompletions<R, T> {
   }
 
   dispose(): void {
-    this.cancel();
+    this.cancel("disposed");
   }
 
   private begin(key: CompletionKey, start: (token: T) => PromiseLike<R | null | undefined>): Session<R, T> {
@@ -294,7 +297,7 @@ export class StreamingCompletions<R, T> {
     const timer = setTimeout(() => {
       session.timers.delete(timer);
       if (this.session === session && session.asks === asks && session.waiters.size === 0) {
-        this.cancel();
+        this.cancel("no re-ask");
       }
     }, this.graceMs);
     session.timers.add(timer);

@@ -6,6 +6,8 @@
  */
 
 import assert from "node:assert/strict";
+import * as fs from "node:fs";
+import * as path from "node:path";
 import { after, before, describe, it } from "node:test";
 
 import { resolveExecutable } from "../common/executable";
@@ -16,6 +18,7 @@ import {
   InlineCompletionList,
   openDocument,
   Position,
+  Range,
   recorded,
   textDocument,
   vscode,
@@ -25,6 +28,20 @@ type Extension = typeof import("../extension");
 
 const STEP_MS = 60_000;
 const SOURCE = ["def fibonacci(n: int) -> int:", '    """Return the n-th Fibonacci number."""', "    ", ""].join("\n");
+const CIRCLE = ["import math", "", "", "def area(radius):", "    return math.pi * rad", ""].join("\n");
+
+/** The command package.json binds to `key` when `context` holds (a plain `&&` of keys). */
+function boundCommand(key: string, context: Set<string>): string | undefined {
+  const file = path.join(__dirname, "..", "..", "package.json");
+  const manifest = JSON.parse(fs.readFileSync(file, "utf8")) as {
+    contributes: { keybindings: { command: string; key: string; when: string }[] };
+  };
+  const holds = (term: string): boolean =>
+    term.startsWith("!") ? !context.has(term.slice(1)) : context.has(term);
+  return manifest.contributes.keybindings.find(
+    (binding) => binding.key === key && binding.when.split("&&").every((term) => holds(term.trim())),
+  )?.command;
+}
 
 async function until(what: string, ms: number, probe: () => boolean): Promise<void> {
   const deadline = Date.now() + ms;
@@ -132,6 +149,81 @@ describe("the extension in a fake VS Code", { timeout: 5 * STEP_MS }, () => {
     }
     assert.match(status().text, /llama\.cpp qwen2\.5-coder-0\.5b/);
     assert.match(status().text, /tok\/s/);
+  });
+
+  it("asks again when Escape closes the suggest widget VS Code opened instead", async () => {
+    // VS Code 1.139 (editor.quickSuggestions at its default, offWhenInlineCompletions)
+    // waits 750 ms for an inline suggestion as the user types; past that it opens the
+    // suggest widget and stops asking for inline suggestions, except for ones extending
+    // the widget's item. Closing the widget with Escape brought no ask of its own, so
+    // Kode's slower suggestion for `rad` never showed (found in the real VS Code).
+    const doc = textDocument("/tmp/kode-vscode-fake/circle.py", CIRCLE);
+    openDocument(doc);
+    vscode.window.activeTextEditor = { document: doc };
+    const provider = recorded.inlineProviders.at(0);
+    assert.ok(provider);
+    const position = new Position(4, 24); // `    return math.pi * rad|`
+    const typed = new CancellationTokenSource();
+    const first = provider.provideInlineCompletionItems(doc, position, { triggerKind: 1 }, typed.token);
+    typed.cancel(); // no answer within 750 ms: VS Code opened the widget with `radius` selected
+    assert.equal(await first, null);
+    const widget = new CancellationTokenSource();
+    const selectedCompletionInfo = { range: new Range(4, 21, 4, 24), text: "radius" };
+    const extending = provider.provideInlineCompletionItems(
+      doc,
+      position,
+      { triggerKind: 1, selectedCompletionInfo },
+      widget.token,
+    );
+    // Escape with the widget open: the command package.json binds to it (else VS Code's
+    // own `hideSuggestWidget`, after which nothing asks).
+    const escape = boundCommand("escape", new Set(["suggestWidgetVisible", "editorTextFocus", "config.kode.enabled"]));
+    assert.ok(escape, "no Escape binding for an open suggest widget");
+    const asks: Promise<unknown>[] = [];
+    recorded.onHideSuggestWidget = () => {
+      widget.cancel();
+    };
+    recorded.onTrigger = () => {
+      asks.push(provider.provideInlineCompletionItems(doc, position, { triggerKind: 0 }, new CancellationTokenSource().token));
+    };
+    try {
+      await vscode.commands.executeCommand(escape);
+      assert.ok(recorded.executed.includes("hideSuggestWidget"), "the suggest widget stayed open");
+      assert.equal(await extending, null);
+      assert.ok(asks.length > 0, "Escape closed the suggest widget and nothing asked for Kode's suggestion");
+      let settled = 0;
+      while (settled < asks.length) {
+        settled = asks.length;
+        await Promise.all(asks); // a streamed partial asks again: wait for the last
+      }
+    } finally {
+      recorded.onHideSuggestWidget = undefined;
+      recorded.onTrigger = undefined;
+    }
+    const result = await asks.at(-1);
+    const item = (result instanceof InlineCompletionList ? result.items : (result as InlineCompletionItem[] | null))?.[0];
+    const text = textOf(result);
+    assert.ok(text?.trim(), `no suggestion for \`rad\` after Escape: ${JSON.stringify(text)}`);
+    // For the text as typed (inserted at the cursor), not for the widget's item.
+    assert.equal(item?.range?.start.character ?? position.character, position.character, JSON.stringify(item));
+  });
+
+  it("asks again after a word is accepted with the suggest widget open", async () => {
+    // The suggestion over the widget's item went with the widget when the word's edit
+    // closed it, VS Code having stopped its other inline suggestions (see above).
+    const word = boundCommand(
+      "ctrl+right",
+      new Set(["suggestWidgetVisible", "inlineSuggestionVisible", "editorTextFocus", "config.kode.enabled"]),
+    );
+    assert.ok(word, "no Ctrl+Right binding for a suggestion over the suggest widget");
+    const from = recorded.executed.length;
+    await vscode.commands.executeCommand(word);
+    assert.deepEqual(recorded.executed.slice(from + 1), [
+      "editor.action.inlineSuggest.acceptNextWord",
+      "editor.action.inlineSuggest.trigger",
+    ]);
+    // Without the widget, VS Code's own word-accept keeps the rest: not Kode's business.
+    assert.equal(boundCommand("ctrl+right", new Set(["inlineSuggestionVisible", "editorTextFocus"])), undefined);
   });
 
   it("toggles completions from the status-bar command", async () => {

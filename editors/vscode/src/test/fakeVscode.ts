@@ -277,6 +277,8 @@ export const recorded = {
   onTrigger: undefined as (() => void) | undefined,
   /** Called for `editor.action.inlineSuggest.hide`. */
   onHide: undefined as (() => void) | undefined,
+  /** Called for `hideSuggestWidget` (VS Code's suggest widget closes). */
+  onHideSuggestWidget: undefined as (() => void) | undefined,
 };
 
 const emitters = {
@@ -464,6 +466,8 @@ const api = {
         recorded.onTrigger?.();
       } else if (name === "editor.action.inlineSuggest.hide") {
         recorded.onHide?.();
+      } else if (name === "hideSuggestWidget") {
+        recorded.onHideSuggestWidget?.();
       }
       const command = recorded.commands.get(name);
       return Promise.resolve(command ? command(...args) : undefined);

@@ -1,10 +1,21 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 
-import type { KodeStats, LastGeneration } from "../common/protocol";
+import type { KodeStats, LastCompletion, LastGeneration } from "../common/protocol";
 import { formatStatus, lastLatency, shortModel } from "../common/status";
 
-function stats(last: Partial<LastGeneration> | null): KodeStats {
+function stats(
+  answer: Partial<LastCompletion> | null,
+  generation: Partial<LastGeneration> = {},
+): KodeStats {
+  const answered: LastCompletion = {
+    answerMs: 700,
+    fromCache: false,
+    completionTokens: 31,
+    ttftMs: 100,
+    generationMs: 700,
+    tokensPerS: 50,
+  };
   const base: LastGeneration = {
     promptTokens: 120,
     reusedPromptTokens: 100,
@@ -20,8 +31,9 @@ function stats(last: Partial<LastGeneration> | null): KodeStats {
   return {
     backend: "llama.cpp",
     model: "qwen2.5-coder-0.5b-instruct.gguf",
+    lastCompletion: answer === null ? null : { ...answered, ...answer },
     counters:
-      last === null
+      answer === null
         ? null
         : {
             generations: 1,
@@ -33,22 +45,24 @@ function stats(last: Partial<LastGeneration> | null): KodeStats {
             promptTokensReused: 100,
             promptTokensEvaluated: 20,
             completionTokens: 30,
-            last: { ...base, ...last },
+            last: { ...base, ...generation },
           },
     settings: { backend: "local" },
   };
 }
 
 describe("status bar text", () => {
-  it("computes tokens/s from the decode time after the first token", () => {
-    const latency = lastLatency(stats({}));
-    assert.ok(latency);
-    assert.equal(latency.totalMs, 700);
-    assert.equal(latency.tokensPerSecond, 50); // 30 tokens in 600 ms
-    assert.equal(lastLatency(stats({ totalMs: 100, ttftMs: 100 }))?.tokensPerSecond, undefined);
-    assert.equal(lastLatency(stats({ totalMs: 0 })), undefined);
+  it("shows the last answer, not the backend's last generation", () => {
+    // After an answer of 13 s, a one-token background preparation was the backend's last
+    // generation: the status bar said `176 ms · 10000 tok/s` (seen in the real VS Code).
+    const latency = lastLatency(stats({ answerMs: 13270, tokensPerS: 9.6 }, { totalMs: 176, ttftMs: 175.9, completionTokens: 1 }));
+    assert.deepEqual(latency, { totalMs: 13270, tokensPerSecond: 9.6 });
+    assert.equal(lastLatency(stats({ tokensPerS: null }))?.tokensPerSecond, undefined);
     assert.equal(lastLatency(stats(null)), undefined);
     assert.equal(lastLatency(undefined), undefined);
+    const older = stats({});
+    delete older.lastCompletion; // a server without it
+    assert.equal(lastLatency(older), undefined);
   });
 
   it("shows backend, model, latency and speed", () => {
