@@ -299,6 +299,15 @@ class Editor:
             for path in base.rglob("*.log")
         )
 
+    def settled_ghost(self) -> str | None:
+        """The ghost text once it has not changed for a second: it grows while the
+        suggestion is generated (partials stream the first words of a line, then more)."""
+        first = self.ghost()
+        if not first:
+            return None
+        self.page.wait_for_timeout(1000)
+        return first if self.ghost() == first else None
+
     def stable_ghost(self) -> str | None:
         """The ghost text once it spans lines and has not changed for a second."""
         first = self.ghost()
@@ -417,7 +426,7 @@ def test_end_of_line_accept_a_word_then_the_rest(editor: Editor) -> None:
     if widget:
         editor.page.keyboard.press("Escape")
         editor.wait("the suggest widget to close", lambda: not editor.suggest_widget_open(), 10)
-    ghost = editor.wait("ghost text after `rad`", editor.ghost)
+    ghost = editor.wait("ghost text after `rad`", editor.settled_ghost)
     assert "\n" not in ghost and ghost.strip(), ghost
     editor.page.keyboard.press("Control+ArrowRight")  # accept the next word
     first_word = editor.wait("the rest of the suggestion after a word", editor.ghost, 10)
@@ -472,7 +481,7 @@ def test_mid_line_ghost_text(editor: Editor) -> None:
     editor.open("calls.py")
     editor.go_to(6, 17)  # `    total = add(|)`
     editor.type("1")
-    ghost = editor.wait("ghost text inside `add(1|)`", editor.ghost)
+    ghost = editor.wait("ghost text inside `add(1|)`", editor.settled_ghost)
     assert "\n" not in ghost, f"one line when the cursor is mid-line: {ghost!r}"
     editor.accept()
     line = editor.save_and_read("calls.py").split("\n")[5]
