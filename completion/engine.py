@@ -459,7 +459,11 @@ class CompletionEngine:
         budget_ms = self._settings.time_budget_ms
         deadline = None if budget_ms == 0 else started + budget_ms / 1000.0
         continuing = bool(typed) or live.started_before(started)
-        pacer = None if on_partial is None else PartialPacer(typed, started, continuing=continuing)
+        pacer = (
+            None
+            if on_partial is None or live.rules.mid_line
+            else PartialPacer(typed, started, continuing=continuing)
+        )
         live.waiters += 1
 
         def current() -> bool:

@@ -26,6 +26,13 @@ def test_a_growing_line_goes_out_once_the_interval_passed() -> None:
     assert pacer.next("self.items.append(", 2 * EVERY_S) == "self.items.append("
 
 
+def test_after_the_first_line_only_whole_lines_go_out() -> None:
+    pacer = PartialPacer("", 0.0, continuing=False)
+    assert pacer.next("if x:\n", 0.1) == "if x:"
+    assert pacer.next("if x:\n    raise Value", 1.0) is None  # a line cut in the middle
+    assert pacer.next("if x:\n    raise ValueError()\n", 1.1) == "if x:\n    raise ValueError()"
+
+
 def test_a_suggestion_already_ahead_of_the_typist_goes_out_at_once() -> None:
     pacer = PartialPacer("ret", 5.0, continuing=True)
     assert pacer.next("return self", 5.0) == "urn self"
@@ -61,6 +68,11 @@ def test_every_partial_extends_the_one_before(
     assert all(text.strip() for text in sent)
     assert all(b.startswith(a) and b != a for a, b in itertools.pairwise(sent))
     assert all(visible.startswith(text) for text in sent)
+    # Once a line is complete, every partial ends where a line ended (its trailing
+    # whitespace left out).
+    assert all(
+        "\n" not in text or visible[len(text) :].lstrip(" \t").startswith("\n") for text in sent
+    )
 
 
 async def test_a_slow_line_shows_its_first_words_before_it_completes() -> None:
@@ -78,3 +90,14 @@ async def test_a_slow_line_shows_its_first_words_before_it_completes() -> None:
     assert partials, "no partial before the answer"
     first_at, first = partials[0]
     assert first_at - started < 0.5 and "self" in first and "(x)" not in first
+
+
+async def test_a_fill_in_the_middle_of_a_line_sends_no_partial() -> None:
+    # Its text is trimmed against the rest of the line only at the end: a partial `, 2)`
+    # accepted in the real VS Code left `add(1, 2))`.
+    backend = ScriptedBackend([",", " 2", ")", "\n"], delay=0.15)
+    engine = engine_for(backend)
+    engine.documents.open(URI, "total = add(1)\n", 1)
+    partials: list[str] = []
+    result = await engine.complete(URI, Position(0, 13), on_partial=partials.append)
+    assert result.text.startswith(", 2") and partials == []
