@@ -93,6 +93,9 @@ class EngineGeneration:
         self._cancel_sent = False
         self.decode_calls = 0
         self.kv: dict[str, int] | None = None  # the engine's KV memory when it ended
+        # Called at the first chunk: the engine has evaluated the whole prompt by then.
+        self.on_prompt: Callable[[EngineGeneration], None] | None = None
+        self.tokens: list[int] | None = None  # the prompt's tokens, once the window needs them
 
     @property
     def stats(self) -> GenerationStats:
@@ -131,7 +134,10 @@ class EngineGeneration:
         return self._stats.completion_tokens == 0 and not self._cancel_sent and not self.done
 
     def chunk(self, chunk: wire.Chunk) -> None:
+        first = self._stats.completion_tokens == 0
         self._stats.completion_tokens += len(chunk.token_ids)
+        if first and self.on_prompt is not None:
+            self.on_prompt(self)
         self._queue.put_nowait(TokenChunk(chunk.text, chunk.token_ids))
 
     def end(self, end: wire.End) -> None:
@@ -487,7 +493,9 @@ class SharedEngineBackend:
         if conn is None:
             assert self._fallback is not None
             return await self._fallback.generate(request)
-        return conn.generate(request)
+        generation = conn.generate(request)
+        generation.on_prompt = self._evaluated
+        return generation
 
     async def health(self, timeout_s: float = 1.0) -> bool:
         if self._fallback is not None:
@@ -616,11 +624,24 @@ class SharedEngineBackend:
         task.add_done_callback(self._moving.discard)
         return True
 
+    def _prompt_tokens(self, generation: EngineGeneration) -> list[int]:
+        if generation.tokens is None:
+            generation.tokens = self._vocab.tokenize(generation.request.prompt)
+        return generation.tokens
+
+    def _evaluated(self, generation: EngineGeneration) -> None:
+        """The first token came: the engine holds the whole prompt now. Known at once, not
+        at the generation's end, so that what the window prepares next (``cached_prefix``)
+        never re-does a prompt that a generation still running (or being cancelled) has
+        already evaluated."""
+        tokens = self._prompt_tokens(generation)
+        self.mirror.remember(tokens, len(tokens))
+
     def _ended(self, generation: EngineGeneration) -> None:
         stats = generation.stats
         self.counters.record(stats, generation.decode_calls)
         if stats.prompt_tokens:
-            tokens = self._vocab.tokenize(generation.request.prompt)
+            tokens = self._prompt_tokens(generation)
             self.mirror.remember(tokens, stats.reused_prompt_tokens + stats.evaluated_prompt_tokens)
         if generation.kv is not None:
             self._kv = generation.kv

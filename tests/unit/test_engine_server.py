@@ -19,7 +19,7 @@ from kode.backends.base import (
     TokenChunk,
 )
 from kode.backends.daemon.client import Connection, SharedEngineBackend
-from kode.backends.daemon.paths import EngineConfig, EnginePlace, engine_place
+from kode.backends.daemon.paths import EngineConfig, EngineLock, EnginePlace, engine_place
 from kode.backends.daemon.server import EngineServer
 from kode.backends.errors import ContextOverflow, EngineError, EngineSetupError
 from kode.backends.worker import BackendCounters
@@ -92,16 +92,20 @@ class SlowBackend:
 
 
 class Engine:
-    """An ``EngineServer`` on a task of this loop."""
+    """An ``EngineServer`` on a task of this loop, holding the engine's lock while it runs
+    as ``kode engine run`` does (else a window that finds no socket yet starts another)."""
 
     def __init__(self, place: EnginePlace, backend: SlowBackend) -> None:
         self.backend = backend
+        self.lock = EngineLock(place.lock)
+        assert self.lock.acquire()
 
         async def load() -> Backend:
             return backend
 
         self.server = EngineServer(place, load, idle_s=60)
         self.task = asyncio.ensure_future(self.server.run(signals=False))
+        self.task.add_done_callback(lambda _t: self.lock.release())
 
     async def stop(self) -> None:
         self.server.stop("test")
@@ -318,3 +322,38 @@ async def test_a_keystroke_in_flight_when_the_engine_dies_is_answered(
         for engine in engines:
             if not engine.task.done():
                 await engine.stop()
+
+
+async def test_the_window_knows_the_prompt_is_evaluated_at_the_first_token(
+    place: EnginePlace, tmp_path: Path
+) -> None:
+    """Not only when the generation ends: a generation being cancelled must not make the
+    window prepare (evaluate again) the prompt it already evaluated (#15, fault 1)."""
+    engine = Engine(place, SlowBackend(delay=0.05))
+
+    async def in_process() -> Backend:
+        raise AssertionError("no fallback expected")
+
+    backend = SharedEngineBackend(
+        EngineConfig(tmp_path / "m.gguf"),
+        place,
+        Vocab(),
+        idle_s=60,
+        fallback=in_process,
+        notify=lambda m: None,
+        timeout_s=STEP_S,
+    )
+    try:
+        await asyncio.wait_for(backend.start(), STEP_S)
+        prompt = request("d", n=100).prompt
+        assert backend.cached_prefix(prompt) == (0, len(prompt))
+        generation = await backend.generate(request("d", n=100))
+        chunks = aiter(generation)
+        await asyncio.wait_for(anext(chunks), STEP_S)
+        assert not generation.done
+        assert backend.cached_prefix(prompt) == (len(prompt) - 1, len(prompt))
+        await asyncio.wait_for(generation.cancel(), STEP_S)
+        assert generation.stats.finish_reason is FinishReason.CANCELLED
+    finally:
+        await backend.aclose()
+        await engine.stop()
