@@ -714,6 +714,9 @@ class CompletionEngine:
             self._active = None
 
     async def aclose(self) -> None:
+        # The start-up timing and any preparation end as cancelled, not cut off by the
+        # backend closing under them (which a shared engine's window reports as a failure).
+        await self._cancel_background()
         if self._prepare_task is not None:
             self._prepare_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

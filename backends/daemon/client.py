@@ -173,6 +173,7 @@ class Connection:
         self._generations: dict[int, EngineGeneration] = {}
         self._status: list[asyncio.Future[dict[str, Any]]] = []
         self.closed = False
+        self._closing = False  # this window closes the connection (``close``)
         self._task = asyncio.ensure_future(self._read())
 
     @classmethod
@@ -245,12 +246,12 @@ class Connection:
         self.send(wire.Stop())
 
     async def close(self) -> None:
-        self.closed = True
+        self.closed = self._closing = True
         self._writer.close()
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError, ConnectionError):
             await self._task
-        self._fail_all(EngineError("the connection to the Kode engine was closed"))
+        self._fail_all(EngineError("this window closed its connection to the Kode engine"))
 
     async def _read(self) -> None:
         why = "closed the connection"
@@ -262,13 +263,17 @@ class Connection:
         finally:
             self.closed = True
             self._writer.close()
-            untouched = [g for g in self._generations.values() if g.untouched]
-            if untouched and self.on_lost(untouched):
-                for g in untouched:
-                    self._generations.pop(g.id, None)
-            self._fail_all(
-                EngineError(f"the Kode engine (pid {self.welcome.pid}) {why} during a request")
-            )
+            if not self._closing:  # else the window's own doing, which ``close`` says
+                self._engine_lost(why)
+
+    def _engine_lost(self, why: str) -> None:
+        untouched = [g for g in self._generations.values() if g.untouched]
+        if untouched and self.on_lost(untouched):
+            for g in untouched:
+                self._generations.pop(g.id, None)
+        self._fail_all(
+            EngineError(f"the Kode engine (pid {self.welcome.pid}) {why} during a request")
+        )
 
     def _route(self, message: wire.EngineMessage) -> None:
         if isinstance(message, wire.Chunk):

@@ -334,3 +334,24 @@ async def test_partials_grow_by_lines_and_stop_once_the_document_changes() -> No
     )
     assert {version for version, _ in partials} == {1}
     assert all(text.endswith(("1", "2", "3", "4", "5")) for _, text in partials)  # whole lines
+
+
+class CachingBackend(ScriptedBackend):
+    """A ``PromptCache`` that has evaluated nothing: the start-up timing runs on it."""
+
+    def cached_prefix(self, prompt: str) -> tuple[int, int]:
+        return 0, self.count_tokens(prompt)
+
+
+async def test_closing_ends_the_start_up_timing_as_cancelled() -> None:
+    """The window's shutdown cancels its start-up timing rather than closing the backend
+    under it (a shared engine's window then reported a failure to the user, #15)."""
+    backend = CachingBackend(["x"] * 1000, delay=0.05)
+    engine = engine_for(backend, firstAnswerMs=1000)
+    warm = asyncio.ensure_future(engine.warm_up())
+    async with asyncio.timeout(10):
+        while not backend.generations:
+            await asyncio.sleep(0.01)
+        await engine.aclose()
+        await warm  # ends quietly: no error to tell
+    assert backend.requests[0].background and backend.generations[0].cancelled

@@ -357,3 +357,23 @@ async def test_the_window_knows_the_prompt_is_evaluated_at_the_first_token(
     finally:
         await backend.aclose()
         await engine.stop()
+
+
+async def test_a_window_closing_its_connection_does_not_blame_the_engine(
+    place: EnginePlace,
+) -> None:
+    """A generation still waiting when the window closes (its shutdown) ends with words
+    that say so, and nothing is moved to a restarted engine (#15, fault 2)."""
+    engine = Engine(place, SlowBackend(delay=5.0))
+    conn = await window(place)
+    lost: list[int] = []
+    conn.on_lost = lambda generations: bool(lost.append(len(generations)))
+    try:
+        generation = conn.generate(request("w", n=2))
+        await asyncio.sleep(0.1)  # sent and running: no token yet
+        await asyncio.wait_for(conn.close(), STEP_S)
+        with pytest.raises(EngineError, match="this window closed its connection") as raised:
+            await asyncio.wait_for(text_of(generation), STEP_S)
+        assert "pid" not in str(raised.value) and not lost
+    finally:
+        await engine.stop()
