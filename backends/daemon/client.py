@@ -42,6 +42,7 @@ from kode.backends.base import (
     GenerationStats,
     PromptCache,
     TokenChunk,
+    TokenHealing,
 )
 from kode.backends.chunks import ChunkQueue, drain
 from kode.backends.daemon import protocol as wire
@@ -76,6 +77,10 @@ class Vocabulary(Protocol):
     """The model's tokenizer, loaded in the window (``LlamaModel(path, vocab_only=True)``)."""
 
     def tokenize(self, text: str, *, special: bool = True) -> list[int]: ...
+
+    def piece(self, token: int) -> bytes:
+        """The bytes ``token`` spells (token healing)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -490,6 +495,24 @@ class SharedEngineBackend:
 
     def count_tokens(self, text: str) -> int:
         return len(self._vocab.tokenize(text))
+
+    def last_token_chars(self, text: str) -> int:
+        """``TokenHealing``, answered in the window from the vocabulary (the engine's
+        llama.cpp backend then constrains the generation's first tokens to spell the
+        ``heal`` text the request carries): the characters of ``text``'s last token, 0
+        when that token does not end on a character boundary."""
+        if self._fallback is not None:
+            if isinstance(self._fallback, TokenHealing):
+                return self._fallback.last_token_chars(text)
+            return 0
+        tokens = self._vocab.tokenize(text, special=False)
+        if not tokens:
+            return 0
+        try:
+            last = self._vocab.piece(tokens[-1]).decode()
+        except UnicodeDecodeError:
+            return 0
+        return len(last) if last and text.endswith(last) else 0
 
     async def generate(self, request: GenerationRequest) -> Any:
         if self._closed:

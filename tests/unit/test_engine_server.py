@@ -17,6 +17,7 @@ from kode.backends.base import (
     GenerationRequest,
     GenerationStats,
     TokenChunk,
+    TokenHealing,
 )
 from kode.backends.daemon.client import Connection, SharedEngineBackend
 from kode.backends.daemon.paths import EngineConfig, EngineLock, EnginePlace, engine_place
@@ -201,8 +202,13 @@ async def test_cancel_errors_and_status(place: EnginePlace) -> None:
 
 
 class Vocab:
+    """One token per character."""
+
     def tokenize(self, text: str, *, special: bool = True) -> list[int]:
         return [ord(c) for c in text]
+
+    def piece(self, token: int) -> bytes:
+        return chr(token).encode()
 
     def close(self) -> None:
         return None
@@ -376,4 +382,44 @@ async def test_a_window_closing_its_connection_does_not_blame_the_engine(
             await asyncio.wait_for(text_of(generation), STEP_S)
         assert "pid" not in str(raised.value) and not lost
     finally:
+        await engine.stop()
+
+
+async def test_token_healing_goes_through_the_shared_engine(
+    place: EnginePlace, tmp_path: Path
+) -> None:
+    """``tokenHealing`` with a shared engine: the window finds the text to heal with its
+    vocabulary, and the request carries it to the engine, whose backend constrains."""
+    engine = Engine(place, SlowBackend(delay=0.01))
+    seen: list[str] = []
+    original = engine.backend.generate
+
+    async def generate(request: GenerationRequest) -> SlowGeneration:
+        seen.append(request.heal)
+        return await original(request)
+
+    engine.backend.generate = generate  # type: ignore[method-assign]
+
+    async def in_process() -> Backend:
+        raise AssertionError("no fallback expected")
+
+    backend = SharedEngineBackend(
+        EngineConfig(tmp_path / "m.gguf"),
+        place,
+        Vocab(),
+        idle_s=60,
+        fallback=in_process,
+        notify=lambda m: None,
+        timeout_s=STEP_S,
+    )
+    try:
+        await asyncio.wait_for(backend.start(), STEP_S)
+        assert isinstance(backend, TokenHealing)
+        assert backend.last_token_chars("self.pro") == 1  # one character per token here
+        assert backend.last_token_chars("") == 0
+        heal = GenerationRequest(prompt="x = self.pr", max_tokens=1, heal="o")
+        await asyncio.wait_for(text_of(await backend.generate(heal)), STEP_S)
+        assert seen == ["o"]
+    finally:
+        await backend.aclose()
         await engine.stop()
