@@ -253,6 +253,17 @@ class EngineReport(Protocol):
 
 
 @runtime_checkable
+class Progress(Protocol):
+    """A backend whose work can be seen advancing while a generation runs (the shared
+    engine's heartbeat carries it, so a window tells a slow engine from a hung one)."""
+
+    @property
+    def progress(self) -> int:
+        """A count that grows with every step of work (model calls, prompt batches)."""
+        ...
+
+
+@runtime_checkable
 class PrefillSpeed(Protocol):
     """A backend that already measured how fast this machine evaluates prompts."""
 

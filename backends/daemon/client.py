@@ -24,6 +24,7 @@ import fcntl
 import itertools
 import logging
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -66,6 +67,12 @@ START_TIMEOUT_S = 180.0
 MAX_RESTARTS = 1
 # Prompts of this window remembered for ``cached_prefix``.
 _MIRRORED = 16
+# The hang watchdog, while this window has work in the engine: the engine sends a
+# heartbeat every second (``server.HEARTBEAT_S``). Silent this long: its event loop hangs.
+SILENT_S = 15.0
+# Its progress (model calls, generations served) standing still this long: its model
+# hangs. A prompt batch on a busy 2-core machine takes seconds, never minutes.
+STALL_S = 120.0
 # Tokens a moved suffix re-evaluates (``runtime.MOVED_REFRESH``; not imported, so the
 # window does not need the llama.cpp runtime module for an estimate).
 _MOVED_REFRESH = 8
@@ -169,17 +176,29 @@ class Connection:
         welcome: wire.Welcome,
         on_end: Callable[[EngineGeneration], None],
         on_lost: Callable[[list[EngineGeneration]], bool] = lambda _g: False,
+        *,
+        peer_pid: int = 0,
+        silent_s: float = SILENT_S,
+        stall_s: float = STALL_S,
     ) -> None:
         self._reader, self._writer = reader, writer
         self.welcome = welcome
+        self.peer_pid = peer_pid  # the engine's pid, as the kernel says (SO_PEERCRED)
         self._on_end = on_end
         self.on_lost = on_lost  # takes over untouched generations when the engine dies
+        # Ends a hung engine (its pid), so that a new one can take its lock.
+        self.on_hung: Callable[[int], None] = lambda _pid: None
         self._ids = itertools.count(1)
         self._generations: dict[int, EngineGeneration] = {}
         self._status: list[asyncio.Future[dict[str, Any]]] = []
         self.closed = False
         self._closing = False  # this window closes the connection (``close``)
+        self._hung: str | None = None  # why the watchdog gave the engine up
+        self.silent_s, self.stall_s = silent_s, stall_s
+        self.heard = self.progressed = time.monotonic()
+        self._progress: int | None = None
         self._task = asyncio.ensure_future(self._read())
+        self._watchdog = asyncio.ensure_future(self._watch())
 
     @classmethod
     async def open(
@@ -190,6 +209,8 @@ class Connection:
         window: bool,
         timeout_s: float,
         on_end: Callable[[EngineGeneration], None] = lambda _g: None,
+        silent_s: float = SILENT_S,
+        stall_s: float = STALL_S,
     ) -> Connection:
         """Connect and say hello. Raises ``OSError`` if nothing listens, ``EngineSetupError``
         if the engine refuses (another protocol, a model it could not load), ``EngineError``
@@ -197,7 +218,7 @@ class Connection:
         reader, writer = await asyncio.open_unix_connection(path)
         try:
             sock = writer.get_extra_info("socket")
-            _pid, uid, _gid = _PEERCRED.unpack(
+            peer_pid, uid, _gid = _PEERCRED.unpack(
                 sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
             )
             if uid != os.getuid():
@@ -222,7 +243,15 @@ class Connection:
         except BaseException:
             writer.close()
             raise
-        return cls(reader, writer, welcome, on_end)
+        return cls(
+            reader,
+            writer,
+            welcome,
+            on_end,
+            peer_pid=peer_pid,
+            silent_s=silent_s,
+            stall_s=stall_s,
+        )
 
     def send(self, message: Any) -> None:
         if not self.closed and not self._writer.is_closing():
@@ -237,6 +266,8 @@ class Connection:
 
     def adopt(self, generation: EngineGeneration) -> None:
         """Run ``generation`` here (a new one, or one a dead engine never started)."""
+        if not self._generations:  # the watchdog counts from the first work sent
+            self.heard = self.progressed = time.monotonic()
         generation._conn, generation.id = self, next(self._ids)
         self._generations[generation.id] = generation
         self.send(wire.Generate(id=generation.id, request=generation.request))
@@ -253,6 +284,7 @@ class Connection:
     async def close(self) -> None:
         self.closed = self._closing = True
         self._writer.close()
+        self._watchdog.cancel()
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError, ConnectionError):
             await self._task
@@ -262,14 +294,39 @@ class Connection:
         why = "closed the connection"
         try:
             while (payload := await wire.read_frame(self._reader)) is not None:
+                self.heard = time.monotonic()
                 self._route(wire.decode_engine(payload))
         except (ConnectionError, EngineError) as exc:
             why = f"failed ({describe(exc)})"
         finally:
             self.closed = True
             self._writer.close()
+            self._watchdog.cancel()
             if not self._closing:  # else the window's own doing, which ``close`` says
-                self._engine_lost(why)
+                self._engine_lost(self._hung or why)
+
+    async def _watch(self) -> None:
+        """The hang watchdog: while generations of this window are in the engine, give it
+        up when it sends nothing for ``silent_s`` (its heartbeat stopped) or its progress
+        stands still for ``stall_s``; end it (``on_hung``), so that a new engine can start,
+        then close the connection, which fails or moves the generations as a death does."""
+        step = max(0.05, min(self.silent_s, self.stall_s) / 5)
+        while True:
+            await asyncio.sleep(step)
+            now = time.monotonic()
+            if not self._generations:
+                continue
+            if now - self.heard > self.silent_s:
+                self._hung = f"stopped answering ({now - self.heard:.0f} s without a word)"
+            elif now - self.progressed > self.stall_s:
+                self._hung = f"hung ({now - self.progressed:.0f} s without progress)"
+            else:
+                continue
+            log.warning("the Kode engine (pid %d) %s", self.welcome.pid, self._hung)
+            await asyncio.to_thread(self.on_hung, self.peer_pid)
+            transport = self._writer.transport
+            transport.abort()  # the reader ends, and says why (``_hung``)
+            return
 
     def _engine_lost(self, why: str) -> None:
         untouched = [g for g in self._generations.values() if g.untouched]
@@ -281,6 +338,13 @@ class Connection:
         )
 
     def _route(self, message: wire.EngineMessage) -> None:
+        if isinstance(message, wire.Heartbeat):
+            if message.progress != self._progress:
+                self._progress = message.progress
+                self.progressed = self.heard
+            return
+        if isinstance(message, wire.Chunk | wire.End | wire.Failed):
+            self.progressed = self.heard
         if isinstance(message, wire.Chunk):
             generation = self._generations.get(message.id)
             if generation is not None:
@@ -339,6 +403,8 @@ async def connect(
     timeout_s: float = START_TIMEOUT_S,
     on_end: Callable[[EngineGeneration], None] = lambda _g: None,
     spawn: Callable[[EngineConfig, EnginePlace], int] | None = None,
+    silent_s: float = SILENT_S,
+    stall_s: float = STALL_S,
 ) -> Connection:
     """A connection to the engine for ``config``, starting it if none answers (``start``).
 
@@ -362,6 +428,8 @@ async def connect(
                 window=window,
                 timeout_s=max(1.0, deadline - time.monotonic()),
                 on_end=on_end,
+                silent_s=silent_s,
+                stall_s=stall_s,
             )
         except (FileNotFoundError, ConnectionRefusedError):
             pass
@@ -403,6 +471,24 @@ def _start_once(
             time.sleep(0.02)
     finally:
         os.close(fd)
+
+
+def end_process(pid: int, grace_s: float = 2.0) -> None:
+    """End a hung engine: SIGTERM, then SIGKILL if it is still there after ``grace_s``
+    (a hung event loop never runs its SIGTERM handler); returns once it is gone or 2 s
+    after the SIGKILL. Never this process (a test's engine may live in it)."""
+    if pid <= 1 or pid == os.getpid():
+        return
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 2.0)):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if not _alive(pid):
+                return
+            time.sleep(0.02)
 
 
 def _alive(pid: int) -> bool:
@@ -479,6 +565,8 @@ class SharedEngineBackend:
         self.restarts = 0
         self._closed = False
         self._spawn: Callable[[EngineConfig, EnginePlace], int] | None = None  # tests swap it
+        self._end_hung: Callable[[int], None] = end_process  # tests swap it
+        self.silent_s, self.stall_s = SILENT_S, STALL_S
         self._moving: set[asyncio.Future[None]] = set()
 
     # -- Backend protocol -----------------------------------------------------------------
@@ -615,8 +703,11 @@ class SharedEngineBackend:
                 timeout_s=self._timeout_s,
                 on_end=self._ended,
                 spawn=self._spawn,
+                silent_s=self.silent_s,
+                stall_s=self.stall_s,
             )
             self._conn.on_lost = self._lost
+            self._conn.on_hung = self._end_hung
         except (EngineError, OSError) as exc:
             await self._fall_back(describe(exc))
             return None

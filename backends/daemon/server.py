@@ -30,6 +30,7 @@ from kode.backends.base import (
     GenerationStats,
     KvMemoryReport,
     PrefillRate,
+    Progress,
 )
 from kode.backends.daemon import protocol as wire
 from kode.backends.daemon.paths import KODE_VERSION, EnginePlace
@@ -40,6 +41,8 @@ log = logging.getLogger("kode.engine")
 
 # How long a freshly started engine waits for its first window before it gives up.
 FIRST_WINDOW_S = 60.0
+# How often a window with work in the engine hears that it is alive (``Heartbeat``).
+HEARTBEAT_S = 1.0
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
@@ -81,10 +84,12 @@ class EngineServer:
         load: Callable[[], Awaitable[Backend]],
         *,
         idle_s: float,
+        heartbeat_s: float = HEARTBEAT_S,
     ) -> None:
         self.place = place
         self._load = load
         self.idle_s = idle_s
+        self.heartbeat_s = heartbeat_s
         self.backend: Backend | None = None
         self.scheduler = Scheduler()
         self.windows: dict[int, Window] = {}
@@ -124,6 +129,7 @@ class EngineServer:
             self._loaded.set()
             log.info("model %s loaded", self.backend.model_name)
             self._arm_idle(max(self.idle_s, FIRST_WINDOW_S))
+            self._spawn(self._heartbeats())
             await self._stop.wait()
             return 0
         finally:
@@ -131,6 +137,24 @@ class EngineServer:
             await self._shutdown()
             with contextlib.suppress(FileNotFoundError):
                 self.place.socket.unlink()
+
+    def progress(self) -> int:
+        """What the heartbeat carries: grows with every model call and every generation
+        served, and stands still only when the engine does no work at all."""
+        backend = self.backend
+        calls = backend.progress if isinstance(backend, Progress) else 0
+        return calls + self.served
+
+    async def _heartbeats(self) -> None:
+        """Tell every window with work here that the engine lives and how far it got.
+        Sent from the event loop: a loop that hangs sends none, a worker that hangs sends
+        the same ``progress`` again; either way the window knows (``client.Watchdog``)."""
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            beat = wire.Heartbeat(progress=self.progress())
+            for window in list(self.windows.values()):
+                if window.jobs:
+                    window.send(beat)
 
     def stop(self, why: str) -> None:
         if not self._stop.is_set():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,8 @@ from kode.backends.base import (
     TokenChunk,
     TokenHealing,
 )
-from kode.backends.daemon.client import Connection, SharedEngineBackend
+from kode.backends.daemon import protocol as wire
+from kode.backends.daemon.client import Connection, SharedEngineBackend, end_process
 from kode.backends.daemon.paths import EngineConfig, EngineLock, EnginePlace, engine_place
 from kode.backends.daemon.server import EngineServer
 from kode.backends.errors import ContextOverflow, EngineError, EngineSetupError
@@ -423,3 +425,107 @@ async def test_token_healing_goes_through_the_shared_engine(
     finally:
         await backend.aclose()
         await engine.stop()
+
+
+class StuckBackend(SlowBackend):
+    """Its generations never produce a token nor end (a model call that never returns);
+    its ``progress`` stands still."""
+
+    progress = 7
+
+    async def generate(self, request: GenerationRequest) -> SlowGeneration:
+        self.started.append(request.document)
+        self.delay = 3600.0
+        return SlowGeneration(self, request)
+
+
+async def test_a_window_gives_up_an_engine_whose_work_stands_still(
+    place: EnginePlace, tmp_path: Path
+) -> None:
+    """The engine still beats (its event loop runs) but makes no progress: the window
+    ends it, restarts it once, and the keystroke is answered by the new one (#15)."""
+    stuck = Engine(place, StuckBackend())
+    stuck.server.heartbeat_s = 0.05
+    engines = [stuck]
+    ended: list[int] = []
+    loop = asyncio.get_running_loop()
+
+    def spawn(_config: EngineConfig, p: EnginePlace) -> int:
+        loop.call_soon_threadsafe(lambda: engines.append(Engine(p, SlowBackend(delay=0.01))))
+        return 0
+
+    def end(pid: int) -> None:  # the real one signals the engine's process
+        ended.append(pid)
+        loop.call_soon_threadsafe(stuck.server.stop, "ended as hung")
+
+    async def in_process() -> Backend:
+        raise AssertionError("no fallback expected")
+
+    backend = SharedEngineBackend(
+        EngineConfig(tmp_path / "m.gguf"),
+        place,
+        Vocab(),
+        idle_s=60,
+        fallback=in_process,
+        notify=lambda m: None,
+        timeout_s=STEP_S,
+    )
+    backend._spawn = spawn  # type: ignore[attr-defined]
+    backend._end_hung = end  # type: ignore[attr-defined]
+    backend.silent_s, backend.stall_s = 5.0, 0.5
+    try:
+        await asyncio.wait_for(backend.start(), STEP_S)
+        started = asyncio.get_running_loop().time()
+        generation = await backend.generate(request("k", n=2))
+        assert await asyncio.wait_for(text_of(generation), STEP_S) == "k:0 k:1 "
+        assert 0.5 <= asyncio.get_running_loop().time() - started < 5.0
+        assert ended == [os.getpid()]  # the engine's pid, as the kernel gave it
+        assert backend.restarts == 1 and len(engines) == 2
+    finally:
+        await backend.aclose()
+        for engine in engines:
+            if not engine.task.done():
+                await engine.stop()
+
+
+async def test_a_silent_engine_is_given_up_with_a_clear_error(tmp_path: Path) -> None:
+    """An engine that welcomes the window and then says nothing more (its event loop
+    hangs): the generation fails within the watchdog's time, saying so."""
+    path = tmp_path / "silent.sock"
+    welcome = wire.Welcome(
+        protocol=wire.PROTOCOL_VERSION,
+        kode_version="test",
+        pid=4242,
+        socket=str(path),
+        engine="fake",
+        model="fake.gguf",
+    )
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await wire.read_frame(reader)  # the hello
+        writer.write(wire.encode(welcome))
+        held.append(writer)  # and never a word again
+
+    server = await asyncio.start_unix_server(silent, path=str(path))
+    try:
+        conn = await Connection.open(
+            str(path), fingerprint="x", window=True, timeout_s=STEP_S, silent_s=0.3
+        )
+        hung: list[int] = []
+        conn.on_hung = hung.append
+        generation = conn.generate(request("s"))
+        with pytest.raises(EngineError, match=r"\(pid 4242\) stopped answering") as raised:
+            await asyncio.wait_for(text_of(generation), STEP_S)
+        assert "during a request" in str(raised.value)
+        assert hung == [os.getpid()] and conn.closed
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+def test_end_process_never_signals_this_process() -> None:
+    end_process(os.getpid())
+    end_process(1)
