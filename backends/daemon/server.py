@@ -24,13 +24,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kode.backends.base import (
+    PREFILL_PROBE,
     Backend,
     FinishReason,
     Generation,
+    GenerationRequest,
     GenerationStats,
     KvMemoryReport,
     PrefillRate,
     Progress,
+    SpeculationMethod,
 )
 from kode.backends.daemon import protocol as wire
 from kode.backends.daemon.paths import KODE_VERSION, EnginePlace
@@ -85,11 +88,13 @@ class EngineServer:
         *,
         idle_s: float,
         heartbeat_s: float = HEARTBEAT_S,
+        time_prefill: bool = True,
     ) -> None:
         self.place = place
         self._load = load
         self.idle_s = idle_s
         self.heartbeat_s = heartbeat_s
+        self.time_prefill = time_prefill
         self.backend: Backend | None = None
         self.scheduler = Scheduler()
         self.windows: dict[int, Window] = {}
@@ -126,6 +131,8 @@ class EngineServer:
                 self._loaded.set()
                 await asyncio.sleep(0.2)  # let waiting windows read why
                 return 1
+            if self.time_prefill:
+                await self._time_prefill(self.backend)
             self._loaded.set()
             log.info("model %s loaded", self.backend.model_name)
             self._arm_idle(max(self.idle_s, FIRST_WINDOW_S))
@@ -137,6 +144,23 @@ class EngineServer:
             await self._shutdown()
             with contextlib.suppress(FileNotFoundError):
                 self.place.socket.unlink()
+
+    async def _time_prefill(self, backend: Backend) -> None:
+        """Time a synthetic prompt once, before any window is welcomed, so that every
+        window starts with this engine's prefill speed (``Welcome``) instead of timing
+        one itself: behind other windows' work, or cut short by its own first keystroke,
+        which would then be timed in its place, cold (#15)."""
+        request = GenerationRequest(
+            prompt=PREFILL_PROBE, max_tokens=1, speculation=SpeculationMethod.NONE
+        )
+        try:
+            generation = await backend.generate(request)
+            async for _ in generation:
+                pass
+            self.prefill.observe(await generation.wait())
+        except Exception as exc:  # the windows time their own prompts then
+            log.warning("could not time the prefill speed: %s", describe(exc))
+        log.info("prefill speed: %s tokens/s", self.prefill.value and round(self.prefill.value))
 
     def progress(self) -> int:
         """What the heartbeat carries: grows with every model call and every generation

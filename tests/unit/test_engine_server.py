@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from kode.backends.base import (
+    PREFILL_PROBE,
     Backend,
     FinishReason,
     GenerationRequest,
@@ -98,7 +99,9 @@ class Engine:
     """An ``EngineServer`` on a task of this loop, holding the engine's lock while it runs
     as ``kode engine run`` does (else a window that finds no socket yet starts another)."""
 
-    def __init__(self, place: EnginePlace, backend: SlowBackend) -> None:
+    def __init__(
+        self, place: EnginePlace, backend: SlowBackend, *, time_prefill: bool = False
+    ) -> None:
         self.backend = backend
         self.lock = EngineLock(place.lock)
         assert self.lock.acquire()
@@ -106,7 +109,7 @@ class Engine:
         async def load() -> Backend:
             return backend
 
-        self.server = EngineServer(place, load, idle_s=60)
+        self.server = EngineServer(place, load, idle_s=60, time_prefill=time_prefill)
         self.task = asyncio.ensure_future(self.server.run(signals=False))
         self.task.add_done_callback(lambda _t: self.lock.release())
 
@@ -288,6 +291,21 @@ async def test_a_later_window_learns_the_prefill_speed(place: EnginePlace) -> No
         second = await window(place)
         assert second.welcome.prefill_tokens_per_s == pytest.approx(2000.0)
         await second.close()
+    finally:
+        await first.close()
+        await engine.stop()
+
+
+async def test_the_first_window_is_welcomed_with_the_prefill_speed(place: EnginePlace) -> None:
+    """The engine times a synthetic prompt before it welcomes anyone, so no window times
+    one itself (behind other work, or cut short by its first keystroke, #15)."""
+    engine = Engine(place, SlowBackend(delay=0.01), time_prefill=True)
+    first = await window(place)
+    try:
+        # the fake evaluates a prompt of n characters in 100 ms
+        rate = len(PREFILL_PROBE) / 0.1
+        assert first.welcome.prefill_tokens_per_s == pytest.approx(rate)
+        assert engine.backend.started == [""] and engine.server.served == 0
     finally:
         await first.close()
         await engine.stop()
