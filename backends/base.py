@@ -136,6 +136,13 @@ class GenerationStats:
         return 0.0 if n == 0 else (self.total_ms - self.ttft_ms) / max(n - 1, 1)
 
 
+# The synthetic prompt (no user code) timed at start-up to learn the prefill speed: by a
+# window that loads its own model, or by a shared engine before it welcomes any window.
+PREFILL_PROBE = "".join(
+    f"def step_{i}(value, scale={i}):\n    return value * scale + {i}\n\n" for i in range(12)
+)
+
+
 class PrefillRate:
     """Prompt tokens per second this machine evaluates, learned from its generations
     (an exponential moving average); ``fixed`` pins it (tests, benchmarks)."""
@@ -249,6 +256,17 @@ class EngineReport(Protocol):
     def engine_info(self) -> dict[str, Any]:
         """``kind`` (``shared`` or ``inProcess``), ``pid``, and for a shared engine its
         ``socket``, whether it is ``connected`` and how many ``restarts`` it took."""
+        ...
+
+
+@runtime_checkable
+class Progress(Protocol):
+    """A backend whose work can be seen advancing while a generation runs (the shared
+    engine's heartbeat carries it, so a window tells a slow engine from a hung one)."""
+
+    @property
+    def progress(self) -> int:
+        """A count that grows with every step of work (model calls, prompt batches)."""
         ...
 
 

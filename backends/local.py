@@ -164,6 +164,11 @@ class LocalBackend(Generic[T]):
         return self.engine.name
 
     @property
+    def progress(self) -> int:
+        """``Progress``: target calls so far, prompt batches included (a live count)."""
+        return self.engine.calls
+
+    @property
     def model_name(self) -> str:
         return self.engine.model_name
 

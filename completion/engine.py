@@ -22,6 +22,7 @@ from urllib.parse import urlparse
 from urllib.request import url2pathname
 
 from kode.backends.base import (
+    PREFILL_PROBE,
     Backend,
     FinishReason,
     Generation,
@@ -75,10 +76,6 @@ _PREPARE_QUIET_S = 0.25
 _PREPARE_HORIZON_S = 2.5
 # Short windows remembered per document (their KV states are kept by the backend).
 _SHORT_WINDOWS = 3
-# The synthetic prompt the engine times at start-up (no user code) to learn prefill speed.
-_CALIBRATION_TEXT = "".join(
-    f"def step_{i}(value, scale={i}):\n    return value * scale + {i}\n\n" for i in range(12)
-)
 # An edited document is re-indexed once the user pauses this long (not per keystroke).
 _REINDEX_DELAY_S = 1.0
 # Characters of retrieved text asked for per token of ``retrievalTokens``; the context
@@ -733,6 +730,9 @@ class CompletionEngine:
             self._active = None
 
     async def aclose(self) -> None:
+        # The start-up timing and any preparation end as cancelled, not cut off by the
+        # backend closing under them (which a shared engine's window reports as a failure).
+        await self._cancel_background()
         if self._prepare_task is not None:
             self._prepare_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -922,7 +922,7 @@ class CompletionEngine:
         if self._busy() or self._calibration is not None:
             return
         request = GenerationRequest(
-            prompt=_CALIBRATION_TEXT,
+            prompt=PREFILL_PROBE,
             max_tokens=1,
             speculation=SpeculationMethod.NONE,
             background=True,

@@ -63,8 +63,7 @@ class Settings(
     local_engine: LocalEngine = LocalEngine.LLAMA_CPP
     # llama.cpp: every window talks to one engine process per user and model (started by
     # the first window, `kode engine status|stop`), or loads the model itself.
-    # In process by default until the shared engine passes the whole suite (see docs/engine.md).
-    engine: EngineMode = EngineMode.IN_PROCESS
+    engine: EngineMode = EngineMode.SHARED
     # The shared engine exits this long after its last window closed (0: at once).
     engine_idle_minutes: Annotated[int, msgspec.Meta(ge=0, le=7 * 24 * 60)] = 30
     model: str = "default"  # "default" (1.5B), "small" (0.5B), a GGUF path or hf:OWNER/REPO/FILE

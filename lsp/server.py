@@ -465,6 +465,11 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
 
     @server.feature(types.SHUTDOWN)
     async def shutdown(params: Any) -> None:
+        warmup = server._warmup
+        if warmup is not None and not warmup.done():
+            warmup.cancel()  # nothing to tell the user about a window that is closing
+            with contextlib.suppress(asyncio.CancelledError):
+                await warmup
         await server.engine.aclose()
         await server.pool.aclose()
 

@@ -21,7 +21,15 @@ SERVER = [sys.executable, "-m", "kode.cli.main", "lsp"]
 # Seconds for any one step. The first completion waits for the model to load: 3 minutes
 # were not enough on the shared 2-core machine at a load average of 14.
 TIMEOUT = 420
-SETTINGS: dict[str, Any] = {"model": "small", "maxTokens": 16, "readAhead": False}
+# Full windows always: what these tests check is which context reaches the prompt, not
+# the first-answer budget, which on a slow machine (the 0.5B prefills ~75 tokens/s here
+# when other work runs) answers with the snippets evaluated before a rename (by design).
+SETTINGS: dict[str, Any] = {
+    "model": "small",
+    "maxTokens": 16,
+    "readAhead": False,
+    "firstAnswerMs": 0,
+}
 GEOMETRY = '''"""Geometry helpers for the shapes package."""
 
 import math

@@ -13,11 +13,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
 from kode.backends import models
-from kode.backends.base import FinishReason, GenerationRequest, SpeculationMethod
+from kode.backends.base import (
+    Backend,
+    FinishReason,
+    GenerationRequest,
+    SpeculationMethod,
+    TokenHealing,
+)
 from kode.backends.llama.backend import LlamaBackend
 from kode.backends.speculative import CostCurve
 
@@ -158,3 +165,36 @@ async def test_token_healing_spells_the_removed_text_first(backend: LlamaBackend
     generation = await backend.generate(request)
     healed = "".join([chunk.text async for chunk in generation])
     assert healed.startswith(".side")  # the model's own choice among the fitting tokens
+
+
+async def test_a_shared_engine_window_heals_the_same_text(
+    backend: LlamaBackend, tmp_path: Path
+) -> None:
+    """A window of the shared engine finds the text to heal with its vocabulary alone
+    (the engine constrains the tokens): the same as the in-process backend finds."""
+    from kode.backends.daemon.client import SharedEngineBackend
+    from kode.backends.daemon.paths import EngineConfig, engine_place
+    from kode.backends.llama.runtime import LlamaModel
+
+    small = models.resolve("small")
+
+    async def no_fallback() -> Backend:
+        raise AssertionError("never used")
+
+    window = SharedEngineBackend(
+        EngineConfig(small),
+        engine_place("test", tmp_path, tmp_path),
+        LlamaModel(small, vocab_only=True),
+        idle_s=0,
+        fallback=no_fallback,
+        notify=lambda _m: None,
+    )
+    try:
+        assert isinstance(window, TokenHealing)
+        texts = ["        return self.si", "x = self.pro", "print(name", "héllo wörl", "a = 1"]
+        texts += ["    def __in", "import o", "# naïve café", "\t", ""]
+        answers = [window.last_token_chars(t) for t in texts]
+        assert answers == [backend.last_token_chars(t) for t in texts]
+        assert answers[0] > 0 and answers[1] > 0
+    finally:
+        await window.aclose()

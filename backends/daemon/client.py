@@ -24,6 +24,7 @@ import fcntl
 import itertools
 import logging
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -42,6 +43,7 @@ from kode.backends.base import (
     GenerationStats,
     PromptCache,
     TokenChunk,
+    TokenHealing,
 )
 from kode.backends.chunks import ChunkQueue, drain
 from kode.backends.daemon import protocol as wire
@@ -65,6 +67,12 @@ START_TIMEOUT_S = 180.0
 MAX_RESTARTS = 1
 # Prompts of this window remembered for ``cached_prefix``.
 _MIRRORED = 16
+# The hang watchdog, while this window has work in the engine: the engine sends a
+# heartbeat every second (``server.HEARTBEAT_S``). Silent this long: its event loop hangs.
+SILENT_S = 15.0
+# Its progress (model calls, generations served) standing still this long: its model
+# hangs. A prompt batch on a busy 2-core machine takes seconds, never minutes.
+STALL_S = 120.0
 # Tokens a moved suffix re-evaluates (``runtime.MOVED_REFRESH``; not imported, so the
 # window does not need the llama.cpp runtime module for an estimate).
 _MOVED_REFRESH = 8
@@ -76,6 +84,10 @@ class Vocabulary(Protocol):
     """The model's tokenizer, loaded in the window (``LlamaModel(path, vocab_only=True)``)."""
 
     def tokenize(self, text: str, *, special: bool = True) -> list[int]: ...
+
+    def piece(self, token: int) -> bytes:
+        """The bytes ``token`` spells (token healing)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -93,6 +105,9 @@ class EngineGeneration:
         self._cancel_sent = False
         self.decode_calls = 0
         self.kv: dict[str, int] | None = None  # the engine's KV memory when it ended
+        # Called at the first chunk: the engine has evaluated the whole prompt by then.
+        self.on_prompt: Callable[[EngineGeneration], None] | None = None
+        self.tokens: list[int] | None = None  # the prompt's tokens, once the window needs them
 
     @property
     def stats(self) -> GenerationStats:
@@ -131,7 +146,10 @@ class EngineGeneration:
         return self._stats.completion_tokens == 0 and not self._cancel_sent and not self.done
 
     def chunk(self, chunk: wire.Chunk) -> None:
+        first = self._stats.completion_tokens == 0
         self._stats.completion_tokens += len(chunk.token_ids)
+        if first and self.on_prompt is not None:
+            self.on_prompt(self)
         self._queue.put_nowait(TokenChunk(chunk.text, chunk.token_ids))
 
     def end(self, end: wire.End) -> None:
@@ -158,16 +176,29 @@ class Connection:
         welcome: wire.Welcome,
         on_end: Callable[[EngineGeneration], None],
         on_lost: Callable[[list[EngineGeneration]], bool] = lambda _g: False,
+        *,
+        peer_pid: int = 0,
+        silent_s: float = SILENT_S,
+        stall_s: float = STALL_S,
     ) -> None:
         self._reader, self._writer = reader, writer
         self.welcome = welcome
+        self.peer_pid = peer_pid  # the engine's pid, as the kernel says (SO_PEERCRED)
         self._on_end = on_end
         self.on_lost = on_lost  # takes over untouched generations when the engine dies
+        # Ends a hung engine (its pid), so that a new one can take its lock.
+        self.on_hung: Callable[[int], None] = lambda _pid: None
         self._ids = itertools.count(1)
         self._generations: dict[int, EngineGeneration] = {}
         self._status: list[asyncio.Future[dict[str, Any]]] = []
         self.closed = False
+        self._closing = False  # this window closes the connection (``close``)
+        self._hung: str | None = None  # why the watchdog gave the engine up
+        self.silent_s, self.stall_s = silent_s, stall_s
+        self.heard = self.progressed = time.monotonic()
+        self._progress: int | None = None
         self._task = asyncio.ensure_future(self._read())
+        self._watchdog = asyncio.ensure_future(self._watch())
 
     @classmethod
     async def open(
@@ -178,6 +209,8 @@ class Connection:
         window: bool,
         timeout_s: float,
         on_end: Callable[[EngineGeneration], None] = lambda _g: None,
+        silent_s: float = SILENT_S,
+        stall_s: float = STALL_S,
     ) -> Connection:
         """Connect and say hello. Raises ``OSError`` if nothing listens, ``EngineSetupError``
         if the engine refuses (another protocol, a model it could not load), ``EngineError``
@@ -185,7 +218,7 @@ class Connection:
         reader, writer = await asyncio.open_unix_connection(path)
         try:
             sock = writer.get_extra_info("socket")
-            _pid, uid, _gid = _PEERCRED.unpack(
+            peer_pid, uid, _gid = _PEERCRED.unpack(
                 sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
             )
             if uid != os.getuid():
@@ -210,7 +243,15 @@ class Connection:
         except BaseException:
             writer.close()
             raise
-        return cls(reader, writer, welcome, on_end)
+        return cls(
+            reader,
+            writer,
+            welcome,
+            on_end,
+            peer_pid=peer_pid,
+            silent_s=silent_s,
+            stall_s=stall_s,
+        )
 
     def send(self, message: Any) -> None:
         if not self.closed and not self._writer.is_closing():
@@ -225,6 +266,8 @@ class Connection:
 
     def adopt(self, generation: EngineGeneration) -> None:
         """Run ``generation`` here (a new one, or one a dead engine never started)."""
+        if not self._generations:  # the watchdog counts from the first work sent
+            self.heard = self.progressed = time.monotonic()
         generation._conn, generation.id = self, next(self._ids)
         self._generations[generation.id] = generation
         self.send(wire.Generate(id=generation.id, request=generation.request))
@@ -239,32 +282,69 @@ class Connection:
         self.send(wire.Stop())
 
     async def close(self) -> None:
-        self.closed = True
+        self.closed = self._closing = True
         self._writer.close()
+        self._watchdog.cancel()
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError, ConnectionError):
             await self._task
-        self._fail_all(EngineError("the connection to the Kode engine was closed"))
+        self._fail_all(EngineError("this window closed its connection to the Kode engine"))
 
     async def _read(self) -> None:
         why = "closed the connection"
         try:
             while (payload := await wire.read_frame(self._reader)) is not None:
+                self.heard = time.monotonic()
                 self._route(wire.decode_engine(payload))
         except (ConnectionError, EngineError) as exc:
             why = f"failed ({describe(exc)})"
         finally:
             self.closed = True
             self._writer.close()
-            untouched = [g for g in self._generations.values() if g.untouched]
-            if untouched and self.on_lost(untouched):
-                for g in untouched:
-                    self._generations.pop(g.id, None)
-            self._fail_all(
-                EngineError(f"the Kode engine (pid {self.welcome.pid}) {why} during a request")
-            )
+            self._watchdog.cancel()
+            if not self._closing:  # else the window's own doing, which ``close`` says
+                self._engine_lost(self._hung or why)
+
+    async def _watch(self) -> None:
+        """The hang watchdog: while generations of this window are in the engine, give it
+        up when it sends nothing for ``silent_s`` (its heartbeat stopped) or its progress
+        stands still for ``stall_s``; end it (``on_hung``), so that a new engine can start,
+        then close the connection, which fails or moves the generations as a death does."""
+        step = max(0.05, min(self.silent_s, self.stall_s) / 5)
+        while True:
+            await asyncio.sleep(step)
+            now = time.monotonic()
+            if not self._generations:
+                continue
+            if now - self.heard > self.silent_s:
+                self._hung = f"stopped answering ({now - self.heard:.0f} s without a word)"
+            elif now - self.progressed > self.stall_s:
+                self._hung = f"hung ({now - self.progressed:.0f} s without progress)"
+            else:
+                continue
+            log.warning("the Kode engine (pid %d) %s", self.welcome.pid, self._hung)
+            await asyncio.to_thread(self.on_hung, self.peer_pid)
+            transport = self._writer.transport
+            transport.abort()  # the reader ends, and says why (``_hung``)
+            return
+
+    def _engine_lost(self, why: str) -> None:
+        untouched = [g for g in self._generations.values() if g.untouched]
+        if untouched and self.on_lost(untouched):
+            for g in untouched:
+                self._generations.pop(g.id, None)
+        self._fail_all(
+            EngineError(f"the Kode engine (pid {self.welcome.pid}) {why} during a request")
+        )
 
     def _route(self, message: wire.EngineMessage) -> None:
+        if isinstance(message, wire.Heartbeat):
+            if message.progress != self._progress:
+                self._progress = message.progress
+                self.progressed = self.heard
+            return
+        if isinstance(message, wire.Chunk | wire.End | wire.Failed):
+            self.progressed = self.heard
         if isinstance(message, wire.Chunk):
             generation = self._generations.get(message.id)
             if generation is not None:
@@ -323,6 +403,8 @@ async def connect(
     timeout_s: float = START_TIMEOUT_S,
     on_end: Callable[[EngineGeneration], None] = lambda _g: None,
     spawn: Callable[[EngineConfig, EnginePlace], int] | None = None,
+    silent_s: float = SILENT_S,
+    stall_s: float = STALL_S,
 ) -> Connection:
     """A connection to the engine for ``config``, starting it if none answers (``start``).
 
@@ -346,6 +428,8 @@ async def connect(
                 window=window,
                 timeout_s=max(1.0, deadline - time.monotonic()),
                 on_end=on_end,
+                silent_s=silent_s,
+                stall_s=stall_s,
             )
         except (FileNotFoundError, ConnectionRefusedError):
             pass
@@ -387,6 +471,24 @@ def _start_once(
             time.sleep(0.02)
     finally:
         os.close(fd)
+
+
+def end_process(pid: int, grace_s: float = 2.0) -> None:
+    """End a hung engine: SIGTERM, then SIGKILL if it is still there after ``grace_s``
+    (a hung event loop never runs its SIGTERM handler); returns once it is gone or 2 s
+    after the SIGKILL. Never this process (a test's engine may live in it)."""
+    if pid <= 1 or pid == os.getpid():
+        return
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 2.0)):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if not _alive(pid):
+                return
+            time.sleep(0.02)
 
 
 def _alive(pid: int) -> bool:
@@ -463,6 +565,8 @@ class SharedEngineBackend:
         self.restarts = 0
         self._closed = False
         self._spawn: Callable[[EngineConfig, EnginePlace], int] | None = None  # tests swap it
+        self._end_hung: Callable[[int], None] = end_process  # tests swap it
+        self.silent_s, self.stall_s = SILENT_S, STALL_S
         self._moving: set[asyncio.Future[None]] = set()
 
     # -- Backend protocol -----------------------------------------------------------------
@@ -480,6 +584,24 @@ class SharedEngineBackend:
     def count_tokens(self, text: str) -> int:
         return len(self._vocab.tokenize(text))
 
+    def last_token_chars(self, text: str) -> int:
+        """``TokenHealing``, answered in the window from the vocabulary (the engine's
+        llama.cpp backend then constrains the generation's first tokens to spell the
+        ``heal`` text the request carries): the characters of ``text``'s last token, 0
+        when that token does not end on a character boundary."""
+        if self._fallback is not None:
+            if isinstance(self._fallback, TokenHealing):
+                return self._fallback.last_token_chars(text)
+            return 0
+        tokens = self._vocab.tokenize(text, special=False)
+        if not tokens:
+            return 0
+        try:
+            last = self._vocab.piece(tokens[-1]).decode()
+        except UnicodeDecodeError:
+            return 0
+        return len(last) if last and text.endswith(last) else 0
+
     async def generate(self, request: GenerationRequest) -> Any:
         if self._closed:
             raise EngineError("backend is closed")
@@ -487,7 +609,9 @@ class SharedEngineBackend:
         if conn is None:
             assert self._fallback is not None
             return await self._fallback.generate(request)
-        return conn.generate(request)
+        generation = conn.generate(request)
+        generation.on_prompt = self._evaluated
+        return generation
 
     async def health(self, timeout_s: float = 1.0) -> bool:
         if self._fallback is not None:
@@ -579,8 +703,11 @@ class SharedEngineBackend:
                 timeout_s=self._timeout_s,
                 on_end=self._ended,
                 spawn=self._spawn,
+                silent_s=self.silent_s,
+                stall_s=self.stall_s,
             )
             self._conn.on_lost = self._lost
+            self._conn.on_hung = self._end_hung
         except (EngineError, OSError) as exc:
             await self._fall_back(describe(exc))
             return None
@@ -616,11 +743,24 @@ class SharedEngineBackend:
         task.add_done_callback(self._moving.discard)
         return True
 
+    def _prompt_tokens(self, generation: EngineGeneration) -> list[int]:
+        if generation.tokens is None:
+            generation.tokens = self._vocab.tokenize(generation.request.prompt)
+        return generation.tokens
+
+    def _evaluated(self, generation: EngineGeneration) -> None:
+        """The first token came: the engine holds the whole prompt now. Known at once, not
+        at the generation's end, so that what the window prepares next (``cached_prefix``)
+        never re-does a prompt that a generation still running (or being cancelled) has
+        already evaluated."""
+        tokens = self._prompt_tokens(generation)
+        self.mirror.remember(tokens, len(tokens))
+
     def _ended(self, generation: EngineGeneration) -> None:
         stats = generation.stats
         self.counters.record(stats, generation.decode_calls)
         if stats.prompt_tokens:
-            tokens = self._vocab.tokenize(generation.request.prompt)
+            tokens = self._prompt_tokens(generation)
             self.mirror.remember(tokens, stats.reused_prompt_tokens + stats.evaluated_prompt_tokens)
         if generation.kv is not None:
             self._kv = generation.kv

@@ -10,6 +10,8 @@ big-endian length. The window speaks first::
                                          <- Chunk(id, text, tokens) ...
                                          <- End(id, stats, kv_memory)  or  Failed(id, ...)
     Cancel(id)                           ->  (the End that follows says ``cancelled``)
+                                         <- Heartbeat(progress)  every second while the
+                                            window has work in the engine
     Status()                             -> <- StatusReply(info)
     Stop()                               ->  (the engine ends its generations and exits)
 
@@ -39,7 +41,7 @@ from kode.backends.errors import (
 )
 
 # Bump on any change to the messages below.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 # A frame larger than this is refused (a prompt is at most a few hundred kB).
 MAX_FRAME = 64 << 20
 _LENGTH = struct.Struct(">I")
@@ -89,6 +91,13 @@ class End(msgspec.Struct, tag="end", kw_only=True):
     decode_calls: int = 0  # target model calls it made, prompt batches included
 
 
+class Heartbeat(msgspec.Struct, tag="heartbeat", kw_only=True):
+    """The engine is alive; ``progress`` grows while it works (model calls, generations
+    served), so a window that hears it standing still for long knows the engine hangs."""
+
+    progress: int
+
+
 class ErrorKind(enum.StrEnum):
     """Which of Kode's errors a ``Failed`` stands for, so the window raises the same one."""
 
@@ -117,7 +126,7 @@ class Stop(msgspec.Struct, tag="stop", kw_only=True):
 
 
 WindowMessage = Generate | Cancel | Status | Stop
-EngineMessage = Chunk | End | Failed | StatusReply | Welcome | Refused
+EngineMessage = Chunk | End | Failed | Heartbeat | StatusReply | Welcome | Refused
 
 
 class _Greeting(msgspec.Struct):

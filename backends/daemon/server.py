@@ -24,12 +24,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kode.backends.base import (
+    PREFILL_PROBE,
     Backend,
     FinishReason,
     Generation,
+    GenerationRequest,
     GenerationStats,
     KvMemoryReport,
     PrefillRate,
+    Progress,
+    SpeculationMethod,
 )
 from kode.backends.daemon import protocol as wire
 from kode.backends.daemon.paths import KODE_VERSION, EnginePlace
@@ -40,6 +44,8 @@ log = logging.getLogger("kode.engine")
 
 # How long a freshly started engine waits for its first window before it gives up.
 FIRST_WINDOW_S = 60.0
+# How often a window with work in the engine hears that it is alive (``Heartbeat``).
+HEARTBEAT_S = 1.0
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
@@ -81,10 +87,14 @@ class EngineServer:
         load: Callable[[], Awaitable[Backend]],
         *,
         idle_s: float,
+        heartbeat_s: float = HEARTBEAT_S,
+        time_prefill: bool = True,
     ) -> None:
         self.place = place
         self._load = load
         self.idle_s = idle_s
+        self.heartbeat_s = heartbeat_s
+        self.time_prefill = time_prefill
         self.backend: Backend | None = None
         self.scheduler = Scheduler()
         self.windows: dict[int, Window] = {}
@@ -121,9 +131,12 @@ class EngineServer:
                 self._loaded.set()
                 await asyncio.sleep(0.2)  # let waiting windows read why
                 return 1
+            if self.time_prefill:
+                await self._time_prefill(self.backend)
             self._loaded.set()
             log.info("model %s loaded", self.backend.model_name)
             self._arm_idle(max(self.idle_s, FIRST_WINDOW_S))
+            self._spawn(self._heartbeats())
             await self._stop.wait()
             return 0
         finally:
@@ -131,6 +144,41 @@ class EngineServer:
             await self._shutdown()
             with contextlib.suppress(FileNotFoundError):
                 self.place.socket.unlink()
+
+    async def _time_prefill(self, backend: Backend) -> None:
+        """Time a synthetic prompt once, before any window is welcomed, so that every
+        window starts with this engine's prefill speed (``Welcome``) instead of timing
+        one itself: behind other windows' work, or cut short by its own first keystroke,
+        which would then be timed in its place, cold (#15)."""
+        request = GenerationRequest(
+            prompt=PREFILL_PROBE, max_tokens=1, speculation=SpeculationMethod.NONE
+        )
+        try:
+            generation = await backend.generate(request)
+            async for _ in generation:
+                pass
+            self.prefill.observe(await generation.wait())
+        except Exception as exc:  # the windows time their own prompts then
+            log.warning("could not time the prefill speed: %s", describe(exc))
+        log.info("prefill speed: %s tokens/s", self.prefill.value and round(self.prefill.value))
+
+    def progress(self) -> int:
+        """What the heartbeat carries: grows with every model call and every generation
+        served, and stands still only when the engine does no work at all."""
+        backend = self.backend
+        calls = backend.progress if isinstance(backend, Progress) else 0
+        return calls + self.served
+
+    async def _heartbeats(self) -> None:
+        """Tell every window with work here that the engine lives and how far it got.
+        Sent from the event loop: a loop that hangs sends none, a worker that hangs sends
+        the same ``progress`` again; either way the window knows (``client.Watchdog``)."""
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            beat = wire.Heartbeat(progress=self.progress())
+            for window in list(self.windows.values()):
+                if window.jobs:
+                    window.send(beat)
 
     def stop(self, why: str) -> None:
         if not self._stop.is_set():

@@ -357,3 +357,24 @@ async def test_working_elsewhere_stops_a_suggestion_no_one_waits_for() -> None:
         await asyncio.sleep(0.1)
         assert backend.generations[0].cancelled == (elsewhere != "cursor in it"), elsewhere
         await engine.aclose()
+
+
+class CachingBackend(ScriptedBackend):
+    """A ``PromptCache`` that has evaluated nothing: the start-up timing runs on it."""
+
+    def cached_prefix(self, prompt: str) -> tuple[int, int]:
+        return 0, self.count_tokens(prompt)
+
+
+async def test_closing_ends_the_start_up_timing_as_cancelled() -> None:
+    """The window's shutdown cancels its start-up timing rather than closing the backend
+    under it (a shared engine's window then reported a failure to the user, #15)."""
+    backend = CachingBackend(["x"] * 1000, delay=0.05)
+    engine = engine_for(backend, firstAnswerMs=1000)
+    warm = asyncio.ensure_future(engine.warm_up())
+    async with asyncio.timeout(10):
+        while not backend.generations:
+            await asyncio.sleep(0.01)
+        await engine.aclose()
+        await warm  # ends quietly: no error to tell
+    assert backend.requests[0].background and backend.generations[0].cancelled

@@ -406,7 +406,7 @@ def test_engine_settings_are_validated() -> None:
     from kode.completion.settings import EngineMode, parse
 
     settings, problems = parse({"engine": "daemon", "engineIdleMinutes": -1})
-    assert settings.engine is EngineMode.IN_PROCESS and settings.engine_idle_minutes == 30
+    assert settings.engine is EngineMode.SHARED and settings.engine_idle_minutes == 30
     assert problems[0] == "engine: 'daemon' is not one of shared, inProcess; using the default"
     assert problems[1].startswith("engineIdleMinutes: Expected `int` >= 0")
     settings, problems = parse({"engine": "shared", "engineIdleMinutes": 0})

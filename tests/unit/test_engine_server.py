@@ -6,20 +6,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kode.backends.base import (
+    PREFILL_PROBE,
     Backend,
     FinishReason,
     GenerationRequest,
     GenerationStats,
     TokenChunk,
+    TokenHealing,
 )
-from kode.backends.daemon.client import Connection, SharedEngineBackend
-from kode.backends.daemon.paths import EngineConfig, EnginePlace, engine_place
+from kode.backends.daemon import protocol as wire
+from kode.backends.daemon.client import Connection, SharedEngineBackend, end_process
+from kode.backends.daemon.paths import EngineConfig, EngineLock, EnginePlace, engine_place
 from kode.backends.daemon.server import EngineServer
 from kode.backends.errors import ContextOverflow, EngineError, EngineSetupError
 from kode.backends.worker import BackendCounters
@@ -92,16 +96,22 @@ class SlowBackend:
 
 
 class Engine:
-    """An ``EngineServer`` on a task of this loop."""
+    """An ``EngineServer`` on a task of this loop, holding the engine's lock while it runs
+    as ``kode engine run`` does (else a window that finds no socket yet starts another)."""
 
-    def __init__(self, place: EnginePlace, backend: SlowBackend) -> None:
+    def __init__(
+        self, place: EnginePlace, backend: SlowBackend, *, time_prefill: bool = False
+    ) -> None:
         self.backend = backend
+        self.lock = EngineLock(place.lock)
+        assert self.lock.acquire()
 
         async def load() -> Backend:
             return backend
 
-        self.server = EngineServer(place, load, idle_s=60)
+        self.server = EngineServer(place, load, idle_s=60, time_prefill=time_prefill)
         self.task = asyncio.ensure_future(self.server.run(signals=False))
+        self.task.add_done_callback(lambda _t: self.lock.release())
 
     async def stop(self) -> None:
         self.server.stop("test")
@@ -197,8 +207,13 @@ async def test_cancel_errors_and_status(place: EnginePlace) -> None:
 
 
 class Vocab:
+    """One token per character."""
+
     def tokenize(self, text: str, *, special: bool = True) -> list[int]:
         return [ord(c) for c in text]
+
+    def piece(self, token: int) -> bytes:
+        return chr(token).encode()
 
     def close(self) -> None:
         return None
@@ -281,6 +296,21 @@ async def test_a_later_window_learns_the_prefill_speed(place: EnginePlace) -> No
         await engine.stop()
 
 
+async def test_the_first_window_is_welcomed_with_the_prefill_speed(place: EnginePlace) -> None:
+    """The engine times a synthetic prompt before it welcomes anyone, so no window times
+    one itself (behind other work, or cut short by its first keystroke, #15)."""
+    engine = Engine(place, SlowBackend(delay=0.01), time_prefill=True)
+    first = await window(place)
+    try:
+        # the fake evaluates a prompt of n characters in 100 ms
+        rate = len(PREFILL_PROBE) / 0.1
+        assert first.welcome.prefill_tokens_per_s == pytest.approx(rate)
+        assert engine.backend.started == [""] and engine.server.served == 0
+    finally:
+        await first.close()
+        await engine.stop()
+
+
 async def test_a_keystroke_in_flight_when_the_engine_dies_is_answered(
     place: EnginePlace, tmp_path: Path
 ) -> None:
@@ -318,3 +348,202 @@ async def test_a_keystroke_in_flight_when_the_engine_dies_is_answered(
         for engine in engines:
             if not engine.task.done():
                 await engine.stop()
+
+
+async def test_the_window_knows_the_prompt_is_evaluated_at_the_first_token(
+    place: EnginePlace, tmp_path: Path
+) -> None:
+    """Not only when the generation ends: a generation being cancelled must not make the
+    window prepare (evaluate again) the prompt it already evaluated (#15, fault 1)."""
+    engine = Engine(place, SlowBackend(delay=0.05))
+
+    async def in_process() -> Backend:
+        raise AssertionError("no fallback expected")
+
+    backend = SharedEngineBackend(
+        EngineConfig(tmp_path / "m.gguf"),
+        place,
+        Vocab(),
+        idle_s=60,
+        fallback=in_process,
+        notify=lambda m: None,
+        timeout_s=STEP_S,
+    )
+    try:
+        await asyncio.wait_for(backend.start(), STEP_S)
+        prompt = request("d", n=100).prompt
+        assert backend.cached_prefix(prompt) == (0, len(prompt))
+        generation = await backend.generate(request("d", n=100))
+        chunks = aiter(generation)
+        await asyncio.wait_for(anext(chunks), STEP_S)
+        assert not generation.done
+        assert backend.cached_prefix(prompt) == (len(prompt) - 1, len(prompt))
+        await asyncio.wait_for(generation.cancel(), STEP_S)
+        assert generation.stats.finish_reason is FinishReason.CANCELLED
+    finally:
+        await backend.aclose()
+        await engine.stop()
+
+
+async def test_a_window_closing_its_connection_does_not_blame_the_engine(
+    place: EnginePlace,
+) -> None:
+    """A generation still waiting when the window closes (its shutdown) ends with words
+    that say so, and nothing is moved to a restarted engine (#15, fault 2)."""
+    engine = Engine(place, SlowBackend(delay=5.0))
+    conn = await window(place)
+    lost: list[int] = []
+    conn.on_lost = lambda generations: bool(lost.append(len(generations)))
+    try:
+        generation = conn.generate(request("w", n=2))
+        await asyncio.sleep(0.1)  # sent and running: no token yet
+        await asyncio.wait_for(conn.close(), STEP_S)
+        with pytest.raises(EngineError, match="this window closed its connection") as raised:
+            await asyncio.wait_for(text_of(generation), STEP_S)
+        assert "pid" not in str(raised.value) and not lost
+    finally:
+        await engine.stop()
+
+
+async def test_token_healing_goes_through_the_shared_engine(
+    place: EnginePlace, tmp_path: Path
+) -> None:
+    """``tokenHealing`` with a shared engine: the window finds the text to heal with its
+    vocabulary, and the request carries it to the engine, whose backend constrains."""
+    engine = Engine(place, SlowBackend(delay=0.01))
+    seen: list[str] = []
+    original = engine.backend.generate
+
+    async def generate(request: GenerationRequest) -> SlowGeneration:
+        seen.append(request.heal)
+        return await original(request)
+
+    engine.backend.generate = generate  # type: ignore[method-assign]
+
+    async def in_process() -> Backend:
+        raise AssertionError("no fallback expected")
+
+    backend = SharedEngineBackend(
+        EngineConfig(tmp_path / "m.gguf"),
+        place,
+        Vocab(),
+        idle_s=60,
+        fallback=in_process,
+        notify=lambda m: None,
+        timeout_s=STEP_S,
+    )
+    try:
+        await asyncio.wait_for(backend.start(), STEP_S)
+        assert isinstance(backend, TokenHealing)
+        assert backend.last_token_chars("self.pro") == 1  # one character per token here
+        assert backend.last_token_chars("") == 0
+        heal = GenerationRequest(prompt="x = self.pr", max_tokens=1, heal="o")
+        await asyncio.wait_for(text_of(await backend.generate(heal)), STEP_S)
+        assert seen == ["o"]
+    finally:
+        await backend.aclose()
+        await engine.stop()
+
+
+class StuckBackend(SlowBackend):
+    """Its generations never produce a token nor end (a model call that never returns);
+    its ``progress`` stands still."""
+
+    progress = 7
+
+    async def generate(self, request: GenerationRequest) -> SlowGeneration:
+        self.started.append(request.document)
+        self.delay = 3600.0
+        return SlowGeneration(self, request)
+
+
+async def test_a_window_gives_up_an_engine_whose_work_stands_still(
+    place: EnginePlace, tmp_path: Path
+) -> None:
+    """The engine still beats (its event loop runs) but makes no progress: the window
+    ends it, restarts it once, and the keystroke is answered by the new one (#15)."""
+    stuck = Engine(place, StuckBackend())
+    stuck.server.heartbeat_s = 0.05
+    engines = [stuck]
+    ended: list[int] = []
+    loop = asyncio.get_running_loop()
+
+    def spawn(_config: EngineConfig, p: EnginePlace) -> int:
+        loop.call_soon_threadsafe(lambda: engines.append(Engine(p, SlowBackend(delay=0.01))))
+        return 0
+
+    def end(pid: int) -> None:  # the real one signals the engine's process
+        ended.append(pid)
+        loop.call_soon_threadsafe(stuck.server.stop, "ended as hung")
+
+    async def in_process() -> Backend:
+        raise AssertionError("no fallback expected")
+
+    backend = SharedEngineBackend(
+        EngineConfig(tmp_path / "m.gguf"),
+        place,
+        Vocab(),
+        idle_s=60,
+        fallback=in_process,
+        notify=lambda m: None,
+        timeout_s=STEP_S,
+    )
+    backend._spawn = spawn  # type: ignore[attr-defined]
+    backend._end_hung = end  # type: ignore[attr-defined]
+    backend.silent_s, backend.stall_s = 5.0, 0.5
+    try:
+        await asyncio.wait_for(backend.start(), STEP_S)
+        started = asyncio.get_running_loop().time()
+        generation = await backend.generate(request("k", n=2))
+        assert await asyncio.wait_for(text_of(generation), STEP_S) == "k:0 k:1 "
+        assert 0.5 <= asyncio.get_running_loop().time() - started < 5.0
+        assert ended == [os.getpid()]  # the engine's pid, as the kernel gave it
+        assert backend.restarts == 1 and len(engines) == 2
+    finally:
+        await backend.aclose()
+        for engine in engines:
+            if not engine.task.done():
+                await engine.stop()
+
+
+async def test_a_silent_engine_is_given_up_with_a_clear_error(tmp_path: Path) -> None:
+    """An engine that welcomes the window and then says nothing more (its event loop
+    hangs): the generation fails within the watchdog's time, saying so."""
+    path = tmp_path / "silent.sock"
+    welcome = wire.Welcome(
+        protocol=wire.PROTOCOL_VERSION,
+        kode_version="test",
+        pid=4242,
+        socket=str(path),
+        engine="fake",
+        model="fake.gguf",
+    )
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await wire.read_frame(reader)  # the hello
+        writer.write(wire.encode(welcome))
+        held.append(writer)  # and never a word again
+
+    server = await asyncio.start_unix_server(silent, path=str(path))
+    try:
+        conn = await Connection.open(
+            str(path), fingerprint="x", window=True, timeout_s=STEP_S, silent_s=0.3
+        )
+        hung: list[int] = []
+        conn.on_hung = hung.append
+        generation = conn.generate(request("s"))
+        with pytest.raises(EngineError, match=r"\(pid 4242\) stopped answering") as raised:
+            await asyncio.wait_for(text_of(generation), STEP_S)
+        assert "during a request" in str(raised.value)
+        assert hung == [os.getpid()] and conn.closed
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+def test_end_process_never_signals_this_process() -> None:
+    end_process(os.getpid())
+    end_process(1)
