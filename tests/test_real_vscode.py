@@ -135,6 +135,9 @@ def code_server(vsix: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         "workbench.colorTheme": "Default Dark Modern",
         "security.workspace.trust.enabled": False,
         "telemetry.telemetryLevel": "off",
+        # The tests save with Ctrl+S and read the file: the web workbench's own saves
+        # (after a delay) could write an earlier state after the test's "before" mark.
+        "files.autoSave": "off",
         "update.mode": "none",
         "extensions.autoCheckUpdates": False,
         "extensions.autoUpdate": False,
