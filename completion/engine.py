@@ -803,9 +803,10 @@ class CompletionEngine:
             if other == uri:
                 if text is None:
                     continue  # a request for this document decides itself (typed-ahead)
-                typed = live.typed_into(text)
-                if typed is not None and offset == live.start + len(typed):
-                    continue  # the cursor is in this suggestion: the user types into it
+                if live.line == text.count("\n", 0, offset):
+                    # The cursor is on its line: the user types into it, or it was made
+                    # with the editor's selected completion item (``with_selected``).
+                    continue
             if self._live.get(other) is live:
                 await self._drop(other)
 
@@ -872,9 +873,15 @@ class CompletionEngine:
         if not self._settings.prefetch or doc.text[offset:].split("\n", 1)[0].strip():
             return
         live = self._live.get(uri)
-        if live is not None and live.start == offset and live.typed_into(doc.text) == "":
-            if not (live.short and live.done.is_set() and not live.answered and not live.waiters):
-                return  # already suggested here (or shown, or in use)
+        if live is not None and live.line == doc.text.count("\n", 0, offset):
+            # One on this line: already suggested here, or shown (maybe made with the
+            # editor's selected completion item), or in use. Remade only from a short
+            # window that nothing showed, once the full one is ready.
+            untouched = live.start == offset and live.typed_into(doc.text) == ""
+            if not (untouched and live.short and live.done.is_set()):
+                return
+            if live.answered or live.waiters:
+                return
             await self._drop(uri)
         elif live is not None and not live.done.is_set():
             return  # a suggestion for another place is still being made
@@ -974,6 +981,7 @@ class _Live:
         self.error: KodeError | None = None  # why the generation failed, for the request
         self.short = False  # made from a shorter window than the full one (firstAnswerMs)
         self.answered = False  # a request was answered from it (the editor may show it)
+        self.line = before.count("\n")  # the line it starts on
 
     async def pump(self) -> None:
         try:
