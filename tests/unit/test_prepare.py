@@ -199,3 +199,21 @@ async def test_no_suggestion_is_made_mid_line_or_with_prefetch_off() -> None:
         assert engine.prefetches == 0
         assert all(r.max_tokens == 1 for r in backend.requests)
         await engine.aclose()
+
+
+async def test_a_suggestion_made_with_the_selected_item_survives_the_cursors_rest() -> None:
+    # VS Code asks with its suggest widget's item (`number` over `n`); the suggestion is
+    # made for the text with the item in it, so it starts at another offset than the
+    # cursor. The cursor's rest there must neither stop it nor replace it with one made
+    # without the item (Tab then took an older, shorter suggestion in the real editor).
+    backend = CachingBackend([" < 0:", "\n", "        return 0\n"], delay=0.05)
+    engine = engine_for(backend, 100_000.0, firstAnswerMs=1000)
+    engine.documents.open(URI, DOC + "if n", 1)
+    item = (Range(Position(400, 3), Position(400, 4)), "number")
+    result = await engine.complete(URI, Position(400, 4), selected=item)
+    assert result.text.startswith(" < 0:")
+    engine.cursor_moved(URI, Position(400, 4))
+    await asyncio.sleep(0.6)  # past the quiet moment preparation waits for
+    await until(lambda: not engine.preparing)
+    assert engine.prefetches == 0
+    assert [r.max_tokens > 1 for r in backend.requests].count(True) == 1
