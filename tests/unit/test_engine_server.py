@@ -219,6 +219,23 @@ class Vocab:
         return None
 
 
+def client_window(place: EnginePlace, tmp_path: Path) -> SharedEngineBackend:
+    """A window's client of the engine at ``place`` that must never fall back."""
+
+    async def in_process() -> Backend:
+        raise AssertionError("no fallback expected")
+
+    return SharedEngineBackend(
+        EngineConfig(tmp_path / "m.gguf"),
+        place,
+        Vocab(),
+        idle_s=60,
+        fallback=in_process,
+        notify=lambda m: None,
+        timeout_s=STEP_S,
+    )
+
+
 async def test_the_client_restarts_a_dead_engine_once_then_falls_back(
     place: EnginePlace, tmp_path: Path
 ) -> None:
@@ -321,18 +338,7 @@ async def test_a_keystroke_in_flight_when_the_engine_dies_is_answered(
         loop.call_soon_threadsafe(lambda: engines.append(Engine(p, SlowBackend(delay=0.01))))
         return 0
 
-    async def in_process() -> Backend:
-        raise AssertionError("no fallback expected")
-
-    backend = SharedEngineBackend(
-        EngineConfig(tmp_path / "m.gguf"),
-        place,
-        Vocab(),
-        idle_s=60,
-        fallback=in_process,
-        notify=lambda m: None,
-        timeout_s=STEP_S,
-    )
+    backend = client_window(place, tmp_path)
     backend._spawn = spawn  # type: ignore[attr-defined]
     try:
         await asyncio.wait_for(backend.start(), STEP_S)
@@ -357,18 +363,7 @@ async def test_the_window_knows_the_prompt_is_evaluated_at_the_first_token(
     window prepare (evaluate again) the prompt it already evaluated (#15, fault 1)."""
     engine = Engine(place, SlowBackend(delay=0.05))
 
-    async def in_process() -> Backend:
-        raise AssertionError("no fallback expected")
-
-    backend = SharedEngineBackend(
-        EngineConfig(tmp_path / "m.gguf"),
-        place,
-        Vocab(),
-        idle_s=60,
-        fallback=in_process,
-        notify=lambda m: None,
-        timeout_s=STEP_S,
-    )
+    backend = client_window(place, tmp_path)
     try:
         await asyncio.wait_for(backend.start(), STEP_S)
         prompt = request("d", n=100).prompt
@@ -420,18 +415,7 @@ async def test_token_healing_goes_through_the_shared_engine(
 
     engine.backend.generate = generate  # type: ignore[method-assign]
 
-    async def in_process() -> Backend:
-        raise AssertionError("no fallback expected")
-
-    backend = SharedEngineBackend(
-        EngineConfig(tmp_path / "m.gguf"),
-        place,
-        Vocab(),
-        idle_s=60,
-        fallback=in_process,
-        notify=lambda m: None,
-        timeout_s=STEP_S,
-    )
+    backend = client_window(place, tmp_path)
     try:
         await asyncio.wait_for(backend.start(), STEP_S)
         assert isinstance(backend, TokenHealing)
@@ -476,18 +460,7 @@ async def test_a_window_gives_up_an_engine_whose_work_stands_still(
         ended.append(pid)
         loop.call_soon_threadsafe(stuck.server.stop, "ended as hung")
 
-    async def in_process() -> Backend:
-        raise AssertionError("no fallback expected")
-
-    backend = SharedEngineBackend(
-        EngineConfig(tmp_path / "m.gguf"),
-        place,
-        Vocab(),
-        idle_s=60,
-        fallback=in_process,
-        notify=lambda m: None,
-        timeout_s=STEP_S,
-    )
+    backend = client_window(place, tmp_path)
     backend._spawn = spawn  # type: ignore[attr-defined]
     backend._end_hung = end  # type: ignore[attr-defined]
     backend.silent_s, backend.stall_s = 5.0, 0.5
