@@ -338,6 +338,10 @@ class Connection:
         )
 
     def _route(self, message: wire.EngineMessage) -> None:
+        if self._hung is not None:
+            # Given up as hung and being ended: what it says now (a stop that ends its
+            # generations as cancelled) must not answer them; they move to a new engine.
+            return
         if isinstance(message, wire.Heartbeat):
             if message.progress != self._progress:
                 self._progress = message.progress
