@@ -123,6 +123,9 @@ def code_server(vsix: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         "kode.snippetTokens": 0,
         "kode.threads": 1,
         "kode.speculation": "none",
+        # The shared engine (the default) ends with the test's last window, not 30
+        # minutes later.
+        "kode.engineIdleMinutes": 0,
         # Streamed partials (`kode.partialCompletions`) and VS Code's word suggest widget
         # (`editor.quickSuggestions`) stay at their defaults: both once hid Kode's ghost
         # text here (see editors/README.md). The LSP messages go to the Kode output log

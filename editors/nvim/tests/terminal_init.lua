@@ -35,6 +35,7 @@ require("kode").setup({
     snippetTokens = 0,
     threads = 1,
     speculation = "none",
+    engineIdleMinutes = 0, -- the shared engine ends with the test's Neovim
   },
   debounce_ms = tonumber(vim.env.KODE_DEBOUNCE_MS or "75"),
 })
