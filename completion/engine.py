@@ -803,7 +803,7 @@ class CompletionEngine:
             if other == uri:
                 if text is None:
                     continue  # a request for this document decides itself (typed-ahead)
-                if live.line == text.count("\n", 0, offset):
+                if live.on_line_of(text, offset):
                     # The cursor is on its line: the user types into it, or it was made
                     # with the editor's selected completion item (``with_selected``).
                     continue
@@ -873,7 +873,7 @@ class CompletionEngine:
         if not self._settings.prefetch or doc.text[offset:].split("\n", 1)[0].strip():
             return
         live = self._live.get(uri)
-        if live is not None and live.line == doc.text.count("\n", 0, offset):
+        if live is not None and live.on_line_of(doc.text, offset):
             # One on this line: already suggested here, or shown (maybe made with the
             # editor's selected completion item), or in use. Remade only from a short
             # window that nothing showed, once the full one is ready.
@@ -1036,6 +1036,11 @@ class _Live:
         if not self.done.is_set() and typed.startswith(shown):
             return typed  # typed past what is generated so far; it may still match
         return None
+
+    def on_line_of(self, text: str, offset: int) -> bool:
+        """Whether it starts on the line of ``offset`` in ``text`` (also when it was made
+        for a copy with the editor's selected completion item in it)."""
+        return self.line == text.count("\n", 0, offset)
 
     def kept_alive(self, text: str) -> bool:
         typed = self.typed_into(text)
