@@ -6,7 +6,9 @@ another file and back.
 The files are large modules of the standard library (nobody here wrote them); each
 line to type is removed from the document that is opened, its indentation kept. Both
 modes (with and without the cursor notification) run in one invocation, each in a fresh
-``kode lsp``, so their figures are side by side under the same load.
+``kode lsp``, so their figures are side by side under the same load. When a
+``llama-server`` binary is found (``bench/llama_server.py``), each round also types its
+places with llama.vim's client behaviour against it (``bench/llama_vim.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from kode.bench.common import fmt, markdown_table
 from kode.bench.latency import Keystroke, Options, Replay, answer_ms, mark_matches
 
 CURSOR_METHOD = "kode/didMoveCursor"
+PEER = "llama.vim's way (llama-server /infill)"
 DEFAULT_FILES = (Path(argparse.__file__), Path(tarfile.__file__))
 
 
@@ -286,8 +289,17 @@ async def measure(
     options: Options, files: Sequence[Path], rounds: int
 ) -> tuple[dict[str, list[Segment]], dict[str, Any]]:
     texts = [f.read_text(encoding="utf-8") for f in files]
+    from kode.bench import llama_server, llama_vim
+
+    binary = llama_server.find_binary()
     results: dict[str, list[Segment]] = {"with kode/didMoveCursor": [], "without": []}
-    facts: dict[str, Any] = {"machine_before": common.machine_note(), "stats": {}}
+    if binary is not None:
+        results[PEER] = []
+    facts: dict[str, Any] = {
+        "machine_before": common.machine_note(),
+        "stats": {},
+        "llama_server": str(binary) if binary is not None else "not found",
+    }
     for r in range(rounds):
         places = plan_places(texts, options.seed + r, options.max_chars)
         # Alternate which mode goes first, so neither always meets a warmer machine.
@@ -297,6 +309,22 @@ async def measure(
             segments, final = await _one_mode(options, files, texts, places, notify)
             results[label] += segments
             facts["stats"][f"{label} round {r}"] = final.get("engine")
+        if binary is not None:
+            model = await asyncio.to_thread(llama_vim.model_path, options.model)
+            segments, counters = await llama_vim.replay(
+                binary,
+                model,
+                files,
+                texts,
+                places,
+                pause_s=options.place_pause_s,
+                cadence_ms=options.cadence_ms,
+                settle_s=options.settle_s,
+                seed=options.seed + r,
+                log_dir=common.prepare_out(options.out / "llama-server"),
+            )
+            results[PEER] += segments
+            facts["stats"][f"{PEER} round {r}"] = counters
     facts["machine_after"] = common.machine_note()
     return results, facts
 
@@ -341,7 +369,11 @@ def main(options: Options, files: Sequence[Path] | None, rounds: int) -> int:
         "superseded before any answer is `inf`); key to next shown = from a keystroke to "
         "the first suggestion text shown for it or a later key of the line (what a person "
         "who typed it waits for, typing on or not); non-matching keys = keys after one "
-        "whose shown suggestion the user did not type\n\n"
+        "whose shown suggestion the user did not type\n"
+        f"- peer: {PEER}, `{facts['llama_server']}` (`bench/llama_vim.py`: llama.vim's "
+        "requests, 100 ms timer, answer cache and ring of extra chunks; `--cache-reuse "
+        "256`); a key typed while its request is in flight sends nothing, so its own "
+        "answer is `inf` and the key-to-next-shown columns are the ones to compare\n\n"
         + table
         + "\n\nEngine counters at the end of each run: "
         + "; ".join(f"{k}: {v}" for k, v in facts["stats"].items())
