@@ -59,10 +59,13 @@ SMALL_DOC = (
 @dataclass(frozen=True, slots=True)
 class Options:
     model: str = "default"
-    keys: int = 8  # keystrokes per measurement
+    keys: int = 6  # keystrokes per window, condition and round
+    rounds: int = 3  # rounds this run adds
     large: Path | None = None  # the neighbour's file (default: argparse.py of the stdlib)
     out: Path = Path("results/engine")
     busy: bool = False
+    resume: bool = False  # add rounds to those in ``out`` (runs that fit a time slot)
+    in_process: bool = False  # rounds with a model per window instead of the shared engine
     seed: int = 0
 
 
@@ -211,6 +214,21 @@ class Window:
             )
         )
 
+    def replace(self, uri: str, text: str) -> None:
+        """Set the whole text of ``uri`` (a full-document ``didChange``)."""
+        from lsprotocol import types
+
+        self._versions[uri] += 1
+        self._texts[uri] = text
+        self.client.text_document_did_change(
+            types.DidChangeTextDocumentParams(
+                text_document=types.VersionedTextDocumentIdentifier(
+                    uri=uri, version=self._versions[uri]
+                ),
+                content_changes=[types.TextDocumentContentChangeWholeDocument(text=text)],
+            )
+        )
+
     def move_cursor(self, uri: str, line: int, character: int) -> None:
         self.client.protocol.notify(
             "kode/didMoveCursor",
@@ -259,6 +277,45 @@ class Window:
 
 # -- the windows benchmark -------------------------------------------------------------------
 
+# The conditions a round measures, each with the same keystrokes in the same documents.
+ALONE = "alone"  # window A types, then window C types, nobody else works
+BUSY = "busy neighbour"  # A types while B prepares places of a large file
+TWO = "two typing"  # A and C type at once
+ALONE_IP = "alone, in-process"  # the same with a model per window
+TWO_IP = "two typing, in-process"
+SHARED_CONDITIONS = (ALONE, BUSY, TWO)
+IN_PROCESS_CONDITIONS = (ALONE_IP, TWO_IP)
+BASELINE = {BUSY: ALONE, TWO: ALONE, TWO_IP: ALONE_IP}
+
+# Window C's document: another small file, so that the two windows share no prompt.
+OTHER_DOC = (
+    "from dataclasses import dataclass\n\n\n"
+    "@dataclass\n"
+    "class Rectangle:\n"
+    "    width: float\n"
+    "    height: float\n\n"
+    "    def area(self):\n"
+    "        return self.width * self.height\n\n"
+    "    def scaled(self, factor):\n"
+    "        result = "
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """One keystroke's answer: ``ms`` from the keystroke to the answer, and what the
+    generation that made it did (from ``kode/stats``; None for an empty answer)."""
+
+    round: int
+    condition: str
+    window: str  # "a" or "c"
+    index: int
+    ms: float
+    completion_tokens: int | None = None
+    generation_ms: float | None = None
+    answer_chars: int = 0
+    load: float = 0.0  # one-minute load average when the round began
+
 
 @dataclass(slots=True)
 class Report:
@@ -266,22 +323,50 @@ class Report:
     machine: str = ""
     first_answer_s: dict[str, list[float]] = field(default_factory=dict)
     memory_mb: dict[str, list[float]] = field(default_factory=dict)
-    keys_ms: dict[str, list[float]] = field(default_factory=dict)
+    keys: list[Key] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
-async def type_keys(window: Window, uri: str, n: int, seed: int) -> list[float]:
-    """``n`` keystrokes at the end of ``uri``, each answered before the next: their
-    latencies (ms). Each key differs from the suggestion shown, so the model answers it."""
-    rng = random.Random(seed)
+def material(seed: int, round_: int, window: str, n: int) -> str:
+    """The ``n`` characters ``window`` types in ``round_``: the same in every condition
+    of the round, none of them one the model predicts after the text before it."""
+    rng = random.Random(f"{seed}/{round_}/{window}")
+    return "".join(rng.choice(TYPED) for _ in range(n))
+
+
+def conditions_in(round_: int, conditions: Sequence[str]) -> list[str]:
+    """The order of ``round_``: forwards in even rounds, backwards in odd ones, so that no
+    condition always comes first (a fresh engine state, the first time a prompt is seen)
+    or last."""
+    return list(conditions) if round_ % 2 == 0 else list(reversed(conditions))
+
+
+async def type_keys(
+    window: Window, uri: str, keys: str, round_: int, condition: str, name: str, load: float
+) -> list[Key]:
+    """Type ``keys`` at the end of ``uri``, one at a time, each answered before the next
+    (``PAUSE_S`` later): what each answer took."""
     out = []
-    shown = ""
-    for _ in range(n):
-        window.type(uri, rng.choice([c for c in TYPED if not shown.startswith(c)]))
+    for index, key in enumerate(keys):
+        window.type(uri, key)
         line, character = window.end_of(uri)
         start = time.perf_counter()
-        shown = await window.complete(uri, line, character, STEP_S)
-        out.append((time.perf_counter() - start) * 1000.0)
+        answer = await window.complete(uri, line, character, STEP_S)
+        ms = (time.perf_counter() - start) * 1000.0
+        last = (await window.stats()).get("lastCompletion") or {} if answer else {}
+        out.append(
+            Key(
+                round_,
+                condition,
+                name,
+                index,
+                ms,
+                last.get("completionTokens"),
+                last.get("generationMs"),
+                len(answer),
+                load,
+            )
+        )
         await asyncio.sleep(PAUSE_S)
     return out
 
@@ -296,95 +381,169 @@ async def keep_busy(window: Window, uri: str, text: str, stop: asyncio.Event, se
         window.move_cursor(uri, line, len(lines[line]))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 1.0)
+    # An edit stops the preparation still running or waiting (its KV stays): the next
+    # condition starts without the neighbour's leftovers.
+    window.replace(uri, text)
 
 
-async def open_and_answer(window: Window, settings: dict[str, Any], uri: str) -> float:
+async def open_and_answer(window: Window, settings: dict[str, Any], uri: str, text: str) -> float:
     """Start ``window``, open a small document and complete in it: seconds to the answer."""
     start = time.perf_counter()
     await window.start(settings)
-    window.open(uri, SMALL_DOC)
+    window.open(uri, text)
     line, character = window.end_of(uri)
     await window.complete(uri, line, character, STEP_S)
     return time.perf_counter() - start
 
 
-async def shared_run(options: Options, report: Report, large: tuple[str, str]) -> None:
+@dataclass(slots=True)
+class Cast:
+    """The windows of one run: ``a`` and ``c`` type, ``b`` (shared runs) reads ahead."""
+
+    a: Window
+    c: Window
+    b: Window | None
+    large: tuple[str, str]
+    uri_a: str = "file:///w0/circle.py"
+    uri_c: str = "file:///w2/rectangle.py"
+
+
+async def play_round(
+    cast: Cast, round_: int, conditions: Sequence[str], options: Options
+) -> list[Key]:
+    """Every condition once, each from the same documents with the same keystrokes."""
+    keys_a = material(options.seed, round_, "a", options.keys)
+    keys_c = material(options.seed, round_, "c", options.keys)
+    load = os.getloadavg()[0]
+    out: list[Key] = []
+    for condition in conditions_in(round_, conditions):
+        cast.a.replace(cast.uri_a, SMALL_DOC)
+        cast.c.replace(cast.uri_c, OTHER_DOC)
+        await asyncio.sleep(0.5)
+        a = type_keys(cast.a, cast.uri_a, keys_a, round_, condition, "a", load)
+        c = type_keys(cast.c, cast.uri_c, keys_c, round_, condition, "c", load)
+        if condition in (ALONE, ALONE_IP):
+            out += await a
+            out += await c
+        elif condition in (TWO, TWO_IP):
+            for got in await asyncio.gather(a, c):
+                out += got
+        elif condition == BUSY:
+            c.close()
+            assert cast.b is not None
+            uri, text = cast.large
+            stop = asyncio.Event()
+            busy = asyncio.ensure_future(keep_busy(cast.b, uri, text, stop, options.seed + round_))
+            await asyncio.sleep(2.0)  # the neighbour is reading ahead by now
+            try:
+                out += await a
+            finally:
+                stop.set()
+                await busy
+        await asyncio.sleep(0.5)
+    return out
+
+
+def _settings(options: Options, engine: str) -> dict[str, Any]:
+    return {"model": options.model, "maxTokens": 32, "workspaceIndex": False, "engine": engine}
+
+
+async def shared_run(options: Options, report: Report, large: tuple[str, str], first: int) -> None:
     folder = Path(tempfile.mkdtemp(prefix="kode-b-", dir="/tmp"))
     env = {**os.environ, "XDG_RUNTIME_DIR": str(folder), "XDG_STATE_HOME": str(folder / "st")}
-    settings = {
-        "model": options.model,
-        "maxTokens": 32,
-        "workspaceIndex": False,
-        "engine": "shared",
-    }
+    settings = _settings(options, "shared")
     windows = [Window(env) for _ in range(3)]
+    docs = [("file:///w0/circle.py", SMALL_DOC), ("file:///w1/circle.py", SMALL_DOC)]
+    docs.append(("file:///w2/rectangle.py", OTHER_DOC))
     try:
         firsts, memory = [], []
-        for n, window in enumerate(windows):
-            firsts.append(await open_and_answer(window, settings, f"file:///w{n}/circle.py"))
+        for n, (window, (uri, text)) in enumerate(zip(windows, docs, strict=True)):
+            firsts.append(await open_and_answer(window, settings, uri, text))
             await asyncio.sleep(1.0)
             memory.append(pss_mb([*engine_pids(folder), *(w.pid for w in windows[: n + 1])]))
         report.first_answer_s["shared"] = firsts
         report.memory_mb["shared"] = memory
         process = (await windows[1].stats()).get("engineProcess") or {}
         report.notes.append(f"shared: windows answered by {process}")
-        a, b = windows[0], windows[1]
-        report.keys_ms["alone"] = await type_keys(a, "file:///w0/circle.py", options.keys, 1)
         uri, text = large
-        b.open(uri, text)
-        stop = asyncio.Event()
-        busy = asyncio.ensure_future(keep_busy(b, uri, text, stop, options.seed))
-        await asyncio.sleep(2.0)  # the neighbour is reading ahead by now
-        report.keys_ms["busy neighbour"] = await type_keys(
-            a, "file:///w0/circle.py", options.keys, 2
-        )
-        stop.set()
-        await busy
-        report.keys_ms["alone again"] = await type_keys(a, "file:///w0/circle.py", options.keys, 3)
-        pair = await asyncio.gather(
-            type_keys(a, "file:///w0/circle.py", options.keys, 4),
-            type_keys(windows[2], "file:///w2/circle.py", options.keys, 5),
-        )
-        report.keys_ms["two typing, shared"] = [*pair[0], *pair[1]]
-        counters = (await a.stats()).get("counters")
-        report.notes.append(f"shared: window 1 counters {json.dumps(counters)[:400]}")
+        windows[1].open(uri, text)
+        cast = Cast(windows[0], windows[2], windows[1], large)
+        for round_ in range(first, first + options.rounds):
+            report.keys += await play_round(cast, round_, SHARED_CONDITIONS, options)
+            report.notes.append(f"round {round_} done: {common.machine_note()}")
+        counters = (await windows[0].stats()).get("counters")
+        report.notes.append(f"shared: window A counters {json.dumps(counters)[:400]}")
     finally:
         await asyncio.gather(*(w.stop() for w in windows))
         left = stop_engines(folder)
         if left:
             report.notes.append(f"engines that ignored SIGTERM: {left}")
         for log in (folder / "st" / "kode").glob("*.log"):
-            shutil.copy(log, common.prepare_out(options.out) / "engine.log")
+            shutil.copy(log, common.prepare_out(options.out) / f"engine-{first}.log")
         shutil.rmtree(folder, ignore_errors=True)
 
 
-async def in_process_run(options: Options, report: Report) -> None:
-    settings = {
-        "model": options.model,
-        "maxTokens": 32,
-        "workspaceIndex": False,
-        "engine": "inProcess",
-    }
+async def in_process_run(options: Options, report: Report, first: int) -> None:
+    settings = _settings(options, "inProcess")
     windows = [Window() for _ in range(2)]
+    docs = [("file:///w0/circle.py", SMALL_DOC), ("file:///w2/rectangle.py", OTHER_DOC)]
     try:
         firsts, memory = [], []
-        for n, window in enumerate(windows):
-            firsts.append(await open_and_answer(window, settings, f"file:///p{n}/circle.py"))
+        for n, (window, (uri, text)) in enumerate(zip(windows, docs, strict=True)):
+            firsts.append(await open_and_answer(window, settings, uri, text))
             await asyncio.sleep(1.0)
             memory.append(pss_mb([w.pid for w in windows[: n + 1]]))
         report.first_answer_s["in-process"] = firsts
         report.memory_mb["in-process"] = memory
-        a, b = windows
-        report.keys_ms["alone, in-process"] = await type_keys(
-            a, "file:///p0/circle.py", options.keys, 1
-        )
-        pair = await asyncio.gather(
-            type_keys(a, "file:///p0/circle.py", options.keys, 4),
-            type_keys(b, "file:///p1/circle.py", options.keys, 5),
-        )
-        report.keys_ms["two typing, in-process"] = [*pair[0], *pair[1]]
+        cast = Cast(windows[0], windows[1], None, ("", ""))
+        for round_ in range(first, first + options.rounds):
+            report.keys += await play_round(cast, round_, IN_PROCESS_CONDITIONS, options)
+            report.notes.append(f"round {round_} done: {common.machine_note()}")
     finally:
         await asyncio.gather(*(w.stop() for w in windows))
+
+
+# -- the figures ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Paired:
+    """A condition against its baseline, round by round and window by window: each
+    ratio divides the median of a round's keystrokes by the median of the same
+    keystrokes typed by the same window in the same round without the competition."""
+
+    condition: str
+    window: str
+    ratios: tuple[float, ...]  # one per round, in round order
+
+    @property
+    def median(self) -> float | None:
+        return common.median(self.ratios)
+
+
+def paired(keys: Sequence[Key]) -> list[Paired]:
+    """Per condition and window, the per-round ratios against ``BASELINE``.
+
+    >>> k = [Key(0, ALONE, "a", 0, 100.0), Key(0, ALONE, "a", 1, 300.0),
+    ...      Key(0, TWO, "a", 0, 300.0), Key(0, TWO, "a", 1, 500.0),
+    ...      Key(1, ALONE, "a", 0, 1000.0), Key(1, TWO, "a", 0, 1500.0)]
+    >>> [(p.condition, p.window, p.ratios) for p in paired(k)]
+    [('two typing', 'a', (2.0, 1.5))]
+    """
+    by: dict[tuple[int, str, str], list[float]] = {}
+    for key in keys:
+        by.setdefault((key.round, key.condition, key.window), []).append(key.ms)
+    out = []
+    seen = sorted({(key.condition, key.window) for key in keys if key.condition in BASELINE})
+    for condition, window in seen:
+        ratios = []
+        for round_ in sorted({key.round for key in keys}):
+            this = common.median(by.get((round_, condition, window), []))
+            base = common.median(by.get((round_, BASELINE[condition], window), []))
+            if this is not None and base:
+                ratios.append(this / base)
+        out.append(Paired(condition, window, tuple(ratios)))
+    return out
 
 
 def render(report: Report) -> str:
@@ -404,32 +563,89 @@ def render(report: Report) -> str:
                 f"{mem[-1] / mem[0]:.2f}x" if len(mem) > 1 and mem[0] else common.UNKNOWN,
             ]
         )
+    if rows:
+        lines.append(
+            common.markdown_table(
+                [
+                    "engine",
+                    "first answer per window (s)",
+                    "PSS with 1/2/3 windows (MB)",
+                    "last/one",
+                ],
+                rows,
+            )
+        )
+    keys = report.keys
+    rounds = sorted({key.round for key in keys})
+    lines += [
+        "",
+        f"Keystrokes the model must answer, {len(rounds)} rounds (ms; pooled over rounds):",
+        "",
+    ]
+    krows = []
+    for condition in dict.fromkeys(key.condition for key in keys):
+        for window in ("a", "c"):
+            mine = [k for k in keys if k.condition == condition and k.window == window]
+            if not mine:
+                continue
+            tokens = [k.completion_tokens for k in mine if k.completion_tokens is not None]
+            gen = [k.generation_ms for k in mine if k.generation_ms is not None]
+            krows.append(
+                [
+                    condition,
+                    window.upper(),
+                    len(mine),
+                    ms([k.ms for k in mine]),
+                    common.fmt(common.median(tokens), 0),
+                    common.fmt(common.median(gen), 0),
+                ]
+            )
     lines.append(
         common.markdown_table(
-            ["engine", "first answer per window (s)", "PSS with 1/2/3 windows (MB)", "last/one"],
-            rows,
+            ["condition", "window", "keys", "median / p90", "tokens (median)", "generation ms"],
+            krows,
         )
     )
-    lines += ["", "Keystrokes the model must answer (ms, median / p90):", ""]
-    alone = common.median(report.keys_ms.get("alone", []))
-    alone_ip = common.median(report.keys_ms.get("alone, in-process", []))
-    krows = []
-    for kind, values in report.keys_ms.items():
-        base = alone_ip if "in-process" in kind else alone
-        med = common.median(values)
-        ratio = f"{med / base:.2f}x" if med and base else common.UNKNOWN
-        krows.append([kind, len(values), ms(values), ratio])
-    lines.append(common.markdown_table(["window(s)", "keys", "latency", "vs alone"], krows))
+    prows = []
+    for pair in paired(keys):
+        spread = (
+            f"{min(pair.ratios):.2f}-{max(pair.ratios):.2f}x" if pair.ratios else common.UNKNOWN
+        )
+        prows.append(
+            [
+                f"{pair.condition} / {BASELINE[pair.condition]}",
+                pair.window.upper(),
+                len(pair.ratios),
+                common.fmt(pair.median, 2, "x"),
+                spread,
+                " ".join(f"{r:.2f}" for r in pair.ratios),
+            ]
+        )
+    lines += ["", "Paired: per round, the median keystroke against the same keys alone:", ""]
+    lines.append(
+        common.markdown_table(
+            ["condition", "window", "rounds", "median ratio", "range", "per round"], prows
+        )
+    )
     lines += ["", *[f"- {note}" for note in report.notes], ""]
     return "\n".join(lines)
 
 
-async def windows_bench(options: Options) -> Report:
+def load_keys(path: Path) -> list[Key]:
+    if not path.exists():
+        return []
+    return [Key(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+
+
+async def windows_bench(options: Options, earlier: list[Key]) -> Report:
     report = Report(model=options.model, machine=common.machine_note())
     path = options.large or Path(common.stdlib_files(1)[0]).parent / "argparse.py"
     large = (path.resolve().as_uri(), path.read_text())
-    await shared_run(options, report, large)
-    await in_process_run(options, report)
+    first = max((key.round for key in earlier), default=-1) + 1
+    if options.in_process:
+        await in_process_run(options, report, first)
+    else:
+        await shared_run(options, report, large, first)
     report.machine += f"; after: {common.machine_note()}"
     return report
 
@@ -530,9 +746,27 @@ def main(options: Options) -> int:
         (out / "busy.md").write_text(text + "\n")
         print(text)
         return 0
-    report = asyncio.run(windows_bench(options))
-    text = render(report)
+    keys_path = out / "keys.jsonl"
+    if not options.resume:
+        keys_path.unlink(missing_ok=True)
+        for old in out.glob("run-*.json"):
+            old.unlink()
+    earlier = load_keys(keys_path)
+    report = asyncio.run(windows_bench(options, earlier))
+    first = min((key.round for key in report.keys), default=0)
+    (out / f"run-{first}.json").write_text(json.dumps(asdict(report), indent=2))
+    with open(keys_path, "a", encoding="utf-8") as handle:
+        for key in report.keys:
+            handle.write(json.dumps(asdict(key)) + "\n")
+    whole = Report(model=options.model, keys=[*earlier, *report.keys])
+    for path in sorted(out.glob("run-*.json"), key=lambda p: int(p.stem.split("-")[1])):
+        run = json.loads(path.read_text())
+        whole.machine += f"{'; ' if whole.machine else ''}{path.stem}: {run['machine']}"
+        for kind, values in run["first_answer_s"].items():
+            whole.first_answer_s.setdefault(kind, values)
+            whole.memory_mb.setdefault(kind, run["memory_mb"][kind])
+        whole.notes += [f"{path.stem}: {note}" for note in run["notes"]]
+    text = render(whole)
     (out / "engine.md").write_text(text)
-    (out / "engine.json").write_text(json.dumps(asdict(report), indent=2))
     print(text)
     return 0
