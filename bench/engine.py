@@ -325,6 +325,16 @@ class Report:
     memory_mb: dict[str, list[float]] = field(default_factory=dict)
     keys: list[Key] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    sink: Path | None = (
+        None  # keys are appended here after every round (a run cut short keeps them)
+    )
+
+    def add(self, keys: list[Key]) -> None:
+        self.keys += keys
+        if self.sink is not None:
+            with open(self.sink, "a", encoding="utf-8") as handle:
+                for key in keys:
+                    handle.write(json.dumps(asdict(key)) + "\n")
 
 
 def material(seed: int, round_: int, window: str, n: int) -> str:
@@ -444,6 +454,14 @@ async def play_round(
     return out
 
 
+async def warm_up(cast: Cast) -> None:
+    """One unrecorded keystroke in each typing window, from the documents' first text: the
+    engine has their prompts (the first round's first condition would pay for them)."""
+    for window, uri, text in ((cast.a, cast.uri_a, SMALL_DOC), (cast.c, cast.uri_c, OTHER_DOC)):
+        window.replace(uri, text)
+        await type_keys(window, uri, TYPED[0], -1, "warm-up", "-", 0.0)
+
+
 def _settings(options: Options, engine: str) -> dict[str, Any]:
     return {"model": options.model, "maxTokens": 32, "workspaceIndex": False, "engine": engine}
 
@@ -468,8 +486,9 @@ async def shared_run(options: Options, report: Report, large: tuple[str, str], f
         uri, text = large
         windows[1].open(uri, text)
         cast = Cast(windows[0], windows[2], windows[1], large)
+        await warm_up(cast)
         for round_ in range(first, first + options.rounds):
-            report.keys += await play_round(cast, round_, SHARED_CONDITIONS, options)
+            report.add(await play_round(cast, round_, SHARED_CONDITIONS, options))
             report.notes.append(f"round {round_} done: {common.machine_note()}")
         counters = (await windows[0].stats()).get("counters")
         report.notes.append(f"shared: window A counters {json.dumps(counters)[:400]}")
@@ -496,8 +515,9 @@ async def in_process_run(options: Options, report: Report, first: int) -> None:
         report.first_answer_s["in-process"] = firsts
         report.memory_mb["in-process"] = memory
         cast = Cast(windows[0], windows[1], None, ("", ""))
+        await warm_up(cast)
         for round_ in range(first, first + options.rounds):
-            report.keys += await play_round(cast, round_, IN_PROCESS_CONDITIONS, options)
+            report.add(await play_round(cast, round_, IN_PROCESS_CONDITIONS, options))
             report.notes.append(f"round {round_} done: {common.machine_note()}")
     finally:
         await asyncio.gather(*(w.stop() for w in windows))
@@ -637,8 +657,8 @@ def load_keys(path: Path) -> list[Key]:
     return [Key(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
 
 
-async def windows_bench(options: Options, earlier: list[Key]) -> Report:
-    report = Report(model=options.model, machine=common.machine_note())
+async def windows_bench(options: Options, earlier: list[Key], sink: Path) -> Report:
+    report = Report(model=options.model, machine=common.machine_note(), sink=sink)
     path = options.large or Path(common.stdlib_files(1)[0]).parent / "argparse.py"
     large = (path.resolve().as_uri(), path.read_text())
     first = max((key.round for key in earlier), default=-1) + 1
@@ -752,12 +772,10 @@ def main(options: Options) -> int:
         for old in out.glob("run-*.json"):
             old.unlink()
     earlier = load_keys(keys_path)
-    report = asyncio.run(windows_bench(options, earlier))
-    first = min((key.round for key in report.keys), default=0)
-    (out / f"run-{first}.json").write_text(json.dumps(asdict(report), indent=2))
-    with open(keys_path, "a", encoding="utf-8") as handle:
-        for key in report.keys:
-            handle.write(json.dumps(asdict(key)) + "\n")
+    report = asyncio.run(windows_bench(options, earlier, keys_path))
+    first = max((key.round for key in earlier), default=-1) + 1
+    report.sink = None
+    (out / f"run-{first}.json").write_text(json.dumps(asdict(report), indent=2, default=str))
     whole = Report(model=options.model, keys=[*earlier, *report.keys])
     for path in sorted(out.glob("run-*.json"), key=lambda p: int(p.stem.split("-")[1])):
         run = json.loads(path.read_text())
