@@ -20,7 +20,7 @@ import socket
 import struct
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kode.backends.base import (
@@ -66,16 +66,55 @@ class Window:
 
 @dataclass(eq=False)
 class Running:
-    """A job and what the engine knows of its generation."""
+    """A job and what the engine knows of its generation. A paused job resumes as a new
+    generation of ``continuation()``; ``earlier`` sums what its earlier ones did."""
 
     job: Job
     window: Window
     request_id: int
-    request: Any
+    request: GenerationRequest
     generation: Generation | None = None
     paused: bool = False
-    produced: bool = False  # a chunk reached the window
+    tokens: list[int] = field(default_factory=list)  # generated and sent to the window
+    text: str = ""  # their text
+    earlier: GenerationStats | None = None
+    calls: int = 0  # model calls of the earlier generations
     submitted: float = field(default_factory=time.perf_counter)
+
+    def continuation(self) -> GenerationRequest:
+        """The request that goes on where the generations so far stopped: their tokens
+        after the prompt, the rest of ``max_tokens``, and of the text to heal what they
+        did not spell yet."""
+        request, text = self.request, self.text
+        if not self.tokens:
+            return request
+        heal = request.heal[len(text) :] if request.heal.startswith(text) else ""
+        return replace(
+            request,
+            resume=tuple(self.tokens),
+            max_tokens=request.max_tokens - len(self.tokens),
+            heal=heal,
+        )
+
+    def merged(self, stats: GenerationStats) -> GenerationStats:
+        """``stats`` of the last generation with the earlier ones': the prompt as the
+        first one found it, every token generated, the time from the first start."""
+        first = self.earlier
+        if first is None:
+            return stats
+        return replace(
+            stats,
+            prompt_tokens=first.prompt_tokens,
+            reused_prompt_tokens=first.reused_prompt_tokens,
+            evaluated_prompt_tokens=first.evaluated_prompt_tokens,
+            moved_prompt_tokens=first.moved_prompt_tokens,
+            prefill_ms=first.prefill_ms,
+            ttft_ms=first.ttft_ms,
+            completion_tokens=first.completion_tokens + stats.completion_tokens,
+            total_ms=first.total_ms + stats.total_ms,
+            decode_steps=first.decode_steps + stats.decode_steps,
+            steps_after_cancel=first.steps_after_cancel + stats.steps_after_cancel,
+        )
 
 
 class EngineServer:
@@ -378,24 +417,33 @@ class EngineServer:
         running.window.jobs.pop(running.request_id, None)
 
     async def _run(self, running: Running) -> None:
-        """Run one job to its end, then start the next."""
+        """Run one job until it ends or is paused, then start the next."""
         backend = self.backend
         assert backend is not None
         paused = False
         calls_before = int(backend.counters.as_dict().get("decodeCalls", 0))
         started = time.perf_counter()
+        tail = ""  # text held back at the end (a character cut short): sent unless paused
         try:
-            generation = await backend.generate(running.request)
+            generation = await backend.generate(running.continuation())
             running.generation = generation
             if running.job.abandoned or running.paused:
                 await generation.cancel()
             async for chunk in generation:
-                running.produced = True
+                if not chunk.token_ids:
+                    tail += chunk.text
+                    continue
+                running.tokens += chunk.token_ids
+                running.text += chunk.text
                 running.window.send(
                     wire.Chunk(id=running.request_id, text=chunk.text, token_ids=chunk.token_ids)
                 )
             stats = await generation.wait()
-            paused = running.paused and not running.produced and not running.job.abandoned
+            paused = (
+                running.paused
+                and not running.job.abandoned
+                and stats.finish_reason is FinishReason.CANCELLED
+            )
             log.info(
                 "job %d of window %d%s: waited %.0f ms, %s after %.0f ms, %d prompt tokens "
                 "(%d evaluated), %d generated, %d waiting",
@@ -410,13 +458,19 @@ class EngineServer:
                 stats.completion_tokens,
                 len(self.scheduler.waiting),
             )
-            if paused:  # it goes back in the queue and comes back as a new generation
+            calls = int(backend.counters.as_dict().get("decodeCalls", 0)) - calls_before
+            stats = running.merged(replace(stats, decode_steps=stats.decode_steps))
+            if paused:  # back in the queue: it resumes as a new generation
                 running.generation, running.paused = None, False
+                running.earlier = stats
+                running.calls += calls
+                running.submitted = time.perf_counter()
             else:
-                calls = int(backend.counters.as_dict().get("decodeCalls", 0)) - calls_before
+                if tail:
+                    running.window.send(wire.Chunk(id=running.request_id, text=tail, token_ids=()))
                 self.served += 1
                 self.prefill.observe(stats)  # for the windows that connect later
-                self._end(running, stats, calls)
+                self._end(running, stats, running.calls + calls)
         except Exception as exc:
             self._forget(running)
             running.window.send(wire.failure(running.request_id, exc))
