@@ -702,12 +702,8 @@ asyncio.run(main())
 """
 
 
-def busy_bench(options: Options) -> str:
-    """Prefill and decode under one busy process per core, per thread setting."""
-    from kode.backends import models
-
-    model = models.resolve(options.model)
-    cores = len(os.sched_getaffinity(0))
+def busy_configs(cores: int) -> list[tuple[str, str, int, int]]:
+    """(load, OMP_WAIT_POLICY, threads, nice) for every setting the busy bench runs."""
     configs = [("quiet", "ACTIVE", cores, 0), ("quiet", "PASSIVE", cores, 0)]
     configs.append(("quiet", "PASSIVE", 1, 0))
     configs += [
@@ -716,53 +712,132 @@ def busy_bench(options: Options) -> str:
         for threads in sorted({1, cores})
     ]
     configs.append(("busy", "PASSIVE", cores, 5))
+    return configs
+
+
+def probe(model: Path, load: str, policy: str, threads: int, nice: int) -> dict[str, Any]:
+    """One setting in a fresh process, with one busy process per core if ``load`` says."""
+    cores = len(os.sched_getaffinity(0))
+    hogs = []
+    if load == "busy":
+        hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
+    try:
+        env = {**os.environ, "OMP_WAIT_POLICY": policy}
+        done = subprocess.run(
+            [sys.executable, "-c", _PROBE, str(model), str(threads), str(nice)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=STEP_S,
+            check=False,
+        )
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    row: dict[str, Any] = {"load": load, "policy": policy, "threads": threads, "nice": nice}
+    if done.returncode != 0:
+        return {**row, "failed": done.stderr[-200:]}
+    return {**row, **json.loads(done.stdout.strip().splitlines()[-1])}
+
+
+def busy_slowdowns(results: Sequence[dict[str, Any]], cores: int) -> dict[str, list[float]]:
+    """Per round, how much the engine's own setting (PASSIVE, every core, nice 0) slows
+    under the busy processes against the same round's quiet run: prefill (tokens/s,
+    quiet / busy) and decode (ms/token, busy / quiet).
+
+    >>> rows = [{"round": 0, "load": "quiet", "policy": "PASSIVE", "threads": 2, "nice": 0,
+    ...          "prefill_tok_s": 40.0, "ms_per_token": 50.0},
+    ...         {"round": 0, "load": "busy", "policy": "PASSIVE", "threads": 2, "nice": 0,
+    ...          "prefill_tok_s": 20.0, "ms_per_token": 125.0}]
+    >>> busy_slowdowns(rows, 2)
+    {'prefill': [2.0], 'decode': [2.5]}
+    """
+    out: dict[str, list[float]] = {"prefill": [], "decode": []}
+    mine = [
+        r
+        for r in results
+        if (r["policy"], r["threads"], r["nice"]) == ("PASSIVE", cores, 0) and "failed" not in r
+    ]
+    for round_ in sorted({r["round"] for r in mine}):
+        quiet = [r for r in mine if r["round"] == round_ and r["load"] == "quiet"]
+        busy = [r for r in mine if r["round"] == round_ and r["load"] == "busy"]
+        if quiet and busy:
+            out["prefill"].append(quiet[0]["prefill_tok_s"] / busy[0]["prefill_tok_s"])
+            out["decode"].append(busy[0]["ms_per_token"] / quiet[0]["ms_per_token"])
+    return out
+
+
+def busy_bench(options: Options) -> str:
+    """Prefill and decode under one busy process per core, per thread setting: every
+    setting once per round, in the opposite order in odd rounds; rounds add up across
+    ``--resume`` runs (``out/busy.jsonl``)."""
+    from kode.backends import models
+
+    model = models.resolve(options.model)
+    cores = len(os.sched_getaffinity(0))
+    path = options.out / "busy.jsonl"
+    if not options.resume:
+        path.unlink(missing_ok=True)
+    results = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    first = max((r["round"] for r in results), default=-1) + 1
+    for round_ in range(first, first + options.rounds):
+        configs = busy_configs(cores)
+        for config in configs if round_ % 2 == 0 else reversed(configs):
+            before = os.getloadavg()[0]
+            row = {"round": round_, **probe(model, *config), "loadBefore": before}
+            row["loadAfter"] = os.getloadavg()[0]
+            results.append(row)
+            with open(path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(row) + "\n")
     rows = []
-    results: list[dict[str, Any]] = []
-    for load, policy, threads, nice in configs:
-        hogs = []
-        if load == "busy":
-            hogs = [
-                subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)
-            ]
-        try:
-            env = {**os.environ, "OMP_WAIT_POLICY": policy}
-            done = subprocess.run(
-                [sys.executable, "-c", _PROBE, str(model), str(threads), str(nice)],
-                capture_output=True,
-                text=True,
-                env=env,
-                timeout=STEP_S,
-                check=False,
-            )
-        finally:
-            for hog in hogs:
-                hog.kill()
-                hog.wait()
-        if done.returncode != 0:
-            rows.append([load, policy, threads, nice, "failed", done.stderr[-200:]])
-            continue
-        got = json.loads(done.stdout.strip().splitlines()[-1])
-        results.append({"load": load, "policy": policy, "threads": threads, "nice": nice, **got})
+    for load, policy, threads, nice in busy_configs(cores):
+        mine = [
+            r
+            for r in results
+            if (r["load"], r["policy"], r["threads"], r["nice"]) == (load, policy, threads, nice)
+            and "failed" not in r
+        ]
         rows.append(
             [
                 load,
                 policy,
                 threads,
                 nice,
-                f"{got['prefill_tok_s']:.0f}",
-                f"{got['ms_per_token']:.1f}",
+                len(mine),
+                common.fmt(common.median(r["prefill_tok_s"] for r in mine), 0),
+                common.fmt(common.median(r["ms_per_token"] for r in mine), 1),
             ]
         )
     table = common.markdown_table(
-        ["load", "OMP_WAIT_POLICY", "threads", "nice", "prefill tok/s", "ms/token"], rows
+        ["load", "OMP_WAIT_POLICY", "threads", "nice", "runs", "prefill tok/s", "ms/token"],
+        rows,
     )
-    return f"# kode bench engine --busy ({options.model})\n\n{table}\n\n" + json.dumps(results)
+    slow = busy_slowdowns(results, cores)
+    # ``cores`` busy processes and Kode share the cores: Kode's fair share is one process's
+    # (cores / (cores + 1) of a core, against every core quiet): cores + 1 times slower.
+    fair = float(cores + 1)
+    lines = [f"# kode bench engine --busy ({options.model})", "", table]
+    lines.append(
+        f"Busy against quiet, PASSIVE with {cores} threads, per round (a fair share of the "
+        f"cores costs {fair:.0f}x):"
+    )
+    for what, values in slow.items():
+        lines.append(
+            f"- {what}: median {common.fmt(common.median(values), 2, 'x')} "
+            f"({common.fmt(common.median(values) and common.median(values) / fair, 2)} of the "
+            f"fair share); per round {' '.join(f'{v:.2f}' for v in values)}"
+        )
+    failed = [r for r in results if "failed" in r]
+    lines += [f"- failed: {r}" for r in failed]
+    return "\n".join(lines)
 
 
 def main(options: Options) -> int:
     out = common.prepare_out(options.out)
     if options.busy:
         text = busy_bench(options)
+        text += f"\n\n- machine after: {common.machine_note()}"
         (out / "busy.md").write_text(text + "\n")
         print(text)
         return 0

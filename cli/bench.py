@@ -169,7 +169,10 @@ def register(subparsers: Any) -> None:
         "--keys", type=int, default=6, help="keystrokes per window, condition and round"
     )
     engine.add_argument(
-        "--rounds", type=int, default=3, help="rounds of every condition (interleaved)"
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds of every condition (interleaved); with --busy, of every setting",
     )
     engine.add_argument(
         "--resume", action="store_true", help="add the rounds to those already in OUT"
