@@ -315,6 +315,7 @@ class Key:
     generation_ms: float | None = None
     answer_chars: int = 0
     load: float = 0.0  # one-minute load average when the round began
+    typed_ahead: bool = False  # answered from the suggestion shown (no generation): left out
 
 
 @dataclass(slots=True)
@@ -375,6 +376,7 @@ async def type_keys(
                 last.get("generationMs"),
                 len(answer),
                 load,
+                bool(last.get("fromCache")),
             )
         )
         await asyncio.sleep(PAUSE_S)
@@ -550,6 +552,7 @@ def paired(keys: Sequence[Key]) -> list[Paired]:
     >>> [(p.condition, p.window, p.ratios) for p in paired(k)]
     [('two typing', 'a', (2.0, 1.5))]
     """
+    keys = [key for key in keys if not key.typed_ahead]
     by: dict[tuple[int, str, str], list[float]] = {}
     for key in keys:
         by.setdefault((key.round, key.condition, key.window), []).append(key.ms)
@@ -595,11 +598,12 @@ def render(report: Report) -> str:
                 rows,
             )
         )
-    keys = report.keys
+    keys = [key for key in report.keys if not key.typed_ahead]
     rounds = sorted({key.round for key in keys})
     lines += [
         "",
-        f"Keystrokes the model must answer, {len(rounds)} rounds (ms; pooled over rounds):",
+        f"Keystrokes the model must answer, {len(rounds)} rounds (ms; pooled over rounds; "
+        f"{len(report.keys) - len(keys)} answered from the suggestion shown left out):",
         "",
     ]
     krows = []

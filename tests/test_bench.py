@@ -598,6 +598,11 @@ def test_engine_bench_pairs_each_round_with_its_own_alone_keys() -> None:
         *(Key(1, ALONE, w, i, 100.0) for w in "ac" for i in range(3)),
         *(Key(1, TWO, "a", i, 250.0) for i in range(3)),
         *(Key(1, TWO, "c", i, 150.0) for i in range(3)),
+        # answered from the suggestion shown, in both conditions: no generation, left out
+        Key(1, ALONE, "a", 3, 2.0, typed_ahead=True),
+        Key(1, ALONE, "a", 4, 3.0, typed_ahead=True),
+        Key(1, ALONE, "a", 5, 3.0, typed_ahead=True),
+        Key(1, TWO, "a", 3, 2.0, typed_ahead=True),
     ]
     got = {(p.condition, p.window): p for p in paired(keys)}
     assert set(got) == {(BUSY, "a"), (TWO, "a"), (TWO, "c")}

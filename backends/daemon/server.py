@@ -98,7 +98,7 @@ class Running:
 
     def merged(self, stats: GenerationStats) -> GenerationStats:
         """``stats`` of the last generation with the earlier ones': the prompt as the
-        first one found it, every token generated, the time from the first start."""
+        first one found it, every token generated and the time spent generating."""
         first = self.earlier
         if first is None:
             return stats
@@ -376,8 +376,11 @@ class EngineServer:
                 continue
             if job is self.scheduler.running:
                 self._cancel(running)
-            else:  # it never started: it ends here, cancelled
-                self._end(running, GenerationStats(finish_reason=FinishReason.CANCELLED))
+            else:  # waiting (never started, or paused): it ends here, cancelled
+                stats = replace(
+                    running.earlier or GenerationStats(), finish_reason=FinishReason.CANCELLED
+                )
+                self._end(running, stats, running.calls)
         if plan.pause is not None:
             running = self._jobs.get(plan.pause.id)
             if running is not None:
@@ -459,7 +462,7 @@ class EngineServer:
                 len(self.scheduler.waiting),
             )
             calls = int(backend.counters.as_dict().get("decodeCalls", 0)) - calls_before
-            stats = running.merged(replace(stats, decode_steps=stats.decode_steps))
+            stats = running.merged(stats)
             if paused:  # back in the queue: it resumes as a new generation
                 running.generation, running.paused = None, False
                 running.earlier = stats

@@ -191,10 +191,27 @@ async def test_windows_typing_at_once_take_turns(place: EnginePlace) -> None:
         assert resumed.max_tokens == 30 - len(resumed.resume) and resumed.resume
         assert long.stats.completion_tokens == 30
         assert long.stats.finish_reason is FinishReason.LENGTH
+        # Cancelled while it waits for its next turn: it ends with what it generated.
+        long = a.generate(request("a", n=30))
+        chunks = aiter(long)
+        await asyncio.wait_for(anext(chunks), STEP_S)
+        other = b.generate(request("b", n=30))
+        await asyncio.wait_for(anext(aiter(other)), STEP_S)  # b's turn: a is paused
+        got = 1 + len([chunk async for chunk in _until_cancelled(chunks, long)])
+        assert long.stats.finish_reason is FinishReason.CANCELLED
+        assert long.stats.completion_tokens == got > 1
+        await asyncio.wait_for(other.cancel(), STEP_S)
     finally:
         await a.close()
         await b.close()
         await engine.stop()
+
+
+async def _until_cancelled(chunks: AsyncIterator[Any], generation: Any) -> AsyncIterator[Any]:
+    """The chunks already received, then cancel ``generation`` and drain the rest."""
+    await generation.cancel()
+    async for chunk in chunks:
+        yield chunk
 
 
 async def test_a_closed_window_has_its_generation_cancelled(place: EnginePlace) -> None:
