@@ -827,10 +827,11 @@ def busy_bench(options: Options) -> str:
         f"cores costs {fair:.0f}x):"
     )
     for what, values in slow.items():
+        med = common.median(values)
         lines.append(
-            f"- {what}: median {common.fmt(common.median(values), 2, 'x')} "
-            f"({common.fmt(common.median(values) and common.median(values) / fair, 2)} of the "
-            f"fair share); per round {' '.join(f'{v:.2f}' for v in values)}"
+            f"- {what}: median {common.fmt(med, 2, 'x')} "
+            f"({common.fmt(None if med is None else med / fair, 2)} of the fair share); "
+            f"per round {' '.join(f'{v:.2f}' for v in values)}"
         )
     failed = [r for r in results if "failed" in r]
     lines += [f"- failed: {r}" for r in failed]
