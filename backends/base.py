@@ -73,9 +73,6 @@ class GenerationRequest:
     generation must begin with; its first token(s) are constrained to spell it
     (``backends/healing.py``) and are emitted like any other. Only a backend that
     implements ``TokenHealing`` accepts a non-empty ``heal``.
-    ``resume``: tokens this request generated before the shared engine paused it to give
-    another window its turn; the prompt continues with them and generation goes on after
-    them (they are not emitted again). Only the local backends accept them.
     """
 
     prompt: str
@@ -87,7 +84,6 @@ class GenerationRequest:
     background: bool = False
     document: str = ""
     heal: str = ""
-    resume: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -267,9 +267,7 @@ class LocalRun(WorkerRun, Generic[T]):
 
     def execute(self) -> None:
         req, stats, engine = self.job.request, self.stats, self.engine
-        prompt = engine.tokenize(req.prompt) + list(req.resume)
-        for token in req.resume:  # text of the resumed tokens was sent already, but a
-            self.text.push(token)  # character they split continues in the next ones
+        prompt = engine.tokenize(req.prompt)
         stats.prompt_tokens = len(prompt)
         if not prompt:
             raise BackendError("empty prompt")

@@ -198,24 +198,3 @@ async def test_a_shared_engine_window_heals_the_same_text(
         assert answers[0] > 0 and answers[1] > 0
     finally:
         await window.aclose()
-
-
-async def test_a_paused_generation_resumes_where_it_stopped(backend: LlamaBackend) -> None:
-    """The shared engine pauses a window's generation to give another window its turn
-    and resumes it with the tokens it made (``resume``): the same tokens as one plain
-    run, none repeated, even when another prompt took the KV cache in between."""
-    prompt = f"<|fim_prefix|>{SHAPES}        return<|fim_suffix|>\n<|fim_middle|>"
-    none = SpeculationMethod.NONE
-
-    async def run(request: GenerationRequest) -> list[int]:
-        generation = await backend.generate(request)
-        tokens = [t async for chunk in generation for t in chunk.token_ids]
-        assert (await generation.wait()).finish_reason is FinishReason.LENGTH
-        return tokens
-
-    reference = await run(GenerationRequest(prompt, 16, speculation=none))
-    first = await run(GenerationRequest(prompt, 6, speculation=none))
-    assert first == reference[:6]
-    await run(GenerationRequest(PROMPTS[1], 4, speculation=none))  # another window's turn
-    rest = await run(GenerationRequest(prompt, 10, speculation=none, resume=tuple(first)))
-    assert first + rest == reference

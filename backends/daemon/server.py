@@ -20,7 +20,7 @@ import socket
 import struct
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from kode.backends.base import (
@@ -66,55 +66,16 @@ class Window:
 
 @dataclass(eq=False)
 class Running:
-    """A job and what the engine knows of its generation. A paused job resumes as a new
-    generation of ``continuation()``; ``earlier`` sums what its earlier ones did."""
+    """A job and what the engine knows of its generation."""
 
     job: Job
     window: Window
     request_id: int
-    request: GenerationRequest
+    request: Any
     generation: Generation | None = None
     paused: bool = False
-    tokens: list[int] = field(default_factory=list)  # generated and sent to the window
-    text: str = ""  # their text
-    earlier: GenerationStats | None = None
-    calls: int = 0  # model calls of the earlier generations
+    produced: bool = False  # a chunk reached the window
     submitted: float = field(default_factory=time.perf_counter)
-
-    def continuation(self) -> GenerationRequest:
-        """The request that goes on where the generations so far stopped: their tokens
-        after the prompt, the rest of ``max_tokens``, and of the text to heal what they
-        did not spell yet."""
-        request, text = self.request, self.text
-        if not self.tokens:
-            return request
-        heal = request.heal[len(text) :] if request.heal.startswith(text) else ""
-        return replace(
-            request,
-            resume=tuple(self.tokens),
-            max_tokens=request.max_tokens - len(self.tokens),
-            heal=heal,
-        )
-
-    def merged(self, stats: GenerationStats) -> GenerationStats:
-        """``stats`` of the last generation with the earlier ones': the prompt as the
-        first one found it, every token generated and the time spent generating."""
-        first = self.earlier
-        if first is None:
-            return stats
-        return replace(
-            stats,
-            prompt_tokens=first.prompt_tokens,
-            reused_prompt_tokens=first.reused_prompt_tokens,
-            evaluated_prompt_tokens=first.evaluated_prompt_tokens,
-            moved_prompt_tokens=first.moved_prompt_tokens,
-            prefill_ms=first.prefill_ms,
-            ttft_ms=first.ttft_ms,
-            completion_tokens=first.completion_tokens + stats.completion_tokens,
-            total_ms=first.total_ms + stats.total_ms,
-            decode_steps=first.decode_steps + stats.decode_steps,
-            steps_after_cancel=first.steps_after_cancel + stats.steps_after_cancel,
-        )
 
 
 class EngineServer:
@@ -376,11 +337,8 @@ class EngineServer:
                 continue
             if job is self.scheduler.running:
                 self._cancel(running)
-            else:  # waiting (never started, or paused): it ends here, cancelled
-                stats = replace(
-                    running.earlier or GenerationStats(), finish_reason=FinishReason.CANCELLED
-                )
-                self._end(running, stats, running.calls)
+            else:  # it never started: it ends here, cancelled
+                self._end(running, GenerationStats(finish_reason=FinishReason.CANCELLED))
         if plan.pause is not None:
             running = self._jobs.get(plan.pause.id)
             if running is not None:
@@ -420,33 +378,24 @@ class EngineServer:
         running.window.jobs.pop(running.request_id, None)
 
     async def _run(self, running: Running) -> None:
-        """Run one job until it ends or is paused, then start the next."""
+        """Run one job to its end, then start the next."""
         backend = self.backend
         assert backend is not None
         paused = False
         calls_before = int(backend.counters.as_dict().get("decodeCalls", 0))
         started = time.perf_counter()
-        tail = ""  # text held back at the end (a character cut short): sent unless paused
         try:
-            generation = await backend.generate(running.continuation())
+            generation = await backend.generate(running.request)
             running.generation = generation
             if running.job.abandoned or running.paused:
                 await generation.cancel()
             async for chunk in generation:
-                if not chunk.token_ids:
-                    tail += chunk.text
-                    continue
-                running.tokens += chunk.token_ids
-                running.text += chunk.text
+                running.produced = True
                 running.window.send(
                     wire.Chunk(id=running.request_id, text=chunk.text, token_ids=chunk.token_ids)
                 )
             stats = await generation.wait()
-            paused = (
-                running.paused
-                and not running.job.abandoned
-                and stats.finish_reason is FinishReason.CANCELLED
-            )
+            paused = running.paused and not running.produced and not running.job.abandoned
             log.info(
                 "job %d of window %d%s: waited %.0f ms, %s after %.0f ms, %d prompt tokens "
                 "(%d evaluated), %d generated, %d waiting",
@@ -461,19 +410,13 @@ class EngineServer:
                 stats.completion_tokens,
                 len(self.scheduler.waiting),
             )
-            calls = int(backend.counters.as_dict().get("decodeCalls", 0)) - calls_before
-            stats = running.merged(stats)
-            if paused:  # back in the queue: it resumes as a new generation
+            if paused:  # it goes back in the queue and comes back as a new generation
                 running.generation, running.paused = None, False
-                running.earlier = stats
-                running.calls += calls
-                running.submitted = time.perf_counter()
             else:
-                if tail:
-                    running.window.send(wire.Chunk(id=running.request_id, text=tail, token_ids=()))
+                calls = int(backend.counters.as_dict().get("decodeCalls", 0)) - calls_before
                 self.served += 1
                 self.prefill.observe(stats)  # for the windows that connect later
-                self._end(running, stats, running.calls + calls)
+                self._end(running, stats, calls)
         except Exception as exc:
             self._forget(running)
             running.window.send(wire.failure(running.request_id, exc))

@@ -359,8 +359,6 @@ class RemoteBackend:
             raise BackendError("backend is closed")
         if request.max_tokens < 1:
             raise BackendError("max_tokens must be at least 1")
-        if request.resume:
-            raise BackendError("a remote server cannot resume a paused generation")
         generation = RemoteGeneration(self, request)
         self._live.add(generation)
         self.counters.generations += 1

@@ -271,50 +271,16 @@ def test_keystroke_pauses_background_work_which_resumes_when_quiet() -> None:
     assert s.poke(now=1.85).start is read_ahead
 
 
-def test_newest_keystroke_first_and_no_foreground_interrupted_within_its_turn() -> None:
-    s = Scheduler(slice_s=1.0)
+def test_newest_keystroke_first_and_no_foreground_interrupted() -> None:
+    s = Scheduler()
     first = Job(1, window=1, background=False, document="a")
     s.submit(first, now=0.0)
     older = Job(2, window=2, background=False, document="b")
     newer = Job(3, window=3, background=False, document="c")
-    assert s.submit(older, now=0.1) == Plan(wake_at=1.0)
-    assert s.submit(newer, now=0.2) == Plan(wake_at=1.0)  # not interrupted before then
-    assert s.finished(1, now=0.3).start is newer  # two windows not served yet: the newest
+    assert s.submit(older, now=0.1) == Plan()
+    assert s.submit(newer, now=0.2) == Plan()  # the running keystroke is not interrupted
+    assert s.finished(1, now=0.3).start is newer
     assert s.finished(3, now=0.4).start is older
-
-
-def test_windows_take_turns_and_one_window_never_with_itself() -> None:
-    s = Scheduler(slice_s=1.0)
-    a = Job(1, window=1, background=False, document="a")
-    assert s.submit(a, now=0.0).start is a
-    other_doc = Job(2, window=1, background=False, document="a2")
-    assert s.submit(other_doc, now=0.2) == Plan()  # the same window: no turns, no wake-up
-    b = Job(3, window=2, background=False, document="b")
-    assert s.submit(b, now=0.5) == Plan(wake_at=1.0)  # a's turn ends 1 s after it began
-    assert s.poke(now=0.9) == Plan(wake_at=1.0)
-    assert s.poke(now=1.0).pause is a
-    assert s.poke(now=1.05) == Plan()  # told once
-    assert s.finished(1, paused=True, now=1.1).start is b  # the window not served yet
-    assert s.finished(3, now=1.5).start is other_doc  # window 1 again: its newest first
-    assert s.finished(2, now=1.6).start is a  # then the paused one resumes
-    assert a in [s.running] and not s.waiting
-
-
-def test_three_windows_typing_all_get_turns() -> None:
-    s = Scheduler(slice_s=1.0)
-    now, started = 0.0, []
-    for window in (1, 2, 3):
-        s.submit(Job(window, window=window, background=False, document=f"d{window}"), now=now)
-    running = s.running
-    assert running is not None
-    for _ in range(9):  # every job is long: each turn ends with a pause
-        started.append(running.window)
-        now += 1.0
-        assert s.poke(now=now).pause is running
-        plan = s.finished(running.id, paused=True, now=now)
-        assert plan.start is not None
-        running = plan.start
-    assert started == [1, 3, 2] * 3  # round robin: nobody waits two turns
 
 
 def test_latest_wins_per_document() -> None:
@@ -370,24 +336,19 @@ OPS = st.lists(
 def test_scheduler_rules_hold_for_any_sequence(ops: list[tuple[object, ...]]) -> None:
     """Whatever happens: at most one job runs; a keystroke never waits while nothing
     runs, background work only within the quiet time (and then a wake-up is asked
-    for); a started job is the best waiting one (keystrokes first, the least recently
-    served window's first, newest first); a keystroke never waits behind background work
-    that was not told to pause, nor behind another window's keystroke past its turn; a
-    gone window has nothing waiting."""
+    for); a started job is the best waiting one (keystrokes first, newest first); a
+    keystroke never waits behind background work that was not told to pause; a gone
+    window has nothing waiting."""
     quiet = 0.25
-    s = Scheduler(quiet_s=quiet, slice_s=0.4)
+    s = Scheduler(quiet_s=quiet)
     ids = iter(range(1, 1000))
     told_to_stop: set[int] = set()
     gone: set[int] = set()
     now = 0.0
 
-    def rank(job: Job, served: dict[int, int]) -> tuple[bool, int, int]:
-        turn = 0 if job.background else -served.get(job.window, -1)
-        return (not job.background, turn, job.seq)
-
-    def check(plan: Plan, before: list[Job], served: dict[int, int]) -> None:
+    def check(plan: Plan, before: list[Job]) -> None:
         if plan.start is not None:
-            best = max(before, key=lambda j: rank(j, served))
+            best = max(before, key=lambda j: (not j.background, j.seq))
             assert plan.start is best
             assert not best.background or now >= s.last_foreground + quiet
         if plan.pause is not None:
@@ -401,19 +362,9 @@ def test_scheduler_rules_hold_for_any_sequence(ops: list[tuple[object, ...]]) ->
             assert plan.wake_at > now
         elif running is not None and running.background and running.id not in told_to_stop:
             assert all(j.background for j in s.waiting)
-        elif (
-            running is not None
-            and running.id not in told_to_stop
-            and any(not j.background and j.window != running.window for j in s.waiting)
-        ):
-            # A keystroke runs: another window's waiting keystroke gets its turn when
-            # this one's ends (a wake-up is asked for until then).
-            turn_ends = s.running_since + s.slice_s
-            assert now < turn_ends and plan.wake_at == pytest.approx(turn_ends)
         assert not any(j.window in gone for j in s.waiting)
 
     for op in ops:
-        served = dict(s.served)
         if op[0] == "submit":
             _, window, background, document = op
             assert isinstance(window, int) and isinstance(background, bool)
@@ -424,29 +375,28 @@ def test_scheduler_rules_hold_for_any_sequence(ops: list[tuple[object, ...]]) ->
                 for j in s.waiting
                 if (j.window, j.document) != (window, document) or (background and not j.background)
             ]
-            check(s.submit(job, now=now), [*kept, job], served)
+            check(s.submit(job, now=now), [*kept, job])
         elif op[0] == "finish" and s.running is not None:
             running = s.running
-            paused = bool(op[1]) and running.id in told_to_stop
+            paused = bool(op[1]) and running.id in told_to_stop and running.background
             before = list(s.waiting) + ([running] if paused and not running.abandoned else [])
             plan = s.finished(running.id, paused=paused, now=now)
             told_to_stop.discard(running.id)
-            check(plan, before, served)
+            check(plan, before)
         elif op[0] == "disconnect":
             window = op[1]
             assert isinstance(window, int)
             gone.add(window)
-            served.pop(window, None)
             before = [j for j in s.waiting if j.window != window]
-            check(s.disconnect(window, now=now), before, served)
+            check(s.disconnect(window, now=now), before)
         elif op[0] == "cancel":
             job_id = op[1]
             before = [j for j in s.waiting if j.id != job_id]
-            check(s.cancel(int(str(job_id)), now=now), before, served)
+            check(s.cancel(int(str(job_id)), now=now), before)
         elif op[0] == "wait":
             now += float(str(op[1]))
             before = list(s.waiting)
-            check(s.poke(now=now), before, served)
+            check(s.poke(now=now), before)
 
 
 # -- the settings -----------------------------------------------------------------------------
