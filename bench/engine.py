@@ -2,23 +2,29 @@
 
 Real ``kode lsp`` processes (pygls clients over stdio, as editors run them), each run in
 a folder of its own (``XDG_RUNTIME_DIR``), so the benchmark never meets the user's own
-engine and leaves none behind. Measured, in one run:
+engine and leaves none behind. Measured:
 
 - memory, PSS summed over every Kode process (``/proc/PID/smaps_rollup``), with 1, 2 and
-  3 windows on one shared engine, and with 1 and 2 windows that each load the model;
+  3 windows on one shared engine (with ``--in-process``: 1 and 2 windows that each load
+  the model);
 - each window's first answer (from starting ``kode lsp``): the first pays the model load,
   the next ones should not;
-- the active window's keystroke latency alone, then while another window reads a large
-  file ahead and prepares the cursor's places in it (``kode/didMoveCursor``);
-- two windows typing at once, on the shared engine and with a model per window.
+- keystrokes, in rounds: every condition of a round types the same keystrokes from the
+  same document text (``material``), in the opposite order in odd rounds, and each is
+  judged against the same keys alone in the same round (``paired``). Conditions: alone
+  (window A, then window C), a busy neighbour (A types while B prepares places of a
+  large file, ``kode/didMoveCursor``), two typing (A and C at once); with
+  ``--in-process``, alone and two typing with a model per window. Keys are appended to
+  ``out/keys.jsonl`` after every round, and ``--resume`` adds rounds, so a long
+  measurement runs in slots.
 
-A keystroke here is a character the model does not predict (a new generation every time,
-never answered from the shown suggestion), typed at the end of a line, then an inline
-completion request; the next one follows the answer after ``PAUSE_S``.
+A keystroke here is a character typed at the end of a line, then an inline completion
+request; the next one follows the answer after ``PAUSE_S``. One the window answers from
+the suggestion it shows (no generation) is recorded but left out of the figures.
 
 ``--busy`` measures instead how llama.cpp degrades under one busy process per core:
 prefill and decode speed for OpenMP's wait policy (active, passive), threads (1, 2) and
-priority (nice 0, 5), against the quiet machine.
+priority (nice 0, 5), against the quiet machine, in rounds as well (``--rounds``).
 """
 
 from __future__ import annotations
