@@ -2,23 +2,29 @@
 
 Real ``kode lsp`` processes (pygls clients over stdio, as editors run them), each run in
 a folder of its own (``XDG_RUNTIME_DIR``), so the benchmark never meets the user's own
-engine and leaves none behind. Measured, in one run:
+engine and leaves none behind. Measured:
 
 - memory, PSS summed over every Kode process (``/proc/PID/smaps_rollup``), with 1, 2 and
-  3 windows on one shared engine, and with 1 and 2 windows that each load the model;
+  3 windows on one shared engine (with ``--in-process``: 1 and 2 windows that each load
+  the model);
 - each window's first answer (from starting ``kode lsp``): the first pays the model load,
   the next ones should not;
-- the active window's keystroke latency alone, then while another window reads a large
-  file ahead and prepares the cursor's places in it (``kode/didMoveCursor``);
-- two windows typing at once, on the shared engine and with a model per window.
+- keystrokes, in rounds: every condition of a round types the same keystrokes from the
+  same document text (``material``), in the opposite order in odd rounds, and each is
+  judged against the same keys alone in the same round (``paired``). Conditions: alone
+  (window A, then window C), a busy neighbour (A types while B prepares places of a
+  large file, ``kode/didMoveCursor``), two typing (A and C at once); with
+  ``--in-process``, alone and two typing with a model per window. Keys are appended to
+  ``out/keys.jsonl`` after every round, and ``--resume`` adds rounds, so a long
+  measurement runs in slots.
 
-A keystroke here is a character the model does not predict (a new generation every time,
-never answered from the shown suggestion), typed at the end of a line, then an inline
-completion request; the next one follows the answer after ``PAUSE_S``.
+A keystroke here is a character typed at the end of a line, then an inline completion
+request; the next one follows the answer after ``PAUSE_S``. One the window answers from
+the suggestion it shows (no generation) is recorded but left out of the figures.
 
 ``--busy`` measures instead how llama.cpp degrades under one busy process per core:
 prefill and decode speed for OpenMP's wait policy (active, passive), threads (1, 2) and
-priority (nice 0, 5), against the quiet machine.
+priority (nice 0, 5), against the quiet machine, in rounds as well (``--rounds``).
 """
 
 from __future__ import annotations
@@ -59,10 +65,13 @@ SMALL_DOC = (
 @dataclass(frozen=True, slots=True)
 class Options:
     model: str = "default"
-    keys: int = 8  # keystrokes per measurement
+    keys: int = 6  # keystrokes per window, condition and round
+    rounds: int = 3  # rounds this run adds
     large: Path | None = None  # the neighbour's file (default: argparse.py of the stdlib)
     out: Path = Path("results/engine")
     busy: bool = False
+    resume: bool = False  # add rounds to those in ``out`` (runs that fit a time slot)
+    in_process: bool = False  # rounds with a model per window instead of the shared engine
     seed: int = 0
 
 
@@ -211,6 +220,21 @@ class Window:
             )
         )
 
+    def replace(self, uri: str, text: str) -> None:
+        """Set the whole text of ``uri`` (a full-document ``didChange``)."""
+        from lsprotocol import types
+
+        self._versions[uri] += 1
+        self._texts[uri] = text
+        self.client.text_document_did_change(
+            types.DidChangeTextDocumentParams(
+                text_document=types.VersionedTextDocumentIdentifier(
+                    uri=uri, version=self._versions[uri]
+                ),
+                content_changes=[types.TextDocumentContentChangeWholeDocument(text=text)],
+            )
+        )
+
     def move_cursor(self, uri: str, line: int, character: int) -> None:
         self.client.protocol.notify(
             "kode/didMoveCursor",
@@ -259,6 +283,46 @@ class Window:
 
 # -- the windows benchmark -------------------------------------------------------------------
 
+# The conditions a round measures, each with the same keystrokes in the same documents.
+ALONE = "alone"  # window A types, then window C types, nobody else works
+BUSY = "busy neighbour"  # A types while B prepares places of a large file
+TWO = "two typing"  # A and C type at once
+ALONE_IP = "alone, in-process"  # the same with a model per window
+TWO_IP = "two typing, in-process"
+SHARED_CONDITIONS = (ALONE, BUSY, TWO)
+IN_PROCESS_CONDITIONS = (ALONE_IP, TWO_IP)
+BASELINE = {BUSY: ALONE, TWO: ALONE, TWO_IP: ALONE_IP}
+
+# Window C's document: another small file, so that the two windows share no prompt.
+OTHER_DOC = (
+    "from dataclasses import dataclass\n\n\n"
+    "@dataclass\n"
+    "class Rectangle:\n"
+    "    width: float\n"
+    "    height: float\n\n"
+    "    def area(self):\n"
+    "        return self.width * self.height\n\n"
+    "    def scaled(self, factor):\n"
+    "        result = "
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """One keystroke's answer: ``ms`` from the keystroke to the answer, and what the
+    generation that made it did (from ``kode/stats``; None for an empty answer)."""
+
+    round: int
+    condition: str
+    window: str  # "a" or "c"
+    index: int
+    ms: float
+    completion_tokens: int | None = None
+    generation_ms: float | None = None
+    answer_chars: int = 0
+    load: float = 0.0  # one-minute load average when the round began
+    typed_ahead: bool = False  # answered from the suggestion shown (no generation): left out
+
 
 @dataclass(slots=True)
 class Report:
@@ -266,22 +330,61 @@ class Report:
     machine: str = ""
     first_answer_s: dict[str, list[float]] = field(default_factory=dict)
     memory_mb: dict[str, list[float]] = field(default_factory=dict)
-    keys_ms: dict[str, list[float]] = field(default_factory=dict)
+    keys: list[Key] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    sink: Path | None = (
+        None  # keys are appended here after every round (a run cut short keeps them)
+    )
+
+    def add(self, keys: list[Key]) -> None:
+        self.keys += keys
+        if self.sink is not None:
+            with open(self.sink, "a", encoding="utf-8") as handle:
+                for key in keys:
+                    handle.write(json.dumps(asdict(key)) + "\n")
 
 
-async def type_keys(window: Window, uri: str, n: int, seed: int) -> list[float]:
-    """``n`` keystrokes at the end of ``uri``, each answered before the next: their
-    latencies (ms). Each key differs from the suggestion shown, so the model answers it."""
-    rng = random.Random(seed)
+def material(seed: int, round_: int, window: str, n: int) -> str:
+    """The ``n`` characters ``window`` types in ``round_``: the same in every condition
+    of the round, none of them one the model predicts after the text before it."""
+    rng = random.Random(f"{seed}/{round_}/{window}")
+    return "".join(rng.choice(TYPED) for _ in range(n))
+
+
+def conditions_in(round_: int, conditions: Sequence[str]) -> list[str]:
+    """The order of ``round_``: forwards in even rounds, backwards in odd ones, so that no
+    condition always comes first (a fresh engine state, the first time a prompt is seen)
+    or last."""
+    return list(conditions) if round_ % 2 == 0 else list(reversed(conditions))
+
+
+async def type_keys(
+    window: Window, uri: str, keys: str, round_: int, condition: str, name: str, load: float
+) -> list[Key]:
+    """Type ``keys`` at the end of ``uri``, one at a time, each answered before the next
+    (``PAUSE_S`` later): what each answer took."""
     out = []
-    shown = ""
-    for _ in range(n):
-        window.type(uri, rng.choice([c for c in TYPED if not shown.startswith(c)]))
+    for index, key in enumerate(keys):
+        window.type(uri, key)
         line, character = window.end_of(uri)
         start = time.perf_counter()
-        shown = await window.complete(uri, line, character, STEP_S)
-        out.append((time.perf_counter() - start) * 1000.0)
+        answer = await window.complete(uri, line, character, STEP_S)
+        ms = (time.perf_counter() - start) * 1000.0
+        last = (await window.stats()).get("lastCompletion") or {} if answer else {}
+        out.append(
+            Key(
+                round_,
+                condition,
+                name,
+                index,
+                ms,
+                last.get("completionTokens"),
+                last.get("generationMs"),
+                len(answer),
+                load,
+                bool(last.get("fromCache")),
+            )
+        )
         await asyncio.sleep(PAUSE_S)
     return out
 
@@ -296,95 +399,180 @@ async def keep_busy(window: Window, uri: str, text: str, stop: asyncio.Event, se
         window.move_cursor(uri, line, len(lines[line]))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 1.0)
+    # An edit stops the preparation still running or waiting (its KV stays): the next
+    # condition starts without the neighbour's leftovers.
+    window.replace(uri, text)
 
 
-async def open_and_answer(window: Window, settings: dict[str, Any], uri: str) -> float:
+async def open_and_answer(window: Window, settings: dict[str, Any], uri: str, text: str) -> float:
     """Start ``window``, open a small document and complete in it: seconds to the answer."""
     start = time.perf_counter()
     await window.start(settings)
-    window.open(uri, SMALL_DOC)
+    window.open(uri, text)
     line, character = window.end_of(uri)
     await window.complete(uri, line, character, STEP_S)
     return time.perf_counter() - start
 
 
-async def shared_run(options: Options, report: Report, large: tuple[str, str]) -> None:
+@dataclass(slots=True)
+class Cast:
+    """The windows of one run: ``a`` and ``c`` type, ``b`` (shared runs) reads ahead."""
+
+    a: Window
+    c: Window
+    b: Window | None
+    large: tuple[str, str]
+    uri_a: str = "file:///w0/circle.py"
+    uri_c: str = "file:///w2/rectangle.py"
+
+
+async def play_round(
+    cast: Cast, round_: int, conditions: Sequence[str], options: Options
+) -> list[Key]:
+    """Every condition once, each from the same documents with the same keystrokes."""
+    keys_a = material(options.seed, round_, "a", options.keys)
+    keys_c = material(options.seed, round_, "c", options.keys)
+    load = os.getloadavg()[0]
+    out: list[Key] = []
+    for condition in conditions_in(round_, conditions):
+        cast.a.replace(cast.uri_a, SMALL_DOC)
+        cast.c.replace(cast.uri_c, OTHER_DOC)
+        await asyncio.sleep(0.5)
+        a = type_keys(cast.a, cast.uri_a, keys_a, round_, condition, "a", load)
+        c = type_keys(cast.c, cast.uri_c, keys_c, round_, condition, "c", load)
+        if condition in (ALONE, ALONE_IP):
+            out += await a
+            out += await c
+        elif condition in (TWO, TWO_IP):
+            for got in await asyncio.gather(a, c):
+                out += got
+        elif condition == BUSY:
+            c.close()
+            assert cast.b is not None
+            uri, text = cast.large
+            stop = asyncio.Event()
+            busy = asyncio.ensure_future(keep_busy(cast.b, uri, text, stop, options.seed + round_))
+            await asyncio.sleep(2.0)  # the neighbour is reading ahead by now
+            try:
+                out += await a
+            finally:
+                stop.set()
+                await busy
+        await asyncio.sleep(0.5)
+    return out
+
+
+async def warm_up(cast: Cast) -> None:
+    """One unrecorded keystroke in each typing window, from the documents' first text: the
+    engine has their prompts (the first round's first condition would pay for them)."""
+    for window, uri, text in ((cast.a, cast.uri_a, SMALL_DOC), (cast.c, cast.uri_c, OTHER_DOC)):
+        window.replace(uri, text)
+        await type_keys(window, uri, TYPED[0], -1, "warm-up", "-", 0.0)
+
+
+def _settings(options: Options, engine: str) -> dict[str, Any]:
+    return {"model": options.model, "maxTokens": 32, "workspaceIndex": False, "engine": engine}
+
+
+async def shared_run(options: Options, report: Report, large: tuple[str, str], first: int) -> None:
     folder = Path(tempfile.mkdtemp(prefix="kode-b-", dir="/tmp"))
     env = {**os.environ, "XDG_RUNTIME_DIR": str(folder), "XDG_STATE_HOME": str(folder / "st")}
-    settings = {
-        "model": options.model,
-        "maxTokens": 32,
-        "workspaceIndex": False,
-        "engine": "shared",
-    }
+    settings = _settings(options, "shared")
     windows = [Window(env) for _ in range(3)]
+    docs = [("file:///w0/circle.py", SMALL_DOC), ("file:///w1/circle.py", SMALL_DOC)]
+    docs.append(("file:///w2/rectangle.py", OTHER_DOC))
     try:
         firsts, memory = [], []
-        for n, window in enumerate(windows):
-            firsts.append(await open_and_answer(window, settings, f"file:///w{n}/circle.py"))
+        for n, (window, (uri, text)) in enumerate(zip(windows, docs, strict=True)):
+            firsts.append(await open_and_answer(window, settings, uri, text))
             await asyncio.sleep(1.0)
             memory.append(pss_mb([*engine_pids(folder), *(w.pid for w in windows[: n + 1])]))
         report.first_answer_s["shared"] = firsts
         report.memory_mb["shared"] = memory
         process = (await windows[1].stats()).get("engineProcess") or {}
         report.notes.append(f"shared: windows answered by {process}")
-        a, b = windows[0], windows[1]
-        report.keys_ms["alone"] = await type_keys(a, "file:///w0/circle.py", options.keys, 1)
         uri, text = large
-        b.open(uri, text)
-        stop = asyncio.Event()
-        busy = asyncio.ensure_future(keep_busy(b, uri, text, stop, options.seed))
-        await asyncio.sleep(2.0)  # the neighbour is reading ahead by now
-        report.keys_ms["busy neighbour"] = await type_keys(
-            a, "file:///w0/circle.py", options.keys, 2
-        )
-        stop.set()
-        await busy
-        report.keys_ms["alone again"] = await type_keys(a, "file:///w0/circle.py", options.keys, 3)
-        pair = await asyncio.gather(
-            type_keys(a, "file:///w0/circle.py", options.keys, 4),
-            type_keys(windows[2], "file:///w2/circle.py", options.keys, 5),
-        )
-        report.keys_ms["two typing, shared"] = [*pair[0], *pair[1]]
-        counters = (await a.stats()).get("counters")
-        report.notes.append(f"shared: window 1 counters {json.dumps(counters)[:400]}")
+        windows[1].open(uri, text)
+        cast = Cast(windows[0], windows[2], windows[1], large)
+        await warm_up(cast)
+        for round_ in range(first, first + options.rounds):
+            report.add(await play_round(cast, round_, SHARED_CONDITIONS, options))
+            report.notes.append(f"round {round_} done: {common.machine_note()}")
+        counters = (await windows[0].stats()).get("counters")
+        report.notes.append(f"shared: window A counters {json.dumps(counters)[:400]}")
     finally:
         await asyncio.gather(*(w.stop() for w in windows))
         left = stop_engines(folder)
         if left:
             report.notes.append(f"engines that ignored SIGTERM: {left}")
         for log in (folder / "st" / "kode").glob("*.log"):
-            shutil.copy(log, common.prepare_out(options.out) / "engine.log")
+            shutil.copy(log, common.prepare_out(options.out) / f"engine-{first}.log")
         shutil.rmtree(folder, ignore_errors=True)
 
 
-async def in_process_run(options: Options, report: Report) -> None:
-    settings = {
-        "model": options.model,
-        "maxTokens": 32,
-        "workspaceIndex": False,
-        "engine": "inProcess",
-    }
+async def in_process_run(options: Options, report: Report, first: int) -> None:
+    settings = _settings(options, "inProcess")
     windows = [Window() for _ in range(2)]
+    docs = [("file:///w0/circle.py", SMALL_DOC), ("file:///w2/rectangle.py", OTHER_DOC)]
     try:
         firsts, memory = [], []
-        for n, window in enumerate(windows):
-            firsts.append(await open_and_answer(window, settings, f"file:///p{n}/circle.py"))
+        for n, (window, (uri, text)) in enumerate(zip(windows, docs, strict=True)):
+            firsts.append(await open_and_answer(window, settings, uri, text))
             await asyncio.sleep(1.0)
             memory.append(pss_mb([w.pid for w in windows[: n + 1]]))
         report.first_answer_s["in-process"] = firsts
         report.memory_mb["in-process"] = memory
-        a, b = windows
-        report.keys_ms["alone, in-process"] = await type_keys(
-            a, "file:///p0/circle.py", options.keys, 1
-        )
-        pair = await asyncio.gather(
-            type_keys(a, "file:///p0/circle.py", options.keys, 4),
-            type_keys(b, "file:///p1/circle.py", options.keys, 5),
-        )
-        report.keys_ms["two typing, in-process"] = [*pair[0], *pair[1]]
+        cast = Cast(windows[0], windows[1], None, ("", ""))
+        await warm_up(cast)
+        for round_ in range(first, first + options.rounds):
+            report.add(await play_round(cast, round_, IN_PROCESS_CONDITIONS, options))
+            report.notes.append(f"round {round_} done: {common.machine_note()}")
     finally:
         await asyncio.gather(*(w.stop() for w in windows))
+
+
+# -- the figures ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Paired:
+    """A condition against its baseline, round by round and window by window: each
+    ratio divides the median of a round's keystrokes by the median of the same
+    keystrokes typed by the same window in the same round without the competition."""
+
+    condition: str
+    window: str
+    ratios: tuple[float, ...]  # one per round, in round order
+
+    @property
+    def median(self) -> float | None:
+        return common.median(self.ratios)
+
+
+def paired(keys: Sequence[Key]) -> list[Paired]:
+    """Per condition and window, the per-round ratios against ``BASELINE``.
+
+    >>> k = [Key(0, ALONE, "a", 0, 100.0), Key(0, ALONE, "a", 1, 300.0),
+    ...      Key(0, TWO, "a", 0, 300.0), Key(0, TWO, "a", 1, 500.0),
+    ...      Key(1, ALONE, "a", 0, 1000.0), Key(1, TWO, "a", 0, 1500.0)]
+    >>> [(p.condition, p.window, p.ratios) for p in paired(k)]
+    [('two typing', 'a', (2.0, 1.5))]
+    """
+    keys = [key for key in keys if not key.typed_ahead]
+    by: dict[tuple[int, str, str], list[float]] = {}
+    for key in keys:
+        by.setdefault((key.round, key.condition, key.window), []).append(key.ms)
+    out = []
+    seen = sorted({(key.condition, key.window) for key in keys if key.condition in BASELINE})
+    for condition, window in seen:
+        ratios = []
+        for round_ in sorted({key.round for key in keys}):
+            this = common.median(by.get((round_, condition, window), []))
+            base = common.median(by.get((round_, BASELINE[condition], window), []))
+            if this is not None and base:
+                ratios.append(this / base)
+        out.append(Paired(condition, window, tuple(ratios)))
+    return out
 
 
 def render(report: Report) -> str:
@@ -404,32 +592,90 @@ def render(report: Report) -> str:
                 f"{mem[-1] / mem[0]:.2f}x" if len(mem) > 1 and mem[0] else common.UNKNOWN,
             ]
         )
+    if rows:
+        lines.append(
+            common.markdown_table(
+                [
+                    "engine",
+                    "first answer per window (s)",
+                    "PSS with 1/2/3 windows (MB)",
+                    "last/one",
+                ],
+                rows,
+            )
+        )
+    keys = [key for key in report.keys if not key.typed_ahead]
+    rounds = sorted({key.round for key in keys})
+    lines += [
+        "",
+        f"Keystrokes the model must answer, {len(rounds)} rounds (ms; pooled over rounds; "
+        f"{len(report.keys) - len(keys)} answered from the suggestion shown left out):",
+        "",
+    ]
+    krows = []
+    for condition in dict.fromkeys(key.condition for key in keys):
+        for window in ("a", "c"):
+            mine = [k for k in keys if k.condition == condition and k.window == window]
+            if not mine:
+                continue
+            tokens = [k.completion_tokens for k in mine if k.completion_tokens is not None]
+            gen = [k.generation_ms for k in mine if k.generation_ms is not None]
+            krows.append(
+                [
+                    condition,
+                    window.upper(),
+                    len(mine),
+                    ms([k.ms for k in mine]),
+                    common.fmt(common.median(tokens), 0),
+                    common.fmt(common.median(gen), 0),
+                ]
+            )
     lines.append(
         common.markdown_table(
-            ["engine", "first answer per window (s)", "PSS with 1/2/3 windows (MB)", "last/one"],
-            rows,
+            ["condition", "window", "keys", "median / p90", "tokens (median)", "generation ms"],
+            krows,
         )
     )
-    lines += ["", "Keystrokes the model must answer (ms, median / p90):", ""]
-    alone = common.median(report.keys_ms.get("alone", []))
-    alone_ip = common.median(report.keys_ms.get("alone, in-process", []))
-    krows = []
-    for kind, values in report.keys_ms.items():
-        base = alone_ip if "in-process" in kind else alone
-        med = common.median(values)
-        ratio = f"{med / base:.2f}x" if med and base else common.UNKNOWN
-        krows.append([kind, len(values), ms(values), ratio])
-    lines.append(common.markdown_table(["window(s)", "keys", "latency", "vs alone"], krows))
+    prows = []
+    for pair in paired(keys):
+        spread = (
+            f"{min(pair.ratios):.2f}-{max(pair.ratios):.2f}x" if pair.ratios else common.UNKNOWN
+        )
+        prows.append(
+            [
+                f"{pair.condition} / {BASELINE[pair.condition]}",
+                pair.window.upper(),
+                len(pair.ratios),
+                common.fmt(pair.median, 2, "x"),
+                spread,
+                " ".join(f"{r:.2f}" for r in pair.ratios),
+            ]
+        )
+    lines += ["", "Paired: per round, the median keystroke against the same keys alone:", ""]
+    lines.append(
+        common.markdown_table(
+            ["condition", "window", "rounds", "median ratio", "range", "per round"], prows
+        )
+    )
     lines += ["", *[f"- {note}" for note in report.notes], ""]
     return "\n".join(lines)
 
 
-async def windows_bench(options: Options) -> Report:
-    report = Report(model=options.model, machine=common.machine_note())
+def load_keys(path: Path) -> list[Key]:
+    if not path.exists():
+        return []
+    return [Key(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+
+
+async def windows_bench(options: Options, earlier: list[Key], sink: Path) -> Report:
+    report = Report(model=options.model, machine=common.machine_note(), sink=sink)
     path = options.large or Path(common.stdlib_files(1)[0]).parent / "argparse.py"
     large = (path.resolve().as_uri(), path.read_text())
-    await shared_run(options, report, large)
-    await in_process_run(options, report)
+    first = max((key.round for key in earlier), default=-1) + 1
+    if options.in_process:
+        await in_process_run(options, report, first)
+    else:
+        await shared_run(options, report, large, first)
     report.machine += f"; after: {common.machine_note()}"
     return report
 
@@ -466,12 +712,8 @@ asyncio.run(main())
 """
 
 
-def busy_bench(options: Options) -> str:
-    """Prefill and decode under one busy process per core, per thread setting."""
-    from kode.backends import models
-
-    model = models.resolve(options.model)
-    cores = len(os.sched_getaffinity(0))
+def busy_configs(cores: int) -> list[tuple[str, str, int, int]]:
+    """(load, OMP_WAIT_POLICY, threads, nice) for every setting the busy bench runs."""
     configs = [("quiet", "ACTIVE", cores, 0), ("quiet", "PASSIVE", cores, 0)]
     configs.append(("quiet", "PASSIVE", 1, 0))
     configs += [
@@ -480,59 +722,155 @@ def busy_bench(options: Options) -> str:
         for threads in sorted({1, cores})
     ]
     configs.append(("busy", "PASSIVE", cores, 5))
+    return configs
+
+
+def probe(model: Path, load: str, policy: str, threads: int, nice: int) -> dict[str, Any]:
+    """One setting in a fresh process, with one busy process per core if ``load`` says."""
+    cores = len(os.sched_getaffinity(0))
+    hogs = []
+    if load == "busy":
+        hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
+    try:
+        env = {**os.environ, "OMP_WAIT_POLICY": policy}
+        done = subprocess.run(
+            [sys.executable, "-c", _PROBE, str(model), str(threads), str(nice)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=STEP_S,
+            check=False,
+        )
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    row: dict[str, Any] = {"load": load, "policy": policy, "threads": threads, "nice": nice}
+    if done.returncode != 0:
+        return {**row, "failed": done.stderr[-200:]}
+    return {**row, **json.loads(done.stdout.strip().splitlines()[-1])}
+
+
+def busy_slowdowns(results: Sequence[dict[str, Any]], cores: int) -> dict[str, list[float]]:
+    """Per round, how much the engine's own setting (PASSIVE, every core, nice 0) slows
+    under the busy processes against the same round's quiet run: prefill (tokens/s,
+    quiet / busy) and decode (ms/token, busy / quiet).
+
+    >>> rows = [{"round": 0, "load": "quiet", "policy": "PASSIVE", "threads": 2, "nice": 0,
+    ...          "prefill_tok_s": 40.0, "ms_per_token": 50.0},
+    ...         {"round": 0, "load": "busy", "policy": "PASSIVE", "threads": 2, "nice": 0,
+    ...          "prefill_tok_s": 20.0, "ms_per_token": 125.0}]
+    >>> busy_slowdowns(rows, 2)
+    {'prefill': [2.0], 'decode': [2.5]}
+    """
+    out: dict[str, list[float]] = {"prefill": [], "decode": []}
+    mine = [
+        r
+        for r in results
+        if (r["policy"], r["threads"], r["nice"]) == ("PASSIVE", cores, 0) and "failed" not in r
+    ]
+    for round_ in sorted({r["round"] for r in mine}):
+        quiet = [r for r in mine if r["round"] == round_ and r["load"] == "quiet"]
+        busy = [r for r in mine if r["round"] == round_ and r["load"] == "busy"]
+        if quiet and busy:
+            out["prefill"].append(quiet[0]["prefill_tok_s"] / busy[0]["prefill_tok_s"])
+            out["decode"].append(busy[0]["ms_per_token"] / quiet[0]["ms_per_token"])
+    return out
+
+
+def busy_bench(options: Options) -> str:
+    """Prefill and decode under one busy process per core, per thread setting: every
+    setting once per round, in the opposite order in odd rounds; rounds add up across
+    ``--resume`` runs (``out/busy.jsonl``)."""
+    from kode.backends import models
+
+    model = models.resolve(options.model)
+    cores = len(os.sched_getaffinity(0))
+    path = options.out / "busy.jsonl"
+    if not options.resume:
+        path.unlink(missing_ok=True)
+    results = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    first = max((r["round"] for r in results), default=-1) + 1
+    for round_ in range(first, first + options.rounds):
+        configs = busy_configs(cores)
+        for config in configs if round_ % 2 == 0 else reversed(configs):
+            before = os.getloadavg()[0]
+            row = {"round": round_, **probe(model, *config), "loadBefore": before}
+            row["loadAfter"] = os.getloadavg()[0]
+            results.append(row)
+            with open(path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(row) + "\n")
     rows = []
-    results: list[dict[str, Any]] = []
-    for load, policy, threads, nice in configs:
-        hogs = []
-        if load == "busy":
-            hogs = [
-                subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)
-            ]
-        try:
-            env = {**os.environ, "OMP_WAIT_POLICY": policy}
-            done = subprocess.run(
-                [sys.executable, "-c", _PROBE, str(model), str(threads), str(nice)],
-                capture_output=True,
-                text=True,
-                env=env,
-                timeout=STEP_S,
-                check=False,
-            )
-        finally:
-            for hog in hogs:
-                hog.kill()
-                hog.wait()
-        if done.returncode != 0:
-            rows.append([load, policy, threads, nice, "failed", done.stderr[-200:]])
-            continue
-        got = json.loads(done.stdout.strip().splitlines()[-1])
-        results.append({"load": load, "policy": policy, "threads": threads, "nice": nice, **got})
+    for load, policy, threads, nice in busy_configs(cores):
+        mine = [
+            r
+            for r in results
+            if (r["load"], r["policy"], r["threads"], r["nice"]) == (load, policy, threads, nice)
+            and "failed" not in r
+        ]
         rows.append(
             [
                 load,
                 policy,
                 threads,
                 nice,
-                f"{got['prefill_tok_s']:.0f}",
-                f"{got['ms_per_token']:.1f}",
+                len(mine),
+                common.fmt(common.median(r["prefill_tok_s"] for r in mine), 0),
+                common.fmt(common.median(r["ms_per_token"] for r in mine), 1),
             ]
         )
     table = common.markdown_table(
-        ["load", "OMP_WAIT_POLICY", "threads", "nice", "prefill tok/s", "ms/token"], rows
+        ["load", "OMP_WAIT_POLICY", "threads", "nice", "runs", "prefill tok/s", "ms/token"],
+        rows,
     )
-    return f"# kode bench engine --busy ({options.model})\n\n{table}\n\n" + json.dumps(results)
+    slow = busy_slowdowns(results, cores)
+    # ``cores`` busy processes and Kode share the cores: Kode's fair share is one process's
+    # (cores / (cores + 1) of a core, against every core quiet): cores + 1 times slower.
+    fair = float(cores + 1)
+    lines = [f"# kode bench engine --busy ({options.model})", "", table]
+    lines.append(
+        f"Busy against quiet, PASSIVE with {cores} threads, per round (a fair share of the "
+        f"cores costs {fair:.0f}x):"
+    )
+    for what, values in slow.items():
+        med = common.median(values)
+        lines.append(
+            f"- {what}: median {common.fmt(med, 2, 'x')} "
+            f"({common.fmt(None if med is None else med / fair, 2)} of the fair share); "
+            f"per round {' '.join(f'{v:.2f}' for v in values)}"
+        )
+    failed = [r for r in results if "failed" in r]
+    lines += [f"- failed: {r}" for r in failed]
+    return "\n".join(lines)
 
 
 def main(options: Options) -> int:
     out = common.prepare_out(options.out)
     if options.busy:
         text = busy_bench(options)
+        text += f"\n\n- machine after: {common.machine_note()}"
         (out / "busy.md").write_text(text + "\n")
         print(text)
         return 0
-    report = asyncio.run(windows_bench(options))
-    text = render(report)
+    keys_path = out / "keys.jsonl"
+    if not options.resume:
+        keys_path.unlink(missing_ok=True)
+        for old in out.glob("run-*.json"):
+            old.unlink()
+    earlier = load_keys(keys_path)
+    report = asyncio.run(windows_bench(options, earlier, keys_path))
+    first = max((key.round for key in earlier), default=-1) + 1
+    report.sink = None
+    (out / f"run-{first}.json").write_text(json.dumps(asdict(report), indent=2, default=str))
+    whole = Report(model=options.model, keys=[*earlier, *report.keys])
+    for path in sorted(out.glob("run-*.json"), key=lambda p: int(p.stem.split("-")[1])):
+        run = json.loads(path.read_text())
+        whole.machine += f"{'; ' if whole.machine else ''}{path.stem}: {run['machine']}"
+        for kind, values in run["first_answer_s"].items():
+            whole.first_answer_s.setdefault(kind, values)
+            whole.memory_mb.setdefault(kind, run["memory_mb"][kind])
+        whole.notes += [f"{path.stem}: {note}" for note in run["notes"]]
+    text = render(whole)
     (out / "engine.md").write_text(text)
-    (out / "engine.json").write_text(json.dumps(asdict(report), indent=2))
     print(text)
     return 0

@@ -165,7 +165,23 @@ def register(subparsers: Any) -> None:
         "engine", help="one shared engine for 1-3 windows: memory, first answers, keystrokes"
     )
     engine.add_argument("--model", default="default")
-    engine.add_argument("--keys", type=int, default=8, help="keystrokes per measurement")
+    engine.add_argument(
+        "--keys", type=int, default=6, help="keystrokes per window, condition and round"
+    )
+    engine.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds of every condition (interleaved); with --busy, of every setting",
+    )
+    engine.add_argument(
+        "--resume", action="store_true", help="add the rounds to those already in OUT"
+    )
+    engine.add_argument(
+        "--in-process",
+        action="store_true",
+        help="rounds with a model per window (today's separate processes) instead",
+    )
     engine.add_argument(
         "--large", type=Path, default=None, help="the busy neighbour's file (default: argparse.py)"
     )
@@ -310,9 +326,12 @@ def run(args: argparse.Namespace) -> int:
             engine_bench.Options(
                 model=args.model,
                 keys=args.keys,
+                rounds=args.rounds,
                 large=args.large,
                 out=args.out,
                 busy=args.busy,
+                resume=args.resume,
+                in_process=args.in_process,
                 seed=args.seed,
             )
         )

@@ -562,3 +562,52 @@ def test_oracle_ceiling_drafts_only_what_pays() -> None:
     wrong = speculation.oracle_ceiling([9, 9], out, _repeat_last, curve.__getitem__, 8)
     assert wrong == 1.0
     assert speculation.oracle_ceiling([1], [1], _repeat_last, curve.__getitem__, 8) is None
+
+
+# -- kode bench engine: the interleaved keystroke rounds ----------------------------------
+
+
+def test_engine_bench_doctests() -> None:
+    import doctest
+
+    from kode.bench import engine
+
+    assert doctest.testmod(engine).failed == 0
+
+
+def test_engine_bench_rounds_repeat_their_material_and_alternate_the_order() -> None:
+    from kode.bench import engine
+
+    keys = engine.material(0, 3, "a", 6)
+    assert keys == engine.material(0, 3, "a", 6)  # every condition of a round types these
+    assert len(keys) == 6 and set(keys) <= set(engine.TYPED)
+    assert keys != engine.material(0, 4, "a", 6) and keys != engine.material(0, 3, "c", 6)
+    forwards = engine.conditions_in(0, engine.SHARED_CONDITIONS)
+    assert forwards == list(engine.SHARED_CONDITIONS)
+    assert engine.conditions_in(1, engine.SHARED_CONDITIONS) == forwards[::-1]
+
+
+def test_engine_bench_pairs_each_round_with_its_own_alone_keys() -> None:
+    from kode.bench.engine import ALONE, BUSY, TWO, Key, paired
+
+    keys = [
+        # round 0: a slow machine (alone 1,000 ms); round 1: a quick one (alone 100 ms)
+        *(Key(0, ALONE, w, i, 1000.0) for w in "ac" for i in range(3)),
+        *(Key(0, TWO, w, i, 1800.0) for w in "ac" for i in range(3)),
+        *(Key(0, BUSY, "a", i, 1100.0) for i in range(3)),
+        *(Key(1, ALONE, w, i, 100.0) for w in "ac" for i in range(3)),
+        *(Key(1, TWO, "a", i, 250.0) for i in range(3)),
+        *(Key(1, TWO, "c", i, 150.0) for i in range(3)),
+        # answered from the suggestion shown, in both conditions: no generation, left out
+        Key(1, ALONE, "a", 3, 2.0, typed_ahead=True),
+        Key(1, ALONE, "a", 4, 3.0, typed_ahead=True),
+        Key(1, ALONE, "a", 5, 3.0, typed_ahead=True),
+        Key(1, TWO, "a", 3, 2.0, typed_ahead=True),
+    ]
+    got = {(p.condition, p.window): p for p in paired(keys)}
+    assert set(got) == {(BUSY, "a"), (TWO, "a"), (TWO, "c")}
+    assert got[TWO, "a"].ratios == pytest.approx((1.8, 2.5))
+    assert got[TWO, "c"].ratios == pytest.approx((1.8, 1.5))
+    assert got[BUSY, "a"].ratios == pytest.approx((1.1,))  # round 1 had no busy keys
+    # Pooled, round 1's quick alone keys would make round 0's slow ones look 9x slower.
+    assert got[TWO, "a"].median == pytest.approx(2.15)
