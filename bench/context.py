@@ -14,6 +14,8 @@ Conditions (one completion each, greedy, through ``CompletionEngine.complete``):
 - ``in-file``: only A is open;
 - ``open``: A and an unrelated sibling module open (today's cross-file context);
 - ``retrieval``: as ``open``, plus the workspace index over the copy (``retrievalTokens``);
+- ``retrieval-lines``: ``retrieval`` with every outline member as one line, none with
+  its definition excerpt (``OUTLINE_EXCERPTS`` 0: the outline before the excerpts);
 - ``oracle``: as ``open``, plus the defining module open as a tab holding an excerpt from
   NAME's definition on (up to 1,400 characters).
 
@@ -42,11 +44,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from kode.bench import common
 from kode.bench.common import fmt, markdown_table
 
-CONDITIONS = ("in-file", "open", "retrieval", "oracle")
+CONDITIONS = ("in-file", "open", "retrieval-lines", "retrieval", "oracle")
 DEFAULT_PACKAGES = (
     *("logging", "email", "http", "json", "concurrent", "importlib", "unittest", "asyncio"),
     *("xmlrpc", "wsgiref", "urllib", "sqlite3", "httpx", "starlette", "jinja2", "pygls"),
@@ -346,12 +349,12 @@ def summarize(results: Iterable[Result]) -> list[Row]:
     return sorted(rows.values(), key=lambda row: order.get(row.condition, 99))
 
 
-def gap_closed(rows: Sequence[Row]) -> float | None:
-    """Share of the open -> oracle gap on the name metric that retrieval closes."""
+def gap_closed(rows: Sequence[Row], condition: str = "retrieval") -> float | None:
+    """Share of the open -> oracle gap on the name metric that ``condition`` closes."""
     got = {r.condition: r.names for r in rows}
-    if not {"open", "retrieval", "oracle"} <= got.keys() or got["oracle"] == got["open"]:
+    if not {"open", condition, "oracle"} <= got.keys() or got["oracle"] == got["open"]:
         return None
-    return (got["retrieval"] - got["open"]) / (got["oracle"] - got["open"])
+    return (got[condition] - got["open"]) / (got["oracle"] - got["open"])
 
 
 def render_table(rows: Sequence[Row]) -> str:
@@ -474,6 +477,7 @@ async def _one_hole(
     results: list[Result],
     conditions: Sequence[str],
 ) -> None:
+    from kode.completion import retrieval
     from kode.completion.workspace import WorkspaceIndex
 
     sibling = prepared.sibling
@@ -484,21 +488,24 @@ async def _one_hole(
         docs = [] if condition == "in-file" else list(opened)
         if condition == "oracle":
             docs.append((prepared.root / prepared.hole.defining, prepared.defining_excerpt))
-        engine.workspace = index if condition == "retrieval" else None
+        retrieves = condition.startswith("retrieval")
+        engine.workspace = index if retrieves else None
         started = time.perf_counter()
         retrieval_ms = 0.0
-        if condition == "retrieval":
-            uri = (prepared.root / prepared.hole.module).as_uri()
-            t0 = time.perf_counter()
-            await engine.retrieve(uri, prepared.document, prepared.offset)
-            retrieval_ms = (time.perf_counter() - t0) * 1000.0
-        try:
-            text, prompt_tokens = await _complete(engine, prepared, docs, options.max_tokens)
-            result = score(prepared, condition, text)
-            result.prompt_tokens = prompt_tokens
-        except Exception as exc:  # one broken hole must not end the run
-            result = score(prepared, condition, "")
-            result.error = f"{type(exc).__name__}: {exc}"
+        excerpts = 0 if condition == "retrieval-lines" else retrieval.OUTLINE_EXCERPTS
+        with mock.patch.object(retrieval, "OUTLINE_EXCERPTS", excerpts):
+            if retrieves:
+                uri = (prepared.root / prepared.hole.module).as_uri()
+                t0 = time.perf_counter()
+                await engine.retrieve(uri, prepared.document, prepared.offset)
+                retrieval_ms = (time.perf_counter() - t0) * 1000.0
+            try:
+                text, prompt_tokens = await _complete(engine, prepared, docs, options.max_tokens)
+                result = score(prepared, condition, text)
+                result.prompt_tokens = prompt_tokens
+            except Exception as exc:  # one broken hole must not end the run
+                result = score(prepared, condition, "")
+                result.error = f"{type(exc).__name__}: {exc}"
         result.ms = (time.perf_counter() - started) * 1000.0
         result.retrieval_ms = retrieval_ms
         results.append(result)
@@ -696,7 +703,7 @@ def report(
     out = common.prepare_out(options.out)
     rows = summarize(results)
     table = render_table(rows) if rows else ""
-    closed = gap_closed(rows)
+    closed = {c: gap_closed(rows, c) for c in ("retrieval", "retrieval-lines")}
     lines = ["# Project context: cross-file holes with renamed names", ""]
     if rows:
         lines += [
@@ -704,8 +711,11 @@ def report(
             f"{', '.join(options.packages)}; retrievalTokens {options.retrieval_tokens}; "
             f"prefixTokens {options.prefix_tokens or 'default'}; threads {options.threads}; "
             f"greedy, max {options.max_tokens} tokens",
-            f"- retrieval closes {fmt(None if closed is None else 100 * closed, 0)}% of the "
-            "open -> oracle gap on the name metric",
+            *(
+                f"- {c} closes {fmt(100 * share, 0)}% of the open -> oracle gap on the name metric"
+                for c, share in closed.items()
+                if share is not None
+            ),
             f"- machine: before {facts.get('machine_before')}; after {facts.get('machine_after')}",
             "",
             table,

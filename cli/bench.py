@@ -183,7 +183,10 @@ def register(subparsers: Any) -> None:
     context.add_argument("--seed", type=int, default=0)
     context.add_argument("--packages", type=_csv, default=None, help="comma list of packages")
     context.add_argument(
-        "--conditions", type=_csv, default=None, help="comma list of in-file,open,retrieval,oracle"
+        "--conditions",
+        type=_csv,
+        default=None,
+        help="comma list of in-file,open,retrieval-lines,retrieval,oracle",
     )
     context.add_argument("--retrieval-tokens", type=int, default=512)
     context.add_argument("--max-tokens", type=int, default=48)
