@@ -740,6 +740,49 @@ def report(
     return text
 
 
+def complete_holes(results: Iterable[Result], conditions: Sequence[str]) -> list[Result]:
+    """The results of the holes measured in every one of ``conditions`` (so that the
+    counts of two conditions compare the same holes)."""
+    results = list(results)
+    have: dict[str, set[str]] = {}
+    for r in results:
+        have.setdefault(r.hole, set()).add(r.condition)
+    return [r for r in results if set(conditions) <= have[r.hole]]
+
+
+def pool(folders: Sequence[Path]) -> str:
+    """The tables of earlier runs (``partial.jsonl`` in each folder), each alone and all
+    pooled, counting only the holes measured in open, retrieval and oracle; no model."""
+    needed = ("open", "retrieval", "oracle")
+    lines: list[str] = []
+    every: list[Result] = []
+    for folder in [*folders, None]:
+        if folder is None:
+            results, title = every, "pooled"
+        else:
+            results = load_partial(folder / "partial.jsonl")
+            every += results
+            title = str(folder)
+        rows = summarize(complete_holes(results, needed))
+        if not rows:
+            lines += [f"## {title}: no hole measured in {', '.join(needed)}", ""]
+            continue
+        closed = {c: gap_closed(rows, c) for c in ("retrieval", "retrieval-lines")}
+        lines += [
+            f"## {title}: {rows[0].total} holes",
+            "",
+            render_table(rows),
+            "",
+            *(
+                f"{c} closes {fmt(100 * share, 0)}% of the open -> oracle gap (names)"
+                for c, share in closed.items()
+                if share is not None
+            ),
+            "",
+        ]
+    return "\n".join(lines)
+
+
 def main(options: Options) -> int:
     index = None
     if options.latency_files:

@@ -203,6 +203,12 @@ def register(subparsers: Any) -> None:
         help="keep the results in OUT/partial.jsonl and run only the missing ones",
     )
     context.add_argument(
+        "--pool",
+        type=lambda v: [Path(p) for p in _csv(v)],
+        default=None,
+        help="comma list of earlier --out folders: their tables, alone and pooled (no model)",
+    )
+    context.add_argument(
         "--keystrokes",
         action="store_true",
         help="also retype the holes' lines and count retrieved-snippet changes (no model)",
@@ -322,6 +328,9 @@ def run(args: argparse.Namespace) -> int:
     if args.bench_command == "context":
         from kode.bench import context
 
+        if args.pool:
+            print(context.pool(args.pool))
+            return 0
         unknown = [c for c in (args.conditions or ()) if c not in context.CONDITIONS]
         if unknown:
             print(f"kode bench context: unknown condition(s) {', '.join(unknown)}", file=sys.stderr)
