@@ -14,8 +14,6 @@ Conditions (one completion each, greedy, through ``CompletionEngine.complete``):
 - ``in-file``: only A is open;
 - ``open``: A and an unrelated sibling module open (today's cross-file context);
 - ``retrieval``: as ``open``, plus the workspace index over the copy (``retrievalTokens``);
-- ``retrieval-lines``: ``retrieval`` with every outline member as one line, none with
-  its definition excerpt (``OUTLINE_EXCERPTS`` 0: the outline before the excerpts);
 - ``oracle``: as ``open``, plus the defining module open as a tab holding an excerpt from
   NAME's definition on (up to 1,400 characters).
 
@@ -44,12 +42,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 from kode.bench import common
 from kode.bench.common import fmt, markdown_table
 
-CONDITIONS = ("in-file", "open", "retrieval-lines", "retrieval", "oracle")
+CONDITIONS = ("in-file", "open", "retrieval", "oracle")
 DEFAULT_PACKAGES = (
     *("logging", "email", "http", "json", "concurrent", "importlib", "unittest", "asyncio"),
     *("xmlrpc", "wsgiref", "urllib", "sqlite3", "httpx", "starlette", "jinja2", "pygls"),
@@ -477,7 +474,6 @@ async def _one_hole(
     results: list[Result],
     conditions: Sequence[str],
 ) -> None:
-    from kode.completion import retrieval
     from kode.completion.workspace import WorkspaceIndex
 
     sibling = prepared.sibling
@@ -488,24 +484,21 @@ async def _one_hole(
         docs = [] if condition == "in-file" else list(opened)
         if condition == "oracle":
             docs.append((prepared.root / prepared.hole.defining, prepared.defining_excerpt))
-        retrieves = condition.startswith("retrieval")
-        engine.workspace = index if retrieves else None
+        engine.workspace = index if condition == "retrieval" else None
         started = time.perf_counter()
         retrieval_ms = 0.0
-        excerpts = 0 if condition == "retrieval-lines" else retrieval.OUTLINE_EXCERPTS
-        with mock.patch.object(retrieval, "OUTLINE_EXCERPTS", excerpts):
-            if retrieves:
-                uri = (prepared.root / prepared.hole.module).as_uri()
-                t0 = time.perf_counter()
-                await engine.retrieve(uri, prepared.document, prepared.offset)
-                retrieval_ms = (time.perf_counter() - t0) * 1000.0
-            try:
-                text, prompt_tokens = await _complete(engine, prepared, docs, options.max_tokens)
-                result = score(prepared, condition, text)
-                result.prompt_tokens = prompt_tokens
-            except Exception as exc:  # one broken hole must not end the run
-                result = score(prepared, condition, "")
-                result.error = f"{type(exc).__name__}: {exc}"
+        if condition == "retrieval":
+            uri = (prepared.root / prepared.hole.module).as_uri()
+            t0 = time.perf_counter()
+            await engine.retrieve(uri, prepared.document, prepared.offset)
+            retrieval_ms = (time.perf_counter() - t0) * 1000.0
+        try:
+            text, prompt_tokens = await _complete(engine, prepared, docs, options.max_tokens)
+            result = score(prepared, condition, text)
+            result.prompt_tokens = prompt_tokens
+        except Exception as exc:  # one broken hole must not end the run
+            result = score(prepared, condition, "")
+            result.error = f"{type(exc).__name__}: {exc}"
         result.ms = (time.perf_counter() - started) * 1000.0
         result.retrieval_ms = retrieval_ms
         results.append(result)
@@ -703,7 +696,7 @@ def report(
     out = common.prepare_out(options.out)
     rows = summarize(results)
     table = render_table(rows) if rows else ""
-    closed = {c: gap_closed(rows, c) for c in ("retrieval", "retrieval-lines")}
+    closed = gap_closed(rows)
     lines = ["# Project context: cross-file holes with renamed names", ""]
     if rows:
         lines += [
@@ -711,11 +704,8 @@ def report(
             f"{', '.join(options.packages)}; retrievalTokens {options.retrieval_tokens}; "
             f"prefixTokens {options.prefix_tokens or 'default'}; threads {options.threads}; "
             f"greedy, max {options.max_tokens} tokens",
-            *(
-                f"- {c} closes {fmt(100 * share, 0)}% of the open -> oracle gap on the name metric"
-                for c, share in closed.items()
-                if share is not None
-            ),
+            f"- retrieval closes {fmt(None if closed is None else 100 * closed, 0)}% of the "
+            "open -> oracle gap on the name metric",
             f"- machine: before {facts.get('machine_before')}; after {facts.get('machine_after')}",
             "",
             table,
@@ -767,7 +757,7 @@ def pool(folders: Sequence[Path]) -> str:
         if not rows:
             lines += [f"## {title}: no hole measured in {', '.join(needed)}", ""]
             continue
-        closed = {c: gap_closed(rows, c) for c in ("retrieval", "retrieval-lines")}
+        closed = {r.condition: gap_closed(rows, r.condition) for r in rows}
         lines += [
             f"## {title}: {rows[0].total} holes",
             "",
@@ -776,7 +766,7 @@ def pool(folders: Sequence[Path]) -> str:
             *(
                 f"{c} closes {fmt(100 * share, 0)}% of the open -> oracle gap (names)"
                 for c, share in closed.items()
-                if share is not None
+                if c.startswith("retrieval") and share is not None
             ),
             "",
         ]

@@ -186,7 +186,7 @@ def register(subparsers: Any) -> None:
         "--conditions",
         type=_csv,
         default=None,
-        help="comma list of in-file,open,retrieval-lines,retrieval,oracle",
+        help="comma list of in-file,open,retrieval,oracle",
     )
     context.add_argument("--retrieval-tokens", type=int, default=512)
     context.add_argument("--max-tokens", type=int, default=48)

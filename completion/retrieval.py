@@ -30,7 +30,7 @@ import keyword
 import math
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence, Set
+from collections.abc import Callable, Iterable, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,8 +49,6 @@ NEAR_LINES = 12  # the context's last lines, which weigh fully in the outline's 
 OUTLINE_MODULES = 6  # imported workspace modules whose members compete for the outline
 HEADER_CHARS = 100  # one outline line at most
 OUTLINE_SHARE = 0.6  # the most of the budget the outline takes (imported definitions first)
-OUTLINE_EXCERPTS = 3  # the best-ranked outline members shown with their definition excerpt
-EXCERPT_CHARS = 300  # one such excerpt: header, docstring, first lines
 # Which candidates win the budget (``Retrieved.score``): a member the code names through
 # an import, then the outline of a module it uses, then a definition found by name only,
 # then similar windows (their Jaccard score, below 1).
@@ -347,21 +345,9 @@ def outline_lines(
     return chosen
 
 
-def render_outline(definitions: Iterable[Definition], excerpts: Mapping[int, str] = {}) -> str:
-    """One line per definition: its header, cut to ``HEADER_CHARS``; or, for a
-    definition whose line is in ``excerpts``, that excerpt (header, docstring, first
-    lines), so that the best members read as the module's code does.
-
-    >>> ds = [Definition("a", 0, "def a():"), Definition("b", 3, "def b(x):")]
-    >>> print(render_outline(ds, {3: "def b(x):\\n    return 2 * x\\n"}), end="")
-    def a():
-    def b(x):
-        return 2 * x
-    """
-    return "".join(
-        excerpts[d.line] if d.line in excerpts else d.header[:HEADER_CHARS].rstrip() + "\n"
-        for d in definitions
-    )
+def render_outline(definitions: Iterable[Definition]) -> str:
+    """One line per definition: its header, cut to ``HEADER_CHARS``."""
+    return "".join(d.header[:HEADER_CHARS].rstrip() + "\n" for d in definitions)
 
 
 @functools.lru_cache(maxsize=8192)
@@ -476,8 +462,7 @@ class Retriever:
         outline_need = sum(min(len(m.definition.header), HEADER_CHARS) + 1 for m in members)
         first = select(imported, max_chars - min(outline_need, max_chars // 2))
         used = _cost(first)
-        line_chars = min(max_chars - used, int(max_chars * OUTLINE_SHARE))
-        outlines = self._outlines(members, line_chars, max_chars - used)
+        outlines = self._outlines(members, min(max_chars - used, int(max_chars * OUTLINE_SHARE)))
         used += _cost(outlines)
         rest = select([*by_name, *self._windows(path, query, skipped)], max_chars - used)
         return sorted([*first, *outlines, *rest], key=lambda r: r.order)
@@ -579,37 +564,16 @@ class Retriever:
         file_words = set(WORD.findall(query.file_text))
         return rank_members(candidates, query.relevance(), facts, file_words)
 
-    def _outlines(
-        self, members: Sequence[Member], line_chars: int, max_chars: int
-    ) -> list[Retrieved]:
-        """One outline snippet per module: its best members that fit ``line_chars`` as
-        one line each, and the best ``OUTLINE_EXCERPTS`` of them shown with their
-        definition excerpt instead where that fits ``max_chars`` in all (the oracle's
-        extra hits over the outline came from a definition's body and docstring)."""
-        if line_chars <= 0:
+    def _outlines(self, members: Sequence[Member], max_chars: int) -> list[Retrieved]:
+        """One outline snippet per module, holding its best members that fit."""
+        if max_chars <= 0:
             return []
         best: dict[Path, float] = {}
         for m in members:
             best.setdefault(m.file, m.score)
-        chosen = outline_lines(members, line_chars, self._display)
-        spare = max_chars - sum(
-            len(self._display(file)) + 16 + len(render_outline(definitions))
-            for file, definitions in chosen.items()
-        )
-        excerpts: dict[Path, dict[int, str]] = {}
-        for m in members[:OUTLINE_EXCERPTS]:
-            d = m.definition
-            if d not in chosen.get(m.file, ()) or (body := self._read(m.file)) is None:
-                continue
-            excerpt = definition_excerpt(body, d, EXCERPT_CHARS).rstrip() + "\n"
-            extra = len(excerpt) - len(render_outline([d]))
-            if excerpt.count("\n") > 1 and extra <= spare:
-                excerpts.setdefault(m.file, {})[d.line] = excerpt
-                spare -= extra
         out: list[Retrieved] = []
-        for file, definitions in chosen.items():
-            text = render_outline(definitions, excerpts.get(file, {}))
-            snippet = Snippet(self._display(file), text)
+        for file, definitions in outline_lines(members, max_chars, self._display).items():
+            snippet = Snippet(self._display(file), render_outline(definitions))
             out.append(
                 Retrieved(Source.OUTLINE, file, -1, snippet, _RANK_OUTLINE + 0.01 * best[file])
             )

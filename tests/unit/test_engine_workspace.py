@@ -133,21 +133,14 @@ async def test_building_a_large_index_does_not_block_the_event_loop(tmp_path: Pa
     await engine.aclose()
 
 
-async def test_a_keystroke_keeps_the_prepared_project_context(
-    project: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_keystroke_keeps_the_prepared_project_context(project: Path) -> None:
     """A name typed on the line resolves and changes the retrieved snippets; evaluating
     the prompt again from there would not fit ``firstAnswerMs`` on a slow machine, so the
     keystroke answers with the snippets the window was prepared with (not a short window
     without any project context), and background preparation catches up."""
-    from kode.completion import retrieval
     from kode.completion.documents import Position
     from kode.completion.engine import PrefillRate
     from test_prepare import CachingBackend, until
-
-    # The module's only function would be the outline's best member and come with its
-    # body (the excerpts); without them the body arrives only when the name is typed.
-    monkeypatch.setattr(retrieval, "OUTLINE_EXCERPTS", 0)
 
     backend = CachingBackend(["x"])
     parsed, problems = parse({"readAhead": False, "snippetTokens": 0, "firstAnswerMs": 1000})

@@ -253,56 +253,13 @@ def test_outline_fits_the_budget_in_file_order(project: Path) -> None:
             lines = outlines[0].snippet.text.splitlines()
             assert "class Polygon:" in lines  # "polygon" is written above the cursor
             if budget == 4000:
-                # The best-ranked members (OUTLINE_EXCERPTS) read as their code: header,
-                # docstring, first lines; a constant is its one line anyway.
                 assert lines == [
                     "TAU_QUILL = 2 * math.pi",
                     "def circle_area_quill(radius):",
-                    '    """Area of a circle."""',
-                    "    return math.pi * radius**2",
                     "def square_area_brisk(side):",
                     "class Polygon:",
-                    "    def perimeter(self):",
-                    "        return sum(self.sides)",
                 ]
     assert render_outline([Definition("x", 0, "y" * 300)]) == "y" * 100 + "\n"
-
-
-def test_outline_excerpts_go_to_the_best_ranked_members_only(
-    project: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    app = write(
-        project,
-        "shapes/app.py",
-        "from shapes import geometry\n\n\ndef polygon_perimeter(p):\n    \n",
-    )
-    text = app.read_text()
-    offset = text.index("    \n") + 4
-
-    def outline(budget: int) -> str:
-        got = retriever(project).retrieve(app, text, offset, budget)
-        return "".join(r.snippet.text for r in got if r.source is Source.OUTLINE)
-
-    # "polygon" is written above the cursor: Polygon ranks first and alone gets its body.
-    monkeypatch.setattr(retrieval, "OUTLINE_EXCERPTS", 1)
-    one = outline(4000)
-    assert "class Polygon:\n    def perimeter(self):\n" in one
-    assert '"""Area of a circle."""' not in one and "def circle_area_quill(radius):\n" in one
-    # The excerpts never push an outline line out (they take only what is left of the
-    # budget) and stay within it.
-    for budget in (100, 120, 160, 200, 300, 4000):
-        monkeypatch.setattr(retrieval, "OUTLINE_EXCERPTS", 0)
-        lines = outline(budget).splitlines()
-        monkeypatch.setattr(retrieval, "OUTLINE_EXCERPTS", 3)
-        assert set(lines) <= set(outline(budget).splitlines())
-        got = retriever(project).retrieve(app, text, offset, budget)
-        assert sum(len(r.snippet.text) + len(r.snippet.path) + 16 for r in got) <= budget
-    assert lines == [
-        "TAU_QUILL = 2 * math.pi",
-        "def circle_area_quill(radius):",
-        "def square_area_brisk(side):",
-        "class Polygon:",
-    ]
 
 
 def test_retrieval_doctests() -> None:
