@@ -346,12 +346,12 @@ def summarize(results: Iterable[Result]) -> list[Row]:
     return sorted(rows.values(), key=lambda row: order.get(row.condition, 99))
 
 
-def gap_closed(rows: Sequence[Row]) -> float | None:
-    """Share of the open -> oracle gap on the name metric that retrieval closes."""
+def gap_closed(rows: Sequence[Row], condition: str = "retrieval") -> float | None:
+    """Share of the open -> oracle gap on the name metric that ``condition`` closes."""
     got = {r.condition: r.names for r in rows}
-    if not {"open", "retrieval", "oracle"} <= got.keys() or got["oracle"] == got["open"]:
+    if not {"open", condition, "oracle"} <= got.keys() or got["oracle"] == got["open"]:
         return None
-    return (got["retrieval"] - got["open"]) / (got["oracle"] - got["open"])
+    return (got[condition] - got["open"]) / (got["oracle"] - got["open"])
 
 
 def render_table(rows: Sequence[Row]) -> str:
@@ -728,6 +728,49 @@ def report(
     if rows:
         chart(rows, out / "context.png")
     return text
+
+
+def complete_holes(results: Iterable[Result], conditions: Sequence[str]) -> list[Result]:
+    """The results of the holes measured in every one of ``conditions`` (so that the
+    counts of two conditions compare the same holes)."""
+    results = list(results)
+    have: dict[str, set[str]] = {}
+    for r in results:
+        have.setdefault(r.hole, set()).add(r.condition)
+    return [r for r in results if set(conditions) <= have[r.hole]]
+
+
+def pool(folders: Sequence[Path]) -> str:
+    """The tables of earlier runs (``partial.jsonl`` in each folder), each alone and all
+    pooled, counting only the holes measured in open, retrieval and oracle; no model."""
+    needed = ("open", "retrieval", "oracle")
+    lines: list[str] = []
+    every: list[Result] = []
+    for folder in [*folders, None]:
+        if folder is None:
+            results, title = every, "pooled"
+        else:
+            results = load_partial(folder / "partial.jsonl")
+            every += results
+            title = str(folder)
+        rows = summarize(complete_holes(results, needed))
+        if not rows:
+            lines += [f"## {title}: no hole measured in {', '.join(needed)}", ""]
+            continue
+        closed = {r.condition: gap_closed(rows, r.condition) for r in rows}
+        lines += [
+            f"## {title}: {rows[0].total} holes",
+            "",
+            render_table(rows),
+            "",
+            *(
+                f"{c} closes {fmt(100 * share, 0)}% of the open -> oracle gap (names)"
+                for c, share in closed.items()
+                if c.startswith("retrieval") and share is not None
+            ),
+            "",
+        ]
+    return "\n".join(lines)
 
 
 def main(options: Options) -> int:

@@ -199,7 +199,10 @@ def register(subparsers: Any) -> None:
     context.add_argument("--seed", type=int, default=0)
     context.add_argument("--packages", type=_csv, default=None, help="comma list of packages")
     context.add_argument(
-        "--conditions", type=_csv, default=None, help="comma list of in-file,open,retrieval,oracle"
+        "--conditions",
+        type=_csv,
+        default=None,
+        help="comma list of in-file,open,retrieval,oracle",
     )
     context.add_argument("--retrieval-tokens", type=int, default=512)
     context.add_argument("--max-tokens", type=int, default=48)
@@ -214,6 +217,12 @@ def register(subparsers: Any) -> None:
         "--resume",
         action="store_true",
         help="keep the results in OUT/partial.jsonl and run only the missing ones",
+    )
+    context.add_argument(
+        "--pool",
+        type=lambda v: [Path(p) for p in _csv(v)],
+        default=None,
+        help="comma list of earlier --out folders: their tables, alone and pooled (no model)",
     )
     context.add_argument(
         "--keystrokes",
@@ -338,6 +347,9 @@ def run(args: argparse.Namespace) -> int:
     if args.bench_command == "context":
         from kode.bench import context
 
+        if args.pool:
+            print(context.pool(args.pool))
+            return 0
         unknown = [c for c in (args.conditions or ()) if c not in context.CONDITIONS]
         if unknown:
             print(f"kode bench context: unknown condition(s) {', '.join(unknown)}", file=sys.stderr)

@@ -3,6 +3,8 @@ summary. No model."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import random
 from pathlib import Path
 
@@ -94,3 +96,37 @@ def test_choose_spreads_over_packages_and_modules() -> None:
     for h in chosen:
         per_module[h.module] = per_module.get(h.module, 0) + 1
     assert max(per_module.values()) <= 2
+
+
+def test_pool_counts_only_holes_measured_in_every_condition(tmp_path: Path) -> None:
+    def result(hole: str, condition: str, hit: bool) -> str:
+        r = bench.Result(hole, condition, "n2", "x = m.n2()", "", hit, False, 0.5)
+        return json.dumps(dataclasses.asdict(r))
+
+    tune, held = tmp_path / "tune", tmp_path / "held"
+    tune.mkdir()
+    held.mkdir()
+    (tune / "partial.jsonl").write_text(
+        "\n".join(
+            [
+                result("a.py:1", "open", False),
+                result("a.py:1", "retrieval", True),
+                result("a.py:1", "oracle", True),
+                result("b.py:1", "retrieval", True),  # no open or oracle: left out
+            ]
+        )
+    )
+    (held / "partial.jsonl").write_text(
+        "\n".join(
+            [
+                result("c.py:1", "open", False),
+                result("c.py:1", "retrieval", False),
+                result("c.py:1", "oracle", True),
+            ]
+        )
+    )
+    text = bench.pool([tune, held])
+    assert f"## {tune}: 1 holes" in text and f"## {held}: 1 holes" in text
+    pooled = text.split("## pooled: 2 holes")[1]
+    assert "| retrieval | 1/2 (50%) |" in pooled and "| oracle | 2/2 (100%) |" in pooled
+    assert "retrieval closes 50% of the open -> oracle gap" in pooled

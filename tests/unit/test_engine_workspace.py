@@ -172,3 +172,36 @@ async def test_a_keystroke_keeps_the_prepared_project_context(project: Path) -> 
     engine.cursor_moved(uri, Position(302, 7 + len(typed)))
     await until(lambda: "return 3.14" in backend.requests[-1].prompt, 10)
     await engine.aclose()
+
+
+async def test_without_a_workspace_the_prompt_is_what_it_was(project: Path) -> None:
+    """HumanEval's infilling has no workspace (the engine never opens one): retrieval
+    returns nothing and the prompt is exactly the one with project context off; so is it
+    with a workspace holding only the edited file (it is never retrieved)."""
+    backend = ScriptedBackend(["x"])
+    alone = project / "alone"
+    alone.mkdir()
+    task = alone / "task.py"
+    task.write_text("def add(a, b):\n    \n\n\ndef check():\n    assert add(1, 2) == 3\n")
+
+    async def prompt(engine: CompletionEngine) -> str:
+        uri = task.as_uri()
+        engine.documents.open(uri, task.read_text(), 1, "python")
+        doc = engine.documents.get(uri)
+        await engine.complete(uri, doc.position_at(task.read_text().index("    \n") + 4))
+        await engine.cancel(uri)
+        engine.documents.close(uri)
+        return backend.requests[-1].prompt
+
+    off = engine_for(backend, retrievalTokens=0)
+    none = engine_for(backend)
+    assert none.workspace is None
+    one_file = engine_for(backend)
+    await built(one_file, alone)
+    assert len(one_file.workspace or ()) == 1
+    expected = await prompt(off)
+    assert "<|fim_prefix|>def add(a, b):" in expected
+    assert await prompt(none) == expected
+    assert await prompt(one_file) == expected
+    for engine in (off, none, one_file):
+        await engine.aclose()

@@ -3,11 +3,13 @@ ranking, budgets, stable order between keystrokes; and the context's use of it. 
 
 from __future__ import annotations
 
+import doctest
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kode.completion import retrieval
 from kode.completion.context import Budget, gather
 from kode.completion.documents import Document
 from kode.completion.retrieval import (
@@ -258,6 +260,10 @@ def test_outline_fits_the_budget_in_file_order(project: Path) -> None:
                     "class Polygon:",
                 ]
     assert render_outline([Definition("x", 0, "y" * 300)]) == "y" * 100 + "\n"
+
+
+def test_retrieval_doctests() -> None:
+    assert doctest.testmod(retrieval).failed == 0
 
 
 def test_a_large_open_document_enters_the_prompt_in_part() -> None:
