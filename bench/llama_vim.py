@@ -330,10 +330,9 @@ async def type_place(
                 continue
             if dirty is not None:
                 key, dirty = dirty, None
-                vim.ask(filename, lines, y, key_x[key.index], key)
+                vim.ask(filename, lines, y, x, key)  # x: the cursor after the last key
             return
 
-    key_x: dict[int, int] = {}
     timer: asyncio.Task[None] | None = None
     for i, ch in enumerate(body):
         delay = start + i * cadence_ms / 1000.0 - time.perf_counter()
@@ -346,7 +345,6 @@ async def type_place(
         vim.moved()
         key = Keystroke(script, i, ch, sent=time.perf_counter())
         keys.append(key)
-        key_x[i] = x
         if vim.in_flight is not None and not vim.in_flight.done():
             dirty = key
             if timer is None or timer.done():
@@ -365,12 +363,6 @@ async def type_place(
     vim.insert_mode = False
     mark_matches(keys, body)
     return keys
-
-
-def model_path(model: str) -> Path:
-    from kode.backends import models
-
-    return models.resolve(model)
 
 
 async def replay(

@@ -289,6 +289,7 @@ async def measure(
     options: Options, files: Sequence[Path], rounds: int
 ) -> tuple[dict[str, list[Segment]], dict[str, Any]]:
     texts = [f.read_text(encoding="utf-8") for f in files]
+    from kode.backends import models
     from kode.bench import llama_server, llama_vim
 
     binary = llama_server.find_binary()
@@ -310,7 +311,7 @@ async def measure(
             results[label] += segments
             facts["stats"][f"{label} round {r}"] = final.get("engine")
         if binary is not None:
-            model = await asyncio.to_thread(llama_vim.model_path, options.model)
+            model = await asyncio.to_thread(models.resolve, options.model)
             segments, counters = await llama_vim.replay(
                 binary,
                 model,
