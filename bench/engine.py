@@ -23,8 +23,9 @@ request; the next one follows the answer after ``PAUSE_S``. One the window answe
 the suggestion it shows (no generation) is recorded but left out of the figures.
 
 ``--busy`` measures instead how llama.cpp degrades under one busy process per core:
-prefill and decode speed for OpenMP's wait policy (active, passive), threads (1, 2) and
-priority (nice 0, 5), against the quiet machine, in rounds as well (``--rounds``).
+prefill and decode speed for how OpenMP's threads wait (spin, sleep at once, or the
+engine's short spin), threads (1, 2) and priority (nice 0, 5), against the quiet machine,
+in rounds as well (``--rounds``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from kode.bench import common, latency
+from kode.cli.engine import SPIN_COUNT
 
 PAUSE_S = 0.05  # between an answer and the next keystroke
 STEP_S = 600.0  # the longest one step may take (a model load on a busy machine)
@@ -682,7 +684,7 @@ async def windows_bench(options: Options, earlier: list[Key], sink: Path) -> Rep
 
 # -- the busy machine ---------------------------------------------------------------------
 
-# One fresh process per setting: libgomp reads OMP_WAIT_POLICY once, when it loads. The
+# One fresh process per setting: libgomp reads how its threads wait once, when it loads. The
 # prompt is synthetic (no user code); plain decoding, no calibration (a fixed cost curve).
 _PROBE = """
 import asyncio, json, os, sys
@@ -712,27 +714,32 @@ asyncio.run(main())
 """
 
 
+# How OpenMP threads wait, as the environment says it (nothing else of the two is set).
+ACTIVE, PASSIVE = "OMP_WAIT_POLICY=ACTIVE", "OMP_WAIT_POLICY=PASSIVE"
+SHORT_SPIN = f"GOMP_SPINCOUNT={SPIN_COUNT}"  # the engine's own (cli/engine.py)
+
+
 def busy_configs(cores: int) -> list[tuple[str, str, int, int]]:
-    """(load, OMP_WAIT_POLICY, threads, nice) for every setting the busy bench runs."""
-    configs = [("quiet", "ACTIVE", cores, 0), ("quiet", "PASSIVE", cores, 0)]
-    configs.append(("quiet", "PASSIVE", 1, 0))
-    configs += [
-        ("busy", policy, threads, 0)
-        for policy in ("ACTIVE", "PASSIVE")
-        for threads in sorted({1, cores})
-    ]
-    configs.append(("busy", "PASSIVE", cores, 5))
+    """(load, waiting, threads, nice) for every setting the busy bench runs."""
+    configs = [("quiet", waiting, cores, 0) for waiting in (ACTIVE, PASSIVE, SHORT_SPIN)]
+    configs += [("busy", waiting, cores, 0) for waiting in (ACTIVE, PASSIVE, SHORT_SPIN)]
+    if cores > 1:
+        configs.append(("busy", SHORT_SPIN, 1, 0))
+    configs.append(("busy", SHORT_SPIN, cores, 5))
     return configs
 
 
-def probe(model: Path, load: str, policy: str, threads: int, nice: int) -> dict[str, Any]:
+def probe(model: Path, load: str, waiting: str, threads: int, nice: int) -> dict[str, Any]:
     """One setting in a fresh process, with one busy process per core if ``load`` says."""
     cores = len(os.sched_getaffinity(0))
     hogs = []
     if load == "busy":
         hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
     try:
-        env = {**os.environ, "OMP_WAIT_POLICY": policy}
+        chosen = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+        env = {k: v for k, v in os.environ.items() if k not in chosen}
+        name, _, value = waiting.partition("=")
+        env[name] = value
         done = subprocess.run(
             [sys.executable, "-c", _PROBE, str(model), str(threads), str(nice)],
             capture_output=True,
@@ -745,20 +752,20 @@ def probe(model: Path, load: str, policy: str, threads: int, nice: int) -> dict[
         for hog in hogs:
             hog.kill()
             hog.wait()
-    row: dict[str, Any] = {"load": load, "policy": policy, "threads": threads, "nice": nice}
+    row: dict[str, Any] = {"load": load, "waiting": waiting, "threads": threads, "nice": nice}
     if done.returncode != 0:
         return {**row, "failed": done.stderr[-200:]}
     return {**row, **json.loads(done.stdout.strip().splitlines()[-1])}
 
 
 def busy_slowdowns(results: Sequence[dict[str, Any]], cores: int) -> dict[str, list[float]]:
-    """Per round, how much the engine's own setting (PASSIVE, every core, nice 0) slows
+    """Per round, how much the engine's own setting (a short spin, every core, nice 0) slows
     under the busy processes against the same round's quiet run: prefill (tokens/s,
     quiet / busy) and decode (ms/token, busy / quiet).
 
-    >>> rows = [{"round": 0, "load": "quiet", "policy": "PASSIVE", "threads": 2, "nice": 0,
+    >>> rows = [{"round": 0, "load": "quiet", "waiting": SHORT_SPIN, "threads": 2, "nice": 0,
     ...          "prefill_tok_s": 40.0, "ms_per_token": 50.0},
-    ...         {"round": 0, "load": "busy", "policy": "PASSIVE", "threads": 2, "nice": 0,
+    ...         {"round": 0, "load": "busy", "waiting": SHORT_SPIN, "threads": 2, "nice": 0,
     ...          "prefill_tok_s": 20.0, "ms_per_token": 125.0}]
     >>> busy_slowdowns(rows, 2)
     {'prefill': [2.0], 'decode': [2.5]}
@@ -767,7 +774,7 @@ def busy_slowdowns(results: Sequence[dict[str, Any]], cores: int) -> dict[str, l
     mine = [
         r
         for r in results
-        if (r["policy"], r["threads"], r["nice"]) == ("PASSIVE", cores, 0) and "failed" not in r
+        if (r["waiting"], r["threads"], r["nice"]) == (SHORT_SPIN, cores, 0) and "failed" not in r
     ]
     for round_ in sorted({r["round"] for r in mine}):
         quiet = [r for r in mine if r["round"] == round_ and r["load"] == "quiet"]
@@ -801,17 +808,17 @@ def busy_bench(options: Options) -> str:
             with open(path, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(row) + "\n")
     rows = []
-    for load, policy, threads, nice in busy_configs(cores):
+    for load, waiting, threads, nice in busy_configs(cores):
         mine = [
             r
             for r in results
-            if (r["load"], r["policy"], r["threads"], r["nice"]) == (load, policy, threads, nice)
+            if (r["load"], r["waiting"], r["threads"], r["nice"]) == (load, waiting, threads, nice)
             and "failed" not in r
         ]
         rows.append(
             [
                 load,
-                policy,
+                waiting,
                 threads,
                 nice,
                 len(mine),
@@ -820,7 +827,7 @@ def busy_bench(options: Options) -> str:
             ]
         )
     table = common.markdown_table(
-        ["load", "OMP_WAIT_POLICY", "threads", "nice", "runs", "prefill tok/s", "ms/token"],
+        ["load", "threads wait", "threads", "nice", "runs", "prefill tok/s", "ms/token"],
         rows,
     )
     slow = busy_slowdowns(results, cores)
@@ -829,7 +836,7 @@ def busy_bench(options: Options) -> str:
     fair = float(cores + 1)
     lines = [f"# kode bench engine --busy ({options.model})", "", table]
     lines.append(
-        f"Busy against quiet, PASSIVE with {cores} threads, per round (a fair share of the "
+        f"Busy against quiet, {SHORT_SPIN} with {cores} threads, per round (a fair share of the "
         f"cores costs {fair:.0f}x):"
     )
     for what, values in slow.items():

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +21,21 @@ from kode.backends.errors import EngineError, KodeError
 
 log = logging.getLogger("kode.engine")
 
-# How llama.cpp's OpenMP threads wait, unless the environment says otherwise. Measured
-# (`kode bench engine --busy`, 1.5B, 2 cores, one busy process per core): with every core,
-# PASSIVE decodes at 188 ms/token where ACTIVE (spinning) takes 310, and prefills 26 tokens/s
-# against 21; on the machine without the busy processes the two are equal (90 and 93
-# ms/token). One thread is slower in both cases, and nice 5 halves the speed under load,
-# so the engine keeps every core at normal priority. docs/engine.md, "Busy machine".
-DEFAULT_WAIT_POLICY = "PASSIVE"
+# How llama.cpp's OpenMP threads wait between the parts of a decode step, unless the
+# environment says (``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``): spin for a short while,
+# then sleep. Measured (`kode bench engine --busy`, 1.5B, 2 cores; docs/engine.md, "Busy
+# machine"): on a quiet machine PASSIVE (sleep at once) decodes 1.4x slower than spinning
+# (90-95 against 65-68 ms/token), because every step has dozens of short waits; with one
+# busy process per core, spinning without end (ACTIVE) is 1.8-2.7x slower than PASSIVE.
+# A short spin is as fast as spinning on a quiet machine and as PASSIVE under load.
+SPIN_COUNT = "10000"
+
+
+def choose_thread_waiting(environ: MutableMapping[str, str] = os.environ) -> None:
+    """Set libgomp's spin count before llama.cpp's library loads (it reads it once), unless
+    the user set how OpenMP threads wait."""
+    if "OMP_WAIT_POLICY" not in environ and "GOMP_SPINCOUNT" not in environ:
+        environ["GOMP_SPINCOUNT"] = SPIN_COUNT
 
 
 def register(subparsers: Any) -> None:
@@ -50,8 +59,9 @@ def register(subparsers: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    # libgomp reads its settings once, when llama.cpp's library loads: before the import.
-    os.environ.setdefault("OMP_WAIT_POLICY", DEFAULT_WAIT_POLICY)
+    # libgomp reads its settings once, when llama.cpp's library loads: before the import
+    # (``main`` chose them already; ``_run`` may also be called on its own).
+    choose_thread_waiting()
     from kode.backends.daemon.paths import EngineConfig, EngineLock, place_for
     from kode.backends.daemon.server import EngineServer
     from kode.backends.llama.backend import LlamaBackend

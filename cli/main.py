@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -80,6 +79,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # Every command that loads llama.cpp here (a window, the engine, `complete`, `serve`,
+    # the benchmarks) waits the way the engine was measured to wait best.
+    engine_cli.choose_thread_waiting()
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(
         level=level,
@@ -106,8 +108,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _lsp(args: argparse.Namespace) -> int:
-    # A window that loads the model itself waits like the engine does (measured there).
-    os.environ.setdefault("OMP_WAIT_POLICY", engine_cli.DEFAULT_WAIT_POLICY)
     from kode.lsp.server import build_server
 
     if args.verbose == 0:

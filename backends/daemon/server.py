@@ -325,6 +325,7 @@ class EngineServer:
             "counters": None if backend is None else backend.counters.as_dict(),
             "kvMemory": backend.kv_memory if isinstance(backend, KvMemoryReport) else None,
             "ompWaitPolicy": os.environ.get("OMP_WAIT_POLICY"),
+            "gompSpinCount": os.environ.get("GOMP_SPINCOUNT"),
             "nice": os.nice(0),
         }
 
