@@ -443,7 +443,11 @@ def line_cases(files: Sequence[Path], n: int, seed: int, max_chars: int) -> list
 
 
 async def window_quality(
-    model: str, files: Sequence[Path], cases: Sequence[Place], windows: Sequence[Window]
+    model: str,
+    files: Sequence[Path],
+    cases: Sequence[Place],
+    windows: Sequence[Window],
+    settings: Sequence[tuple[str, Any]] = (),
 ) -> dict[str, list[bool]]:
     from kode.backends import models
     from kode.backends.llama.backend import LlamaBackend
@@ -469,6 +473,7 @@ async def window_quality(
                     # Only the first line is scored; greedy decoding writes the same first
                     # line either way, and stopping there saves most of the decoding.
                     "multiline": "never",
+                    **dict(settings),  # --setting KEY=JSON
                 }
             )
             assert not problems, problems
@@ -502,6 +507,7 @@ def quality_main(
     horizons: Sequence[float] = (2.5,),
     *,
     full: bool = True,
+    settings: Sequence[tuple[str, Any]] = (),
 ) -> int:
     chosen = tuple(files) if files else DEFAULT_FILES
     cases = line_cases(chosen, n, seed, 60)
@@ -509,7 +515,7 @@ def quality_main(
     if not full:
         windows = windows[1:]
     machine_before = common.machine_note()
-    results = asyncio.run(window_quality(model, chosen, cases, windows))
+    results = asyncio.run(window_quality(model, chosen, cases, windows, settings))
     rows: list[list[object]] = [
         [label, f"{sum(hits)}/{len(hits)}"] for label, hits in results.items()
     ]
@@ -518,7 +524,9 @@ def quality_main(
     (out / "windows.md").write_text(
         f"# Exact lines by window size (`{model}`)\n\n- {len(cases)} lines from "
         + ", ".join(f"`{f.name}`" for f in chosen)
-        + f" (seed {seed}); windows for {rate:g} prompt tokens/s\n- machine: before "
+        + f" (seed {seed}); windows for {rate:g} prompt tokens/s; settings: "
+        + ("".join(f"`{k}`={v!r}; " for k, v in settings) or "defaults")
+        + "\n- machine: before "
         f"{machine_before}; after {common.machine_note()}\n\n{table}",
         encoding="utf-8",
     )

@@ -89,7 +89,7 @@ def register(subparsers: Any) -> None:
         "--modes",
         type=_csv,
         default=("engine", "raw", "llama-server"),
-        help="comma list of engine,raw,moved,spm,heal,llama-server "
+        help="comma list of engine,raw,moved,spm,heal,middle,llama-server "
         "(default engine,raw,llama-server)",
     )
     quality.add_argument("--speculation", default="auto")
@@ -326,6 +326,7 @@ def run(args: argparse.Namespace) -> int:
                 args.out,
                 horizons=tuple(args.horizons),
                 full=not args.no_full,
+                settings=options.settings,
             )
         return latency.main(options)
     if args.bench_command == "engine":

@@ -371,6 +371,7 @@ class CompletionEngine:
                 path=ctx.path,
                 repo=_repo_name(uri),
                 snippets=ctx.snippets,
+                line_in_middle=self._settings.line_in_middle,
             )
         )
 

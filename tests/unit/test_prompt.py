@@ -103,3 +103,21 @@ def test_snippets_that_fit_are_included_in_stable_order() -> None:
 def test_uri_to_path_is_short_and_unquoted() -> None:
     assert uri_to_path("file:///home/u/proj/pkg/my%20mod.py") == "pkg/my mod.py"
     assert uri_to_path("untitled:Untitled-1") == "Untitled-1"
+
+
+def test_line_in_middle_puts_the_cursor_line_after_the_middle_token() -> None:
+    """The text before the cursor on its line starts the fill, so typing on the line only
+    appends to the prompt (the suffix's cached entries stay where they are)."""
+    before = render(QWEN25_CODER, "def f():\n    ret", "\nx = 1\n", line_in_middle=True)
+    after = render(QWEN25_CODER, "def f():\n    retu", "\nx = 1\n", line_in_middle=True)
+    assert before == "<|fim_prefix|>def f():\n<|fim_suffix|>\nx = 1\n<|fim_middle|>    ret"
+    assert after.startswith(before)
+    # A cursor on the first line, and a prefix ending with a line break (an empty line).
+    assert render(QWEN25_CODER, "x = ", "\n", line_in_middle=True) == (
+        "<|fim_prefix|><|fim_suffix|>\n<|fim_middle|>x = "
+    )
+    assert render(QWEN25_CODER, "a\r\n", "b", line_in_middle=True) == (
+        render(QWEN25_CODER, "a\r\n", "b")
+    )
+    spm = FimTemplate("x", "<P>", "<S>", "<M>", order=FimOrder.SPM)
+    assert render(spm, "pre\nab", "suf", line_in_middle=True) == "<S>suf<P>pre\n<M>ab"

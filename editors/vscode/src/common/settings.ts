@@ -39,6 +39,7 @@ export const SERVER_KEYS = [
   "prefetch",
   "readAhead",
   "tokenHealing",
+  "lineInMiddle",
   "firstAnswerMs",
   "kvMemoryMb",
 ] as const;
