@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
 
-from kode.completion.documents import Document, split_lines
+from kode.completion.documents import LINE_BREAK, Document, split_lines
 from kode.completion.retrieval import Retrieved, best_window
 from kode.completion.templates import Snippet
 from kode.completion.workspace import words
@@ -133,28 +133,16 @@ def _prefix_window(
 
 
 def _join_from(before: str, lines: list[str], start: int) -> str:
-    """``before`` from the start of line ``start`` (original line terminators kept)."""
+    """``before`` from the start of line ``start`` (original line terminators kept);
+    ``lines`` is ``split_lines(before)``."""
     if start == 0:
         return before
-    # Walk line terminators to find the string index where line ``start`` begins.
-    index, seen = 0, 0
-    while seen < start:
-        nl = _next_break(before, index)
-        index, seen = nl, seen + 1
-    return before[index:]
-
-
-def _next_break(text: str, index: int) -> int:
-    """Index just after the next line terminator at or after ``index``."""
-    n = len(text)
-    while index < n:
-        ch = text[index]
-        if ch == "\n":
-            return index + 1
-        if ch == "\r":
-            return index + 2 if index + 1 < n and text[index + 1] == "\n" else index + 1
-        index += 1
-    return n
+    if "\r" not in before:  # one character per terminator: add the lengths up (C speed)
+        return before[sum(map(len, lines[:start])) + start :]
+    for number, match in enumerate(LINE_BREAK.finditer(before), 1):
+        if number == start:
+            return before[match.end() :]
+    return ""
 
 
 def _suffix_window(lines: list[str], count_tokens: CountTokens, limit: int) -> str:

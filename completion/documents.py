@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from kode.backends.errors import DocumentError
 
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+LINE_BREAK = re.compile(r"\r\n|\r|\n")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -74,7 +74,7 @@ def utf16_to_index(line: str, character: int) -> int | None:
 
 def split_lines(text: str) -> list[str]:
     """Lines without their terminators; always at least one (possibly empty) line."""
-    return _LINE_BREAK.split(text)
+    return LINE_BREAK.split(text)
 
 
 @dataclass(slots=True)
@@ -93,7 +93,7 @@ class Document:
 
     def _reindex(self) -> None:
         starts = [0]
-        starts.extend(match.end() for match in _LINE_BREAK.finditer(self.text))
+        starts.extend(match.end() for match in LINE_BREAK.finditer(self.text))
         self._line_starts = starts
 
     @property

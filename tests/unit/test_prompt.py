@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from kode.completion.context import Budget, gather, uri_to_path
-from kode.completion.documents import Document, Position
+from hypothesis import given
+from hypothesis import strategies as st
+from kode.completion.context import Budget, _join_from, gather, uri_to_path
+from kode.completion.documents import Document, Position, split_lines
 from kode.completion.templates import QWEN25_CODER, FimOrder, FimTemplate, Snippet, render
 
 
@@ -121,3 +123,19 @@ def test_line_in_middle_puts_the_cursor_line_after_the_middle_token() -> None:
     )
     spm = FimTemplate("x", "<P>", "<S>", "<M>", order=FimOrder.SPM)
     assert render(spm, "pre\nab", "suf", line_in_middle=True) == "<S>suf<P>pre\n<M>ab"
+
+
+@given(st.lists(st.tuples(st.text("ab \t", max_size=5), st.sampled_from(["\n", "\r\n", "\r"]))))
+def test_the_prefix_window_starts_exactly_at_its_first_line(parts: list[tuple[str, str]]) -> None:
+    """Line ``k`` of the text before the cursor starts where the first ``k`` lines and
+    their terminators (any of LSP's three) end."""
+    # A line may be empty, but "\r" and a "\n" after it would make one terminator.
+    parts = [
+        (line or "x", end) if i and parts[i - 1][1] == "\r" else (line, end)
+        for i, (line, end) in enumerate(parts)
+    ]
+    before = "".join(line + end for line, end in parts) + "tail"
+    lines = split_lines(before)
+    for k in range(len(lines)):
+        expected = before[sum(len(line) + len(end) for line, end in parts[:k]) :]
+        assert _join_from(before, lines, k) == expected
