@@ -29,9 +29,6 @@ Modes:
   trimming: the difference to ``engine`` is what the stop rules are worth.
 - ``heal``: ``engine`` with ``tokenHealing`` on; it differs only where the cursor
   follows a word character, and the difference to ``engine`` is what healing is worth.
-- ``middle``: ``engine`` with ``lineInMiddle`` the other way round (the text before the
-  cursor on its line after ``<|fim_middle|>``, or back at the end of the prefix); it
-  differs only where the cursor has text before it on its line.
 - ``llama-server``: the same tasks through llama.cpp's ``/infill`` endpoint
   (``input_prefix`` / ``input_suffix``), when a ``llama-server`` binary is on ``PATH``.
 """
@@ -52,7 +49,7 @@ import msgspec
 from kode.bench import common, sandbox
 from kode.bench.common import HumanEvalTask, fmt, fmt_ratio, markdown_table
 
-MODES = ("engine", "raw", "moved", "spm", "heal", "middle", "llama-server")
+MODES = ("engine", "raw", "moved", "spm", "heal", "llama-server")
 DEFAULT_MODES = ("engine", "raw", "llama-server")
 MOVED_CHARS = 12  # characters typed between the cached prompt and the measured one
 SETS = ("single", "multi")  # the default sets
@@ -227,13 +224,7 @@ async def _raw(
     )
     repo = Path(ctxmod.uri_to_path(uri)).parent.name or "workspace"
     prompt = render(
-        engine.template(),
-        ctx.prefix,
-        ctx.suffix,
-        path=ctx.path,
-        repo=repo,
-        snippets=ctx.snippets,
-        line_in_middle=settings.line_in_middle,
+        engine.template(), ctx.prefix, ctx.suffix, path=ctx.path, repo=repo, snippets=ctx.snippets
     )
     request = GenerationRequest(
         prompt=prompt,
@@ -300,7 +291,6 @@ async def _one_model(
     exact = msgspec.structs.replace(settings, moved_suffix_drift=0, first_answer_ms=0)
     spm = msgspec.structs.replace(exact, template="qwen2.5-coder-spm")
     healed = msgspec.structs.replace(exact, token_healing=True)
-    middle = msgspec.structs.replace(exact, line_in_middle=not exact.line_in_middle)
     settings = exact
     max_tokens = options.max_tokens or settings.max_tokens
     limits = sandbox.Limits(timeout_s=options.timeout_s, cpu_s=max(1, int(options.timeout_s)))
@@ -309,10 +299,9 @@ async def _one_model(
     # The template is part of the backend's identity (BackendPool), so SPM runs as a
     # second pass rather than switching (and reloading) per task.
     passes = [
-        (exact, [m for m in options.modes if m not in ("spm", "heal", "middle")]),
+        (exact, [m for m in options.modes if m not in ("spm", "heal")]),
         (spm, [m for m in options.modes if m == "spm"]),
         (healed, [m for m in options.modes if m == "heal"]),
-        (middle, [m for m in options.modes if m == "middle"]),
     ]
     try:
         for pass_settings, modes in passes:
@@ -382,7 +371,7 @@ async def _one_task(
             offset = len(task.prompt)
             if mode == "raw":
                 completion, tokens = await _raw(engine, backend, uri, offset, max_tokens)
-            else:  # engine, spm, heal, middle
+            else:  # engine, spm, heal
                 position = engine.documents.get(uri).position_at(offset)
                 done = await engine.complete(uri, position, max_tokens=max_tokens)
                 completion, tokens = done.text, done.stats.completion_tokens

@@ -371,7 +371,6 @@ class CompletionEngine:
                 path=ctx.path,
                 repo=_repo_name(uri),
                 snippets=ctx.snippets,
-                line_in_middle=self._settings.line_in_middle,
             )
         )
 

@@ -87,10 +87,6 @@ class Settings(
     # most this many edited tokens went unseen by it (kode bench quality, mode `moved`);
     # 0: re-evaluate the suffix on every keystroke.
     moved_suffix_drift: _Tokens = 32
-    # The text before the cursor on its line goes after <|fim_middle|>, as the start of the
-    # fill (llama.cpp's /infill `prompt`): a keystroke on the line appends to the prompt, and
-    # the suffix needs no moving (templates.render).
-    line_in_middle: bool = False
     snippet_tokens: _Tokens = 512
     # Project context (completion/retrieval.py): definitions, module outlines and similar
     # code from the workspace folders' files, after the open documents; 0: off.

@@ -92,7 +92,6 @@ def render(
     path: str | None = None,
     repo: str | None = None,
     snippets: Sequence[Snippet] = (),
-    line_in_middle: bool = False,
 ) -> str:
     """The prompt text for one completion.
 
@@ -100,19 +99,7 @@ def render(
 
         render(QWEN25_CODER, "def add(a, b):\\n    ", "\\n")
         == "<|fim_prefix|>def add(a, b):\\n    <|fim_suffix|>\\n<|fim_middle|>"
-
-    ``line_in_middle``: the prefix's last line (the text before the cursor on its line)
-    goes after the middle token instead, as the start of the fill, which is how
-    llama.cpp's ``/infill`` places its ``prompt``; a keystroke on the line then only
-    appends to the prompt, and the suffix's cached entries stay where they are::
-
-        render(QWEN25_CODER, "def add(a, b):\\n    ret", "\\n", line_in_middle=True)
-        == "<|fim_prefix|>def add(a, b):\\n<|fim_suffix|>\\n<|fim_middle|>    ret"
     """
-    middle = ""
-    if line_in_middle:
-        cut = max(prefix.rfind("\n"), prefix.rfind("\r")) + 1
-        prefix, middle = prefix[:cut], prefix[cut:]
     head = ""
     use_repo = template.file_header is not None and (snippets or path)
     if use_repo and template.repo_header is not None and repo is not None:
@@ -124,7 +111,7 @@ def render(
         if path is not None:
             head += template.file_header.format(path=path)
     if template.order is FimOrder.PSM:
-        fim = f"{template.prefix}{prefix}{template.suffix}{suffix}{template.middle}{middle}"
+        fim = f"{template.prefix}{prefix}{template.suffix}{suffix}{template.middle}"
     else:
-        fim = f"{template.suffix}{suffix}{template.prefix}{prefix}{template.middle}{middle}"
+        fim = f"{template.suffix}{suffix}{template.prefix}{prefix}{template.middle}"
     return head + fim

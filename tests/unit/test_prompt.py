@@ -107,24 +107,6 @@ def test_uri_to_path_is_short_and_unquoted() -> None:
     assert uri_to_path("untitled:Untitled-1") == "Untitled-1"
 
 
-def test_line_in_middle_puts_the_cursor_line_after_the_middle_token() -> None:
-    """The text before the cursor on its line starts the fill, so typing on the line only
-    appends to the prompt (the suffix's cached entries stay where they are)."""
-    before = render(QWEN25_CODER, "def f():\n    ret", "\nx = 1\n", line_in_middle=True)
-    after = render(QWEN25_CODER, "def f():\n    retu", "\nx = 1\n", line_in_middle=True)
-    assert before == "<|fim_prefix|>def f():\n<|fim_suffix|>\nx = 1\n<|fim_middle|>    ret"
-    assert after.startswith(before)
-    # A cursor on the first line, and a prefix ending with a line break (an empty line).
-    assert render(QWEN25_CODER, "x = ", "\n", line_in_middle=True) == (
-        "<|fim_prefix|><|fim_suffix|>\n<|fim_middle|>x = "
-    )
-    assert render(QWEN25_CODER, "a\r\n", "b", line_in_middle=True) == (
-        render(QWEN25_CODER, "a\r\n", "b")
-    )
-    spm = FimTemplate("x", "<P>", "<S>", "<M>", order=FimOrder.SPM)
-    assert render(spm, "pre\nab", "suf", line_in_middle=True) == "<S>suf<P>pre\n<M>ab"
-
-
 @given(st.lists(st.tuples(st.text("ab \t", max_size=5), st.sampled_from(["\n", "\r\n", "\r"]))))
 def test_the_prefix_window_starts_exactly_at_its_first_line(parts: list[tuple[str, str]]) -> None:
     """Line ``k`` of the text before the cursor starts where the first ``k`` lines and

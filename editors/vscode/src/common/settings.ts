@@ -39,7 +39,6 @@ export const SERVER_KEYS = [
   "prefetch",
   "readAhead",
   "tokenHealing",
-  "lineInMiddle",
   "firstAnswerMs",
   "kvMemoryMb",
 ] as const;
