@@ -136,8 +136,9 @@ class PlacesReplay(Replay):
             in_flight: tuple[str, asyncio.Future[Any]] | None = None
             pending: list[asyncio.Future[Any]] = []
             start = time.perf_counter()
+            offsets = key_times(place.body, opts.cadence_ms, opts.word_pause_ms)
             for i, ch in enumerate(place.body):
-                delay = start + i * opts.cadence_ms / 1000.0 - time.perf_counter()
+                delay = start + offsets[i] / 1000.0 - time.perf_counter()
                 if delay > 0:
                     await asyncio.sleep(delay)
                 now = time.perf_counter()
@@ -169,6 +170,22 @@ class PlacesReplay(Replay):
             mark_matches(segment.keys, place.body)
             segments.append(segment)
         return segments
+
+
+def key_times(body: str, cadence_ms: float, word_pause_ms: float = 0.0) -> list[float]:
+    """When each key of ``body`` is typed, in ms from the first: every ``cadence_ms``, and
+    ``word_pause_ms`` more after a key that ends a word (not a letter, digit or ``_``).
+
+    >>> key_times("a.b", 100, 1000)
+    [0.0, 100.0, 1200.0]
+    """
+    times, at = [], 0.0
+    for i, ch in enumerate(body):
+        times.append(at)
+        at += cadence_ms
+        if word_pause_ms and not (ch.isalnum() or ch == "_") and i + 1 < len(body):
+            at += word_pause_ms
+    return times
 
 
 async def _one_mode(
@@ -359,8 +376,13 @@ def main(options: Options, files: Sequence[Path] | None, rounds: int) -> int:
         "# Every place: first keystrokes in large real files, through `kode lsp`\n\n"
         f"- model `{options.model}`; files: "
         + ", ".join(f"`{f}` ({len(f.read_text().splitlines())} lines)" for f in chosen)
-        + f"; pause before typing {options.place_pause_s:g} s; cadence {options.cadence_ms:g} ms;"
-        f" {rounds} round(s) of 4 places (open, jump 200+ lines, switch file, back)\n"
+        + f"; pause before typing {options.place_pause_s:g} s; cadence {options.cadence_ms:g} ms"
+        + (
+            f" and {options.word_pause_ms:g} ms more after each key that ends a word;"
+            if options.word_pause_ms
+            else ";"
+        )
+        + f" {rounds} round(s) of 4 places (open, jump 200+ lines, switch file, back)\n"
         f"- workspace folder: {options.workspace or 'none'}; settings: "
         + "".join(f"`{k}`={v!r}; " for k, v in options.settings)
         + f"\n- machine: before {facts['machine_before']}; after {facts['machine_after']}\n"

@@ -123,6 +123,13 @@ def register(subparsers: Any) -> None:
         "0: type at once into the file just opened (default 1)",
     )
     latency.add_argument(
+        "--word-pause",
+        type=float,
+        default=0.0,
+        help="places: ms of pause after each key that ends a word (a person stops to read "
+        "the suggestion); 0: type each line through at --cadence-ms (default 0)",
+    )
+    latency.add_argument(
         "--scenario",
         choices=["regions", "places", "windows"],
         default="regions",
@@ -307,9 +314,12 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             out=args.out,
             place_pause_s=args.place_pause,
+            word_pause_ms=args.word_pause,
             settings=tuple(_setting(item) for item in args.setting),
             workspace=args.workspace,
         )
+        if args.word_pause and args.scenario != "places":
+            raise SystemExit("kode bench latency: --word-pause is for --scenario places")
         if args.scenario == "places":
             from kode.bench import places
 

@@ -10,6 +10,7 @@ from kode.bench.places import (
     Segment,
     blank,
     first_key_ms,
+    key_times,
     next_shown_ms,
     plan_places,
     windows_for,
@@ -65,3 +66,12 @@ def test_windows_for_the_measured_speed() -> None:
     full, longer, shorter, unprepared = windows_for(40.0, 1000.0, 2.5, 1.5)
     assert longer.label == "prepared in 2.5 s (100 tokens)"
     assert shorter.prefix_tokens + shorter.suffix_tokens <= 60 < longer.prefix_tokens
+
+
+def test_word_pauses_follow_the_keys_that_end_a_word() -> None:
+    """``--word-pause``: a person stops after ``self.`` and ``= ``, not inside a name, and
+    not after the line's last key."""
+    times = key_times("self.x = 1", 100, 1000)
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    assert gaps == [100, 100, 100, 100, 1100, 100, 1100, 100, 1100]
+    assert key_times("ab", 120) == [0.0, 120.0]
