@@ -52,8 +52,8 @@ class Options:
     # Before typing a region: one request at the cursor, answered, then this pause (the
     # user clicks into the line and reads). 0 types at once into a file just opened.
     place_pause_s: float = 1.0
-    # Places: a pause after every key that ends a word (a character that is not a letter,
-    # digit or underscore), as a person stops to read the suggestion; 0 types on.
+    # Places: a pause before each word that follows a separator (``self.|x``, ``= |1``), as
+    # a person stops to read the suggestion; 0 types each line through.
     word_pause_ms: float = 0.0
     startup_s: float = 600.0  # first request: the model loads (and may be assembled)
     workspace: Path | None = None  # the workspace folder given to the server (rootUri)

@@ -174,16 +174,21 @@ class PlacesReplay(Replay):
 
 def key_times(body: str, cadence_ms: float, word_pause_ms: float = 0.0) -> list[float]:
     """When each key of ``body`` is typed, in ms from the first: every ``cadence_ms``, and
-    ``word_pause_ms`` more after a key that ends a word (not a letter, digit or ``_``).
+    ``word_pause_ms`` more before each word that follows a separator (a word character is
+    a letter, a digit or ``_``): a person stops after ``self.`` or ``= `` to read.
 
     >>> key_times("a.b", 100, 1000)
     [0.0, 100.0, 1200.0]
     """
+
+    def word(ch: str) -> bool:
+        return ch.isalnum() or ch == "_"
+
     times, at = [], 0.0
     for i, ch in enumerate(body):
         times.append(at)
         at += cadence_ms
-        if word_pause_ms and not (ch.isalnum() or ch == "_") and i + 1 < len(body):
+        if word_pause_ms and i + 1 < len(body) and not word(ch) and word(body[i + 1]):
             at += word_pause_ms
     return times
 
@@ -378,7 +383,7 @@ def main(options: Options, files: Sequence[Path] | None, rounds: int) -> int:
         + ", ".join(f"`{f}` ({len(f.read_text().splitlines())} lines)" for f in chosen)
         + f"; pause before typing {options.place_pause_s:g} s; cadence {options.cadence_ms:g} ms"
         + (
-            f" and {options.word_pause_ms:g} ms more after each key that ends a word;"
+            f" and {options.word_pause_ms:g} ms more before each word after a separator;"
             if options.word_pause_ms
             else ";"
         )

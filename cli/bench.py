@@ -126,8 +126,8 @@ def register(subparsers: Any) -> None:
         "--word-pause",
         type=float,
         default=0.0,
-        help="places: ms of pause after each key that ends a word (a person stops to read "
-        "the suggestion); 0: type each line through at --cadence-ms (default 0)",
+        help="places: ms of pause before each word that follows a separator (a person stops "
+        "to read the suggestion); 0: type each line through at --cadence-ms (default 0)",
     )
     latency.add_argument(
         "--scenario",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from kode.bench.latency import Keystroke
 from kode.bench.places import (
@@ -69,9 +71,9 @@ def test_windows_for_the_measured_speed() -> None:
 
 
 def test_word_pauses_follow_the_keys_that_end_a_word() -> None:
-    """``--word-pause``: a person stops after ``self.`` and ``= ``, not inside a name, and
-    not after the line's last key."""
-    times = key_times("self.x = 1", 100, 1000)
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
-    assert gaps == [100, 100, 100, 100, 1100, 100, 1100, 100, 1100]
+    """``--word-pause``: a person stops after ``self.`` and ``= ``, not inside a name or
+    between two separators, and not after the line's last key."""
+    times = key_times("self.x = 1)", 100, 1000)
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert gaps == [100, 100, 100, 100, 1100, 100, 100, 100, 1100, 100]
     assert key_times("ab", 120) == [0.0, 120.0]
