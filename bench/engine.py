@@ -734,7 +734,12 @@ def probe(model: Path, load: str, waiting: str, threads: int, nice: int) -> dict
     cores = len(os.sched_getaffinity(0))
     hogs = []
     if load == "busy":
-        hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
+        hogs = [
+            subprocess.Popen(
+                [sys.executable, "-c", "while True: pass"], preexec_fn=common.die_with_parent
+            )
+            for _ in range(cores)
+        ]
     try:
         chosen = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
         env = {k: v for k, v in os.environ.items() if k not in chosen}

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import httpx
+from kode.bench import common
 
 STARTUP_S = 180.0
 REQUEST_S = 600.0
@@ -191,6 +192,7 @@ async def serve(
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=str(log_dir),
+            preexec_fn=common.die_with_parent,
         )
         url = f"http://127.0.0.1:{port}"
         try:

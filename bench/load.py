@@ -37,6 +37,7 @@ from typing import Any
 
 import httpx
 from kode.backends.remote.sse import SSEDecoder
+from kode.bench import common
 from kode.completion.templates import QWEN25_CODER, render
 from kode.serve.metrics import parse_text
 
@@ -251,7 +252,7 @@ def spawn_server(
     ]  # fmt: skip
     proc = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=common.die_with_parent,
     )  # fmt: skip
     assert proc.stdout is not None
     deadline = time.monotonic() + 120
