@@ -474,7 +474,7 @@ async def window_quality(
     files: Sequence[Path],
     cases: Sequence[Place],
     windows: Sequence[Window],
-    settings: Sequence[tuple[str, Any]] = (),
+    overrides: Sequence[tuple[str, Any]] = (),
 ) -> dict[str, list[bool]]:
     from kode.backends import models
     from kode.backends.llama.backend import LlamaBackend
@@ -500,7 +500,7 @@ async def window_quality(
                     # Only the first line is scored; greedy decoding writes the same first
                     # line either way, and stopping there saves most of the decoding.
                     "multiline": "never",
-                    **dict(settings),  # --setting KEY=JSON
+                    **dict(overrides),  # --setting KEY=JSON
                 }
             )
             assert not problems, problems
