@@ -68,6 +68,7 @@ class Options:
     timeout_s: float = 10.0
     out: Path = Path("results/quality")
     data_dir: Path | None = None
+    settings: tuple[tuple[str, Any], ...] = ()  # more settings for every Kode mode (camelCase)
 
 
 @dataclass(slots=True)
@@ -279,6 +280,7 @@ async def _one_model(
             "speculation": options.speculation,
             "firstAnswerMs": 0,
             "engine": "inProcess",
+            **dict(options.settings),
         }
     )
     if problems:
@@ -433,7 +435,9 @@ def report(options: Options, results: list[Result], facts: dict[str, str]) -> st
     text = (
         "# Completion quality: HumanEval infilling pass@1\n\n"
         f"- models: {', '.join(options.models)}; sets: {', '.join(options.sets)} ({sizes}, "
-        f"seed {options.seed}); greedy; speculation `{options.speculation}`\n"
+        f"seed {options.seed}); greedy; speculation `{options.speculation}`; settings: "
+        + ("".join(f"`{k}`={v!r}; " for k, v in options.settings) or "defaults")
+        + "\n"
         "- engine: `CompletionEngine.complete` (stop rules, trimming); raw: the same prompt, "
         "the model's output up to its end token; llama-server: its `/infill` endpoint\n"
         f"- sandbox: `python -I`, temp folder, {options.timeout_s:g} s timeout, rlimits\n"

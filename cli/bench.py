@@ -96,6 +96,13 @@ def register(subparsers: Any) -> None:
     quality.add_argument("--seed", type=int, default=0)
     quality.add_argument("--timeout", type=float, default=10.0, help="seconds per test program")
     quality.add_argument("--out", type=Path, default=Path("results/quality"))
+    quality.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="a setting for every Kode mode, e.g. suffixTokens=256 (repeatable)",
+    )
 
     latency = sub.add_parser("latency", help="keystroke replay through the LSP server")
     latency.add_argument("--model", default="default")
@@ -242,7 +249,7 @@ def _setting(item: str) -> tuple[str, object]:
     """``KEY=JSON`` (a bare word that is not JSON is taken as a string)."""
     key, sep, value = item.partition("=")
     if not sep or not key:
-        raise SystemExit(f"kode bench latency: --setting wants KEY=VALUE, got {item!r}")
+        raise SystemExit(f"kode bench: --setting wants KEY=VALUE, got {item!r}")
     try:
         return key, json.loads(value)
     except json.JSONDecodeError:
@@ -298,6 +305,7 @@ def run(args: argparse.Namespace) -> int:
                 seed=args.seed,
                 timeout_s=args.timeout,
                 out=args.out,
+                settings=tuple(_setting(item) for item in args.setting),
             )
         )
     if args.bench_command == "latency":
