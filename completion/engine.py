@@ -53,7 +53,7 @@ from kode.completion.documents import (
     with_selected,
 )
 from kode.completion.partials import PartialPacer
-from kode.completion.retrieval import Retrieved, Retriever
+from kode.completion.retrieval import Measure, Retrieved, Retriever
 from kode.completion.settings import DEFAULT, BackendKind, Settings
 from kode.completion.stops import StopRules
 from kode.completion.syntax import FillCheck
@@ -78,8 +78,8 @@ _PREPARE_HORIZON_S = 2.5
 _SHORT_WINDOWS = 3
 # An edited document is re-indexed once the user pauses this long (not per keystroke).
 _REINDEX_DELAY_S = 1.0
-# Characters of retrieved text asked for per token of ``retrievalTokens``; the context
-# then fits it exactly (Qwen2.5's tokenizer: ~3.3 characters per token of Python).
+# Characters of retrieved text asked for per token of ``retrievalTokens`` when no
+# tokenizer is at hand (the engine otherwise chooses by the backend's own tokens).
 _CHARS_PER_TOKEN = 4
 PartialCallback = Callable[[str], None]
 
@@ -248,7 +248,7 @@ class CompletionEngine:
         *,
         yields: bool = False,
     ) -> _Live:
-        retrieved = await self.retrieve(uri, doc.text, offset)
+        retrieved = await self.retrieve(uri, doc.text, offset, backend)
         ctx, short = self._request_context(uri, doc, offset, backend, retrieved, count=not yields)
         live = await self._launch(uri, doc, offset, backend, ctx, max_tokens, yields=yields)
         live.short = short
@@ -552,7 +552,7 @@ class CompletionEngine:
             ctx = ctxmod.gather(doc, len(doc.text), counter, budget, anchor=None)
             if ctx.prefix_start_line != 0:
                 return
-            retrieved = await self.retrieve(uri, doc.text, len(doc.text))
+            retrieved = await self.retrieve(uri, doc.text, len(doc.text), backend)
             full = self._full_context(uri, doc, len(doc.text), backend, retrieved)
             live = await self._launch(uri, doc, len(doc.text), backend, full, 1, background=True)
             self.read_aheads += 1
@@ -653,9 +653,12 @@ class CompletionEngine:
         self._reindex.pop(uri, None)
         self.files_changed([(uri, False)])
 
-    async def retrieve(self, uri: str, text: str, offset: int) -> tuple[Retrieved, ...]:
+    async def retrieve(
+        self, uri: str, text: str, offset: int, backend: Backend | None = None
+    ) -> tuple[Retrieved, ...]:
         """Project context for a cursor (setting ``retrievalTokens``), chosen in a worker
-        thread; () without a workspace index."""
+        thread by ``backend``'s tokens (characters without one, 4 a token); () without a
+        workspace index."""
         index = self.workspace
         tokens = self._settings.retrieval_tokens
         if index is None or tokens == 0 or len(index) == 0:
@@ -666,6 +669,7 @@ class CompletionEngine:
             if path is not None:
                 open_texts[path] = other.text
         limit = index.limits.max_file_bytes
+        counter = None if backend is None else self._count_tokens(backend)
 
         def read(path: Path) -> str | None:
             found = open_texts.get(path)
@@ -675,7 +679,10 @@ class CompletionEngine:
             path = _file_path(uri)
             resolved = None if path is None else path.resolve()
             retriever = Retriever(index, read)
-            return tuple(retriever.retrieve(resolved, text, offset, tokens * _CHARS_PER_TOKEN))
+            if counter is None:
+                return tuple(retriever.retrieve(resolved, text, offset, tokens * _CHARS_PER_TOKEN))
+            measure = Measure.tokens(counter)
+            return tuple(retriever.retrieve(resolved, text, offset, tokens, measure=measure))
 
         try:
             return await asyncio.to_thread(work)
@@ -843,7 +850,7 @@ class CompletionEngine:
                 backend = await self.backend()
                 if not isinstance(backend, PromptCache) or self._busy():
                     return
-                retrieved = await self.retrieve(uri, doc.text, offset)
+                retrieved = await self.retrieve(uri, doc.text, offset, backend)
                 ctx = self._next_to_prepare(uri, doc, offset, backend, retrieved)
                 if ctx is None:
                     await self._suggest_at_cursor(uri, doc, offset, backend)

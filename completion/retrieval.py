@@ -39,6 +39,38 @@ from kode.completion.workspace import WORD, Definition, WorkspaceIndex, words
 
 ReadText = Callable[[Path], str | None]
 
+
+@dataclass(frozen=True, slots=True)
+class Measure:
+    """What the budget counts: a snippet's ``text`` and its framing (``header``, the
+    ``<|file_sep|>`` line naming ``path``). ``CHARS`` counts characters (a rough stand-in:
+    Python runs ~3.3 characters a token, an outline of numeric constants fewer); the
+    engine counts the model's tokens (``Measure.tokens``), so that what is chosen is what
+    fits, and the context need not cut the best pieces afterwards."""
+
+    text: Callable[[str], int]
+    header: Callable[[str], int]
+
+    @staticmethod
+    def tokens(count: Callable[[str], int]) -> Measure:
+        """Real tokens: the framing costs what ``context._project_snippets`` charges."""
+        return Measure(count, _token_header)
+
+    def piece(self, snippet: Snippet) -> int:
+        return self.text(snippet.text) + self.header(snippet.path)
+
+
+def _char_header(path: str) -> int:
+    return len(path) + 16
+
+
+def _token_header(_path: str) -> int:
+    return SNIPPET_HEADER_TOKENS
+
+
+SNIPPET_HEADER_TOKENS = 8  # the file header a snippet costs in the prompt (context.py too)
+CHARS = Measure(len, _char_header)
+
 BLOCK_LINES = 10  # the query's first line moves in steps of this many lines
 QUERY_LINES = 30  # at least this many lines before the cursor's line make the query
 WINDOW_LINES = 20  # a lexical window
@@ -321,22 +353,25 @@ def rank_members(
 
 
 def outline_lines(
-    members: Iterable[Member], max_chars: int, label: Callable[[Path], str] = Path.as_posix
+    members: Iterable[Member],
+    budget: int,
+    label: Callable[[Path], str] = Path.as_posix,
+    measure: Measure = CHARS,
 ) -> dict[Path, list[Definition]]:
-    """The best members that fit ``max_chars`` (one header line each, cut to
-    ``HEADER_CHARS``; a file's ``label`` and 16 characters of framing once per file, as
-    ``select`` counts them), per file in file order."""
+    """The best members that fit ``budget`` (one header line each, cut to
+    ``HEADER_CHARS``; a file's ``label`` framing once per file, as ``select`` counts
+    them), per file in file order."""
     chosen: dict[Path, list[Definition]] = {}
     labels: dict[Path, int] = {}
     used = 0
     for member in members:
         file = member.file
-        cost = min(len(member.definition.header), HEADER_CHARS) + 1
+        cost = measure.text(outline_line(member.definition))
         if file not in chosen:
             if file not in labels:
-                labels[file] = len(label(file)) + 16
+                labels[file] = measure.header(label(file))
             cost += labels[file]
-        if used + cost > max_chars:
+        if used + cost > budget:
             continue
         chosen.setdefault(file, []).append(member.definition)
         used += cost
@@ -347,7 +382,12 @@ def outline_lines(
 
 def render_outline(definitions: Iterable[Definition]) -> str:
     """One line per definition: its header, cut to ``HEADER_CHARS``."""
-    return "".join(d.header[:HEADER_CHARS].rstrip() + "\n" for d in definitions)
+    return "".join(outline_line(d) for d in definitions)
+
+
+def outline_line(definition: Definition) -> str:
+    """A definition's line in an outline: its header, cut to ``HEADER_CHARS``."""
+    return definition.header[:HEADER_CHARS].rstrip() + "\n"
 
 
 @functools.lru_cache(maxsize=8192)
@@ -438,12 +478,14 @@ class Retriever:
         path: Path | None,
         text: str,
         offset: int,
-        max_chars: int,
+        budget: int,
         *,
         skip: Iterable[Path] = (),
+        measure: Measure = CHARS,
     ) -> list[Retrieved]:
         """Snippets for a cursor at ``offset`` of ``text`` (the file at ``path``, if it is
-        in the workspace), at most ``max_chars`` in all, in prompt order. Files in
+        in the workspace), at most ``budget`` in all as ``measure`` counts (characters
+        unless told; the engine counts the model's tokens), in prompt order. Files in
         ``skip`` (already in the prompt whole) and ``path`` itself are left out.
 
         The budget goes first to the definitions of the members the code near the cursor
@@ -451,7 +493,7 @@ class Retriever:
         outline of the imported modules (their most relevant members, ``rank_members``,
         at most ``OUTLINE_SHARE`` of the budget); then to definitions found by name and
         similar windows."""
-        if max_chars <= 0 or len(self.index) == 0:
+        if budget <= 0 or len(self.index) == 0:
             return []
         query = Query.at(text, offset)
         skipped = {*skip, *([path] if path is not None else [])}
@@ -459,12 +501,18 @@ class Retriever:
         members = self._members(modules, query)
         shown = {(r.file, r.line) for r in imported}
         members = [m for m in members if (m.file, m.definition.line) not in shown]
-        outline_need = sum(min(len(m.definition.header), HEADER_CHARS) + 1 for m in members)
-        first = select(imported, max_chars - min(outline_need, max_chars // 2))
-        used = _cost(first)
-        outlines = self._outlines(members, min(max_chars - used, int(max_chars * OUTLINE_SHARE)))
-        used += _cost(outlines)
-        rest = select([*by_name, *self._windows(path, query, skipped)], max_chars - used)
+        half = budget // 2
+        outline_need = 0
+        for m in members:  # only as far as the half it may claim
+            if outline_need >= half:
+                break
+            outline_need += measure.text(outline_line(m.definition))
+        first = select(imported, budget - min(outline_need, half), measure)
+        used = _cost(first, measure)
+        outline_budget = min(budget - used, int(budget * OUTLINE_SHARE))
+        outlines = self._outlines(members, outline_budget, measure)
+        used += _cost(outlines, measure)
+        rest = select([*by_name, *self._windows(path, query, skipped)], budget - used, measure)
         return sorted([*first, *outlines, *rest], key=lambda r: r.order)
 
     def _definitions(
@@ -564,15 +612,18 @@ class Retriever:
         file_words = set(WORD.findall(query.file_text))
         return rank_members(candidates, query.relevance(), facts, file_words)
 
-    def _outlines(self, members: Sequence[Member], max_chars: int) -> list[Retrieved]:
+    def _outlines(
+        self, members: Sequence[Member], budget: int, measure: Measure = CHARS
+    ) -> list[Retrieved]:
         """One outline snippet per module, holding its best members that fit."""
-        if max_chars <= 0:
+        if budget <= 0:
             return []
         best: dict[Path, float] = {}
         for m in members:
             best.setdefault(m.file, m.score)
         out: list[Retrieved] = []
-        for file, definitions in outline_lines(members, max_chars, self._display).items():
+        chosen = outline_lines(members, budget, self._display, measure)
+        for file, definitions in chosen.items():
             snippet = Snippet(self._display(file), render_outline(definitions))
             out.append(
                 Retrieved(Source.OUTLINE, file, -1, snippet, _RANK_OUTLINE + 0.01 * best[file])
@@ -612,13 +663,15 @@ class Retriever:
         return file.name
 
 
-def _cost(items: Iterable[Retrieved]) -> int:
-    """Characters ``select`` counts for ``items``."""
-    return sum(len(r.snippet.text) + len(r.snippet.path) + 16 for r in items)
+def _cost(items: Iterable[Retrieved], measure: Measure = CHARS) -> int:
+    """What ``select`` counts for ``items``."""
+    return sum(measure.piece(r.snippet) for r in items)
 
 
-def select(candidates: Sequence[Retrieved], max_chars: int) -> list[Retrieved]:
-    """The best-scored candidates that fit ``max_chars``, without two pieces of the same
+def select(
+    candidates: Sequence[Retrieved], budget: int, measure: Measure = CHARS
+) -> list[Retrieved]:
+    """The best-scored candidates that fit ``budget``, without two pieces of the same
     file at the same line, in prompt order (source, path, line: definitions last,
     nearest the cursor)."""
     ranked = sorted(candidates, key=lambda r: (-r.score, str(r.file), r.line))
@@ -626,8 +679,10 @@ def select(candidates: Sequence[Retrieved], max_chars: int) -> list[Retrieved]:
     places: set[tuple[Path, int]] = set()
     used = 0
     for item in ranked:
-        cost = len(item.snippet.text) + len(item.snippet.path) + 16
-        if (item.file, item.line) in places or used + cost > max_chars:
+        if (item.file, item.line) in places:
+            continue
+        cost = measure.piece(item.snippet)
+        if used + cost > budget:
             continue
         chosen.append(item)
         places.add((item.file, item.line))

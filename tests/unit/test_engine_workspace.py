@@ -215,3 +215,39 @@ async def test_without_a_workspace_the_prompt_is_what_it_was(project: Path) -> N
     assert await prompt(one_file) == expected
     for engine in (off, none, one_file):
         await engine.aclose()
+
+
+class DenseBackend(ScriptedBackend):
+    """Counts every run of letters, every digit and every other character as a token:
+    numeric constants cost far more tokens than their characters / 4."""
+
+    def count_tokens(self, text: str) -> int:
+        import re
+
+        return len(re.findall(r"[A-Za-z]+|\d|[^\sA-Za-z\d]", text)) + 1
+
+
+async def test_an_outline_of_constants_leaves_room_for_the_definitions(tmp_path: Path) -> None:
+    """``starlette/endpoints.py:87``: the outline of ``status.py`` was chosen by characters
+    and, fitted to tokens in prompt order, took all of ``retrievalTokens``; the
+    definitions of the names used at the cursor, after it, were dropped. Chosen by the
+    backend's tokens, both reach the prompt, within the budget."""
+    from test_retrieval import constants_project
+
+    app = constants_project(tmp_path)
+    backend = DenseBackend(["x"])
+    engine = engine_for(backend, retrievalTokens=256, snippetTokens=0)
+    await built(engine, tmp_path)
+    uri = app.as_uri()
+    engine.documents.open(uri, app.read_text(), 1, "python")
+    doc = engine.documents.get(uri)
+    await engine.complete(uri, doc.position_at(len(doc.text)))
+    await engine.cancel(uri)
+    prompt = backend.requests[-1].prompt
+    context = prompt.split("<|file_sep|>web/endpoints.py")[0]
+    assert "web/status.py\nWS_10" in context  # the outline
+    assert '"""Run the awaitables given, return when the first one is done."""' in context
+    assert "return await to_thread(func, *args)" in context
+    snippets = context.split("<|file_sep|>")[1:]  # after the repository name
+    assert sum(backend.count_tokens(s.split("\n", 1)[1]) + 8 for s in snippets) <= 256
+    await engine.aclose()
