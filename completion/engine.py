@@ -590,13 +590,19 @@ class CompletionEngine:
         settings = self._settings
         if not settings.workspace_index or not roots:
             return
-        if self._index_cancel is not None:
-            self._index_cancel.set()
+        self._close_workspace()
         limits = IndexLimits(settings.index_max_files, settings.index_max_file_bytes)
         index = WorkspaceIndex(roots, limits)
         self.workspace = index
         self._index_cancel = cancel = threading.Event()
         self._spawn(self._build_index(index, cancel))
+
+    def _close_workspace(self) -> None:
+        """Stop the index's build and its parsing child (the index stays readable)."""
+        if self._index_cancel is not None:
+            self._index_cancel.set()
+        if self.workspace is not None:
+            self.workspace.close()
 
     async def _build_index(self, index: WorkspaceIndex, cancel: threading.Event) -> None:
         try:
@@ -739,6 +745,8 @@ class CompletionEngine:
     async def aclose(self) -> None:
         # The start-up timing and any preparation end as cancelled, not cut off by the
         # backend closing under them (which a shared engine's window reports as a failure).
+        # The index build stops too (it was awaited to its end) and its child exits.
+        self._close_workspace()
         await self._cancel_background()
         if self._prepare_task is not None:
             self._prepare_task.cancel()
