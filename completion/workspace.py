@@ -388,6 +388,7 @@ class _Worker:
         self._proc: subprocess.Popen[bytes] | None = None
         self.closed = False
         self.unavailable = False  # no child could be started: parse in this process
+        self.peak_kb = 0  # the largest peak resident memory of a child that ended
         self._finalizer: weakref.finalize[[subprocess.Popen[bytes]], _Worker] | None = None
 
     def parse(
@@ -470,6 +471,8 @@ class _Worker:
 
     def _stop(self) -> None:
         proc, self._proc = self._proc, None
+        if proc is not None:
+            self.peak_kb = max(self.peak_kb, _peak_kb(proc.pid))
         if self._finalizer is not None:
             self._finalizer.detach()
             self._finalizer = None
@@ -485,6 +488,18 @@ class _Worker:
     def pid(self) -> int | None:
         proc = self._proc
         return None if proc is None or proc.poll() is not None else proc.pid
+
+
+def _peak_kb(pid: int) -> int:
+    """A process's peak resident memory in KB (Linux's ``VmHWM``), 0 when unknown."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
@@ -738,6 +753,12 @@ class WorkspaceIndex:
     def worker_pid(self) -> int | None:
         """The parsing child's process id while one runs."""
         return self._worker.pid
+
+    @property
+    def worker_peak_kb(self) -> int:
+        """The parsing child's peak resident memory (KB; the largest of those that ran)."""
+        pid = self._worker.pid
+        return max(self._worker.peak_kb, 0 if pid is None else _peak_kb(pid))
 
     def _parse(
         self, requests: list[tuple[str, str | None]], cancel: threading.Event | None = None
