@@ -22,8 +22,9 @@ child process (``_Worker``; ``ast.parse`` holds the interpreter lock for the who
 150 ms for a 420 KB file, so parsed in the server it delayed every keystroke arriving
 meanwhile), and the server's thread only merges the results, in steps the interpreter
 can switch between. What the index keeps is stored so that the garbage collector has
-little to walk (postings in ``array``s, definitions in ``Definitions``): a full
-collection over 1.1 M index objects stopped every thread for 0.4 s. A file that crashes
+little to walk (``Postings``, ``Definitions``): a full collection over the 1.1 M
+objects it held before (a list per word, a ``Definition`` per definition) stopped every
+thread for 0.4 s. A file that crashes
 the parser takes the child down, not the server: it is skipped and the child restarted.
 The child exits with the index (``close``), when the server dies, and after a minute
 without work.
@@ -91,23 +92,23 @@ class Definition:
 
 
 class Definitions(Mapping[str, Definition]):
-    """A file's definitions by name, held as a ``str -> int`` dict, an ``array`` of lines
-    and a tuple of headers: none of them is walked by the garbage collector (a
-    ``Definition`` object per definition was: 382,000 of them for the standard library).
-    The ``Definition`` objects are made when asked for."""
+    """A file's definitions by name, held as a ``str -> int`` dict and two tuples (lines,
+    headers) of atoms, which the garbage collector does not walk (a ``Definition``
+    object per definition it did: 382,000 of them for the standard library). The
+    ``Definition`` objects are made when asked for."""
 
     __slots__ = ("_headers", "_lines", "_slots")
 
     def __init__(self, items: Iterable[tuple[str, int, str]] = ()) -> None:
         slots: dict[str, int] = {}
-        lines = array("i")
+        lines: list[int] = []
         headers: list[str] = []
         for name, line, header in items:
             if name not in slots:
                 slots[name] = len(headers)
                 lines.append(line)
                 headers.append(header)
-        self._slots, self._lines, self._headers = slots, lines, tuple(headers)
+        self._slots, self._lines, self._headers = slots, tuple(lines), tuple(headers)
 
     @staticmethod
     def of(definitions: Mapping[str, Definition]) -> Definitions:
@@ -142,7 +143,7 @@ class FileEntry:
 class IndexLimits:
     max_files: int = 20_000
     max_file_bytes: int = 1_000_000
-    max_postings: int = 4_000_000  # ~16 MB of array slots at most
+    max_postings: int = 4_000_000  # ~16 MB of 4-byte ids at most
     worker_nice: int = 10  # the parsing child's niceness: the model's threads come first
 
 
@@ -165,8 +166,8 @@ class IndexStats:
 
     @property
     def approx_bytes(self) -> int:
-        """Postings (4-byte array slots), words (~150 B each with their dict slot and
-        array), definitions (~150 B: the first line, three slots), entries (~800 B).
+        """Postings (4-byte ids), words (~150 B each with their dict slot and ids),
+        definitions (~150 B: the first line, three slots), entries (~800 B).
         Checked against tracemalloc by ``kode bench context --latency-files``."""
         return self.postings * 4 + self.words * 150 + self.definitions * 150 + self.files * 800
 
@@ -631,9 +632,9 @@ class WorkspaceIndex:
         self._roots = _Roots(tuple(Path(r).resolve() for r in roots))
         self._files: dict[Path, FileEntry] = {}
         self._modules: dict[str, Path] = {}
-        # word -> ids of the files holding it; arrays, which the garbage collector skips
-        self._postings: dict[str, array[int]] = {}
-        self._defined: dict[str, array[int]] = {}  # top-level name -> ids of defining files
+        # word -> ids of the files holding it (``Postings``)
+        self._postings: dict[str, Postings] = {}
+        self._defined: dict[str, Postings] = {}  # top-level name -> ids of defining files
         self._alive: dict[int, Path] = {}  # file id -> path; ids of replaced files vanish
         self._dead_postings = 0
         self._next_id = 0
@@ -671,7 +672,7 @@ class WorkspaceIndex:
         """Files defining ``name`` at top level (the language-agnostic route)."""
         out: list[tuple[Path, Definition]] = []
         with self._lock:
-            for file_id in self._defined.get(name, ()):
+            for file_id in _ids(self._defined.get(name)):
                 path = self._alive.get(file_id)
                 entry = None if path is None else self._files.get(path)
                 if path is not None and entry is not None and name in entry.definitions:
@@ -685,7 +686,7 @@ class WorkspaceIndex:
         count until compaction (at most a quarter more): walking a common word's
         postings would cost more than the estimate is worth."""
         with self._lock:
-            return {name: len(self._postings.get(name, ())) for name in names}
+            return {name: _count(self._postings.get(name)) for name in names}
 
     def rank_files(
         self, query: Iterable[str], *, exclude: Path | None = None, limit: int = 4
@@ -699,11 +700,13 @@ class WorkspaceIndex:
         with self._lock:
             n = max(len(self._files), 1)
             rare = max(int(n * RARE_SHARE), 8)
-            found = [(len(ids), ids) for w in set(query) if (ids := self._postings.get(w))]
+            found = [
+                (_count(ids), ids) for w in set(query) if (ids := self._postings.get(w)) is not None
+            ]
             found = sorted((f for f in found if f[0] <= rare), key=lambda f: f[0])[:RANK_WORDS]
             for df, ids in found:
                 weight = _idf(df, n)
-                for file_id in ids:
+                for file_id in _ids(ids):
                     scores[file_id] = scores.get(file_id, 0.0) + weight
             ranked = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))
             out: list[tuple[Path, float]] = []
@@ -919,19 +922,23 @@ class WorkspaceIndex:
             for word in vocabulary:
                 ids = self._postings.get(word)
                 if ids is None:
-                    self._postings[sys.intern(word)] = array("i", (file_id,))
+                    self._postings[sys.intern(word)] = file_id
                     self.stats.words += 1
+                elif isinstance(ids, int):
+                    self._postings[word] = _pair(ids, file_id)
                 else:
-                    ids.append(file_id)
+                    ids += _ID.pack(file_id)
             self.stats.postings += len(vocabulary)
             self.stats.definitions += len(definitions)
             for name in definitions:
                 if "." not in name:
                     found = self._defined.get(name)
                     if found is None:
-                        self._defined[sys.intern(name)] = array("i", (file_id,))
+                        self._defined[sys.intern(name)] = file_id
+                    elif isinstance(found, int):
+                        self._defined[name] = _pair(found, file_id)
                     else:
-                        found.append(file_id)
+                        found += _ID.pack(file_id)
             self.stats.files = len(self._files)
             self._versions[path] = self._versions.get(path, 0) + 1
         return True
@@ -955,22 +962,43 @@ class WorkspaceIndex:
         """Drop postings of files that are gone (lock held)."""
         alive = self._alive
         total = 0
-        for word in list(self._postings):
-            ids = array("i", (i for i in self._postings[word] if i in alive))
-            if ids:
-                self._postings[word] = ids
-                total += len(ids)
-            else:
-                del self._postings[word]
-        for name in list(self._defined):
-            ids = array("i", (i for i in self._defined[name] if i in alive))
-            if ids:
-                self._defined[name] = ids
-            else:
-                del self._defined[name]
+        for table in (self._postings, self._defined):
+            for word in list(table):
+                ids = [i for i in _ids(table[word]) if i in alive]
+                if not ids:
+                    del table[word]
+                    continue
+                table[word] = ids[0] if len(ids) == 1 else bytearray(array("i", ids))
+                if table is self._postings:
+                    total += len(ids)
         self.stats.postings = total
         self.stats.words = len(self._postings)
         self._dead_postings = 0
+
+
+# The file ids of a word (or a name's defining files): one id as an ``int`` (most words
+# occur in one file), more as a ``bytearray`` of 4-byte ids. Neither is walked by the
+# garbage collector (lists and ``array``s are: 700,000 of them for the standard library).
+Postings = int | bytearray
+_ID = struct.Struct("=i")
+
+
+def _pair(first: int, second: int) -> bytearray:
+    return bytearray(_ID.pack(first) + _ID.pack(second))
+
+
+def _ids(postings: Postings | None) -> list[int]:
+    if postings is None:
+        return []
+    if isinstance(postings, int):
+        return [postings]
+    return memoryview(postings).cast("i").tolist()
+
+
+def _count(postings: Postings | None) -> int:
+    if postings is None:
+        return 0
+    return 1 if isinstance(postings, int) else len(postings) // _ID.size
 
 
 def _idf(df: int, n: int) -> float:
