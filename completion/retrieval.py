@@ -50,11 +50,20 @@ class Measure:
 
     text: Callable[[str], int]
     header: Callable[[str], int]
+    # At most this many characters per unit: a text longer than ``room * most_chars``
+    # cannot fit ``room``, known without counting it (Qwen2.5 counts every digit and
+    # most words of code as one or two tokens: ~3.3 characters a token for Python).
+    most_chars: int = 1
 
     @staticmethod
     def tokens(count: Callable[[str], int]) -> Measure:
         """Real tokens: the framing costs what ``context._project_snippets`` charges."""
-        return Measure(count, _token_header)
+        return Measure(count, _token_header, _MOST_CHARS_PER_TOKEN)
+
+    def cannot_fit(self, snippet: Snippet, room: int) -> bool:
+        """Whether ``snippet`` is sure not to fit ``room`` (``piece`` not counted)."""
+        left = room - self.header(snippet.path)
+        return left <= 0 or len(snippet.text) > left * self.most_chars
 
     def piece(self, snippet: Snippet) -> int:
         return self.text(snippet.text) + self.header(snippet.path)
@@ -69,6 +78,7 @@ def _token_header(_path: str) -> int:
 
 
 SNIPPET_HEADER_TOKENS = 8  # the file header a snippet costs in the prompt (context.py too)
+_MOST_CHARS_PER_TOKEN = 8  # long runs of indentation are single tokens; code averages 3.3
 CHARS = Measure(len, _char_header)
 
 BLOCK_LINES = 10  # the query's first line moves in steps of this many lines
@@ -371,7 +381,11 @@ def outline_lines(
         if budget - used < 2 or misfits >= _MAX_MISFITS:
             break
         file = member.file
-        cost = measure.text(outline_line(member.definition))
+        line = outline_line(member.definition)
+        if len(line) > (budget - used) * measure.most_chars:
+            misfits += 1  # sure not to fit, known without counting
+            continue
+        cost = measure.text(line)
         if file not in chosen:
             if file not in labels:
                 labels[file] = measure.header(label(file))
@@ -510,10 +524,13 @@ class Retriever:
         members = [m for m in members if (m.file, m.definition.line) not in shown]
         half = budget // 2
         outline_need = 0
-        for m in members:  # only as far as the half it may claim
-            if outline_need >= half:
-                break
-            outline_need += measure.text(outline_line(m.definition))
+        if sum(len(outline_line(m.definition)) for m in members) < half * measure.most_chars:
+            for m in members:  # it may need less than half: count as far as half
+                if outline_need >= half:
+                    break
+                outline_need += measure.text(outline_line(m.definition))
+        else:
+            outline_need = half  # sure to need it all, known without counting
         first = select(imported, budget - min(outline_need, half), measure)
         used = _cost(first, measure)
         outline_budget = min(budget - used, int(budget * OUTLINE_SHARE))
@@ -688,8 +705,8 @@ def select(
     places: set[tuple[Path, int]] = set()
     used = 0
     for item in ranked:
-        if (item.file, item.line) in places or budget - used <= measure.header(item.snippet.path):
-            continue  # nothing of it could fit: not worth counting its tokens
+        if (item.file, item.line) in places or measure.cannot_fit(item.snippet, budget - used):
+            continue  # sure not to fit: not worth counting its tokens (~1 us a character)
         cost = measure.piece(item.snippet)
         if used + cost > budget:
             continue
