@@ -481,9 +481,18 @@ class _Worker:
             _kill(proc)
 
     def close(self) -> None:
-        """Stop the child (any thread); a ``parse`` under way ends."""
+        """Stop the child (any thread); a ``parse`` under way ends. Its pipes are closed
+        by the thread that reads them (their numbers could be reused under it)."""
         self.closed = True
-        self._stop()
+        if self.lock.acquire(blocking=False):
+            try:
+                self._stop()
+            finally:
+                self.lock.release()
+            return
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()  # the parsing thread reads the end of output and cleans up
 
     @property
     def pid(self) -> int | None:
