@@ -71,6 +71,7 @@ class Options:
     out: Path = Path("results/context")
     resume: bool = False  # keep the results in ``out/partial.jsonl``, run only the rest
     keystrokes: bool = False  # also count snippet changes while the holes' lines are typed
+    fitted: bool = False  # also check which holes' names reach the fitted prompt (no model)
 
 
 @dataclass(frozen=True, slots=True)
@@ -480,6 +481,7 @@ async def _one_hole(
     opened = [] if sibling is None else [(sibling, sibling.read_text(encoding="utf-8"))]
     index = WorkspaceIndex([prepared.root])
     index.build()
+    index.close()  # the parsing child: nothing is re-indexed during a hole
     for condition in conditions:
         docs = [] if condition == "in-file" else list(opened)
         if condition == "oracle":
@@ -489,8 +491,9 @@ async def _one_hole(
         retrieval_ms = 0.0
         if condition == "retrieval":
             uri = (prepared.root / prepared.hole.module).as_uri()
+            backend = await engine.backend()
             t0 = time.perf_counter()
-            await engine.retrieve(uri, prepared.document, prepared.offset)
+            await engine.retrieve(uri, prepared.document, prepared.offset, backend)
             retrieval_ms = (time.perf_counter() - t0) * 1000.0
         try:
             text, prompt_tokens = await _complete(engine, prepared, docs, options.max_tokens)
@@ -593,11 +596,13 @@ def measure_keystrokes(options: Options) -> dict[str, Any]:
 
     keys = changed = differs = lines_changed = 0
     limit = IndexLimits().max_file_bytes
+    measure, budget = _measure(options)
     for hole, root in collect(options):
         with tempfile.TemporaryDirectory(prefix="kode-context-") as tmp:
             prepared = prepare(hole, root, Path(tmp), options.seed)
             index = WorkspaceIndex([prepared.root])
             index.build()
+            index.close()
             retriever = Retriever(index, functools.partial(read_text, max_bytes=limit))
             path = (prepared.root / hole.module).resolve()
             before = prepared.document[: prepared.offset]
@@ -605,9 +610,7 @@ def measure_keystrokes(options: Options) -> dict[str, Any]:
             seen: list[tuple[tuple[str, str], ...]] = []
             for i in range(len(prepared.expected) + 1):
                 text = before + prepared.expected[:i] + after
-                got = retriever.retrieve(
-                    path, text, prepared.offset + i, options.retrieval_tokens * 4
-                )
+                got = retriever.retrieve(path, text, prepared.offset + i, budget, measure=measure)
                 seen.append(tuple((r.snippet.path, r.snippet.text) for r in got))
             c, d = typing_changes(seen)
             keys += len(seen) - 1
@@ -615,10 +618,110 @@ def measure_keystrokes(options: Options) -> dict[str, Any]:
             differs += d
             lines_changed += bool(c)
     return {
+        "measured in": _unit(measure),
         "keystrokes": keys,
         "keystrokes that changed the snippets": changed,
         "keystrokes whose snippets differ from the prepared ones": differs,
         "lines with any change": lines_changed,
+    }
+
+
+def _measure(options: Options) -> tuple[Any, int]:
+    """How the engine counts the retrieval budget: ``options.model``'s tokens (its
+    tokenizer only, no weights), else characters, 4 a token (no model installed)."""
+    from kode.completion.retrieval import CHARS, Measure
+
+    count = token_counter(options.model)
+    if count is None:
+        return CHARS, options.retrieval_tokens * 4
+    return Measure.tokens(count), options.retrieval_tokens
+
+
+def _unit(measure: Any) -> str:
+    from kode.completion.retrieval import CHARS
+
+    return "characters (4 a token)" if measure is CHARS else "model tokens"
+
+
+@functools.cache
+def token_counter(model: str) -> Any:
+    """``model``'s token count (the tokenizer loaded without the weights), or None when
+    the model is not installed."""
+    try:
+        from kode.backends import models
+        from kode.backends.llama.runtime import LlamaModel
+
+        path = models.resolve(model, auto_install=False)
+        vocab = LlamaModel(path, vocab_only=True)
+    except Exception:
+        return None
+
+    def count(text: str) -> int:
+        return len(vocab.tokenize(text))
+
+    return functools.lru_cache(maxsize=16384)(count)
+
+
+def measure_fitted(options: Options) -> dict[str, Any]:
+    """For each hole, the retrieval condition's prompt as the engine fits it (the sibling
+    open, ``retrievalTokens`` of the model's tokens; no weights, no completion): does the
+    renamed name reach it, and what the retrieved part holds."""
+    from kode.completion import context as ctxmod
+    from kode.completion.documents import Document
+    from kode.completion.engine import prompt_budget
+    from kode.completion.retrieval import Retriever, Source
+    from kode.completion.settings import parse
+    from kode.completion.workspace import IndexLimits, WorkspaceIndex, read_text
+
+    count = token_counter(options.model)
+    if count is None:
+        return {"fitted": "the model's tokenizer is not installed"}
+    measure, budget = _measure(options)
+    settings, problems = parse(
+        {
+            "retrievalTokens": options.retrieval_tokens,
+            **({} if options.prefix_tokens is None else {"prefixTokens": options.prefix_tokens}),
+        }
+    )
+    assert not problems, problems
+    limit = IndexLimits().max_file_bytes
+    hits: list[str] = []
+    misses: list[str] = []
+    definitions = tokens = 0
+    holes = collect(options)
+    for hole, root in holes:
+        with tempfile.TemporaryDirectory(prefix="kode-context-") as tmp:
+            prepared = prepare(hole, root, Path(tmp), options.seed)
+            index = WorkspaceIndex([prepared.root])
+            index.build()
+            index.close()
+            retriever = Retriever(index, functools.partial(read_text, max_bytes=limit))
+            path = (prepared.root / hole.module).resolve()
+            got = retriever.retrieve(
+                path, prepared.document, prepared.offset, budget, measure=measure
+            )
+            sibling = prepared.sibling
+            others = [] if sibling is None else [Document(sibling.as_uri(), sibling.read_text())]
+            doc = Document(path.as_uri(), prepared.document)
+            fit = prompt_budget(settings, options.max_tokens)
+            opened = ctxmod.gather(doc, prepared.offset, count, fit, others=others).snippets
+            ctx = ctxmod.gather(doc, prepared.offset, count, fit, others=others, retrieved=got)
+            kept = ctx.snippets[len(opened) :]
+            text = "".join(s.text for s in kept)
+            (hits if re.search(rf"\b{re.escape(prepared.renamed)}\b", text) else misses).append(
+                prepared.renamed
+            )
+            shown = {s.text for s in kept}
+            definitions += sum(
+                1 for r in got if r.source is Source.DEFINITION and r.snippet.text in shown
+            )
+            tokens += sum(count(s.text) + 8 for s in kept)
+    return {
+        "holes": len(holes),
+        "renamed name in the fitted retrieved context": len(hits),
+        "misses": ", ".join(misses),
+        "definitions kept whole (all holes)": definitions,
+        "retrieved tokens per hole (mean)": round(tokens / max(len(holes), 1), 1),
     }
 
 
@@ -632,9 +735,10 @@ def latency_tree() -> list[Path]:
     return [r for r in roots if r.is_dir()]
 
 
-def measure_index(n_files: int, queries: int, seed: int) -> dict[str, Any]:
+def measure_index(n_files: int, queries: int, seed: int, model: str = "default") -> dict[str, Any]:
     """Build an index of ``n_files`` real files, then time retrieval at ``queries``
-    random cursors of random indexed Python files (no model)."""
+    random cursors of random indexed Python files (no model; the budget counted in
+    ``model``'s tokens, as the engine does, when its tokenizer is installed)."""
     import tracemalloc
 
     from kode.completion.retrieval import Retriever
@@ -646,12 +750,15 @@ def measure_index(n_files: int, queries: int, seed: int) -> dict[str, Any]:
     build_cpu = time.process_time()
     stats = index.build()
     build_cpu = time.process_time() - build_cpu
+    child_mb = round(index.worker_peak_kb / 1024, 1)
+    index.close()
     _, peak = tracemalloc.get_traced_memory()
     current, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     rng = random.Random(seed)
     files = sorted(p for root in roots for p in root.rglob("*.py") if index.entry(p) is not None)
     retriever = Retriever(index, lambda p: read_text(p, index.limits.max_file_bytes))
+    measure, budget = _measure(Options(model=model))
     times: list[float] = []
     cpu: list[float] = []
     chars: list[float] = []
@@ -659,7 +766,7 @@ def measure_index(n_files: int, queries: int, seed: int) -> dict[str, Any]:
         text = read_text(path, index.limits.max_file_bytes) or ""
         offset = rng.randrange(len(text) + 1)
         started, started_cpu = time.perf_counter(), time.thread_time()
-        got = retriever.retrieve(path, text, offset, 512 * 4)
+        got = retriever.retrieve(path, text, offset, budget, measure=measure)
         times.append((time.perf_counter() - started) * 1000.0)
         cpu.append((time.thread_time() - started_cpu) * 1000.0)
         chars.append(float(sum(len(r.snippet.text) for r in got)))
@@ -668,12 +775,14 @@ def measure_index(n_files: int, queries: int, seed: int) -> dict[str, Any]:
         "words": stats.words,
         "postings": stats.postings,
         "build_s": round(stats.build_s, 2),
-        "build_cpu_s (traced)": round(build_cpu, 2),
+        "build_cpu_s in this process (traced)": round(build_cpu, 2),
         "truncated": stats.truncated,
         "skipped": [stats.skipped_ignored, stats.skipped_binary, stats.skipped_large],
         "approx_mb": round(stats.approx_bytes / 1e6, 1),
         "traced_mb": round(current / 1e6, 1),
         "traced_peak_mb": round(peak / 1e6, 1),
+        "parsed in child / here": [stats.parsed_in_child, stats.parsed_here],
+        "child_peak_rss_mb": child_mb,
         "queries": len(times),
         "wall_p50_ms": common.percentile(times, 50),
         "wall_p95_ms": common.percentile(times, 95),
@@ -682,6 +791,7 @@ def measure_index(n_files: int, queries: int, seed: int) -> dict[str, Any]:
         "cpu_p95_ms": common.percentile(cpu, 95),
         "cpu_max_ms": max(cpu) if cpu else None,
         "load_after": common.machine_note(),
+        "measured in": _unit(measure),
         "mean_chars": common.mean(chars),
     }
 
@@ -776,8 +886,11 @@ def pool(folders: Sequence[Path]) -> str:
 def main(options: Options) -> int:
     index = None
     if options.latency_files:
-        index = measure_index(options.latency_files, 200, options.seed)
+        index = measure_index(options.latency_files, 200, options.seed, options.model)
     typing = measure_keystrokes(options) if options.keystrokes else None
+    if options.fitted:
+        fitted = measure_fitted(options)
+        typing = {**(typing or {}), **fitted}
     results: list[Result] = []
     facts: dict[str, str] = {}
     if not options.skip_model:

@@ -243,6 +243,12 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="also retype the holes' lines and count retrieved-snippet changes (no model)",
     )
+    context.add_argument(
+        "--fitted",
+        action="store_true",
+        help="also count the holes whose renamed name reaches the fitted retrieved context "
+        "(the model's tokenizer only, no completion)",
+    )
 
 
 def _setting(item: str) -> tuple[str, object]:
@@ -389,6 +395,7 @@ def run(args: argparse.Namespace) -> int:
                 out=args.out,
                 resume=args.resume,
                 keystrokes=args.keystrokes,
+                fitted=args.fitted,
             )
         )
     return 2

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
 
 from kode.completion.documents import LINE_BREAK, Document, split_lines
-from kode.completion.retrieval import Retrieved, best_window
+from kode.completion.retrieval import SNIPPET_HEADER_TOKENS, Retrieved, best_window
 from kode.completion.templates import Snippet
 from kode.completion.workspace import words
 
@@ -28,6 +28,7 @@ _FIRST_HEADROOM = 0.1
 _CHARS_PER_TOKEN_FLOOR = 2  # for cutting a single giant line, never fewer chars per token
 _QUERY_LINES = 30  # lines before the cursor that choose the part of a large open document
 _MIN_PART_TOKENS = 48  # a part of an open document smaller than this is not worth its header
+_MIN_CUT_TOKENS = 16  # a retrieved piece cut to fewer tokens than this is left out
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,25 +203,39 @@ def _project_snippets(
     limit: int,
 ) -> tuple[Snippet, ...]:
     """Retrieved pieces that fit ``limit`` tokens, in the order given (the retriever's
-    stable prompt order), skipping text the open documents already put in the prompt."""
+    stable prompt order), skipping text the open documents already put in the prompt.
+
+    The engine's retriever chooses by the same tokens, so everything usually fits. What
+    does not is settled best first (``Retrieved.score``: definitions of the names the
+    code uses, then the outline, then definitions by name, then windows): a piece that
+    no longer fits whole is cut to whole lines, and the worst go first. Before, pieces
+    were fitted in prompt order and cut from the end, which is where the best sit
+    (definitions, nearest the cursor): an outline of numeric constants chosen by
+    characters took the whole budget and every definition after it was dropped."""
     if limit <= 0:
         return ()
     present = [s.text for s in open_snippets]
-    out: list[Snippet] = []
-    used = 0
-    for item in retrieved:
-        text = item.snippet.text
-        if any(text in shown for shown in present):
+    items = [r for r in retrieved if not any(r.snippet.text in shown for shown in present)]
+    costs = [count_tokens(r.snippet.text) + SNIPPET_HEADER_TOKENS for r in items]
+    if sum(costs) <= limit:
+        return tuple(r.snippet for r in items)
+    texts: list[str | None] = [None] * len(items)
+    left = limit
+    best_first = sorted(range(len(items)), key=lambda i: (-items[i].score, i))
+    for i in best_first:
+        if costs[i] <= left:
+            texts[i] = items[i].snippet.text
+            left -= costs[i]
             continue
-        cost = count_tokens(text) + 8
-        if used + cost > limit:
-            text = _fit(text, count_tokens, limit - used - 8)
-            if len(text.strip()) == 0:
-                continue
-            cost = count_tokens(text) + 8
-        out.append(Snippet(item.snippet.path, text))
-        used += cost
-    return tuple(out)
+        if left - SNIPPET_HEADER_TOKENS < _MIN_CUT_TOKENS:
+            continue  # too little room to cut it to: a smaller, worse piece may fit whole
+        part = _fit(items[i].snippet.text, count_tokens, left - SNIPPET_HEADER_TOKENS)
+        if part.strip():
+            texts[i] = part
+        break  # the rest of the budget went to this piece: the worse ones are left out
+    return tuple(
+        Snippet(r.snippet.path, text) for r, text in zip(items, texts, strict=True) if text
+    )
 
 
 def _fit(text: str, count_tokens: CountTokens, limit: int) -> str:

@@ -53,7 +53,7 @@ from kode.completion.documents import (
     with_selected,
 )
 from kode.completion.partials import PartialPacer
-from kode.completion.retrieval import Retrieved, Retriever
+from kode.completion.retrieval import Measure, Retrieved, Retriever
 from kode.completion.settings import DEFAULT, BackendKind, Settings
 from kode.completion.stops import StopRules
 from kode.completion.syntax import FillCheck
@@ -78,8 +78,8 @@ _PREPARE_HORIZON_S = 2.5
 _SHORT_WINDOWS = 3
 # An edited document is re-indexed once the user pauses this long (not per keystroke).
 _REINDEX_DELAY_S = 1.0
-# Characters of retrieved text asked for per token of ``retrievalTokens``; the context
-# then fits it exactly (Qwen2.5's tokenizer: ~3.3 characters per token of Python).
+# Characters of retrieved text asked for per token of ``retrievalTokens`` when no
+# tokenizer is at hand (the engine otherwise chooses by the backend's own tokens).
 _CHARS_PER_TOKEN = 4
 PartialCallback = Callable[[str], None]
 
@@ -248,7 +248,7 @@ class CompletionEngine:
         *,
         yields: bool = False,
     ) -> _Live:
-        retrieved = await self.retrieve(uri, doc.text, offset)
+        retrieved = await self.retrieve(uri, doc.text, offset, backend)
         ctx, short = self._request_context(uri, doc, offset, backend, retrieved, count=not yields)
         live = await self._launch(uri, doc, offset, backend, ctx, max_tokens, yields=yields)
         live.short = short
@@ -552,7 +552,7 @@ class CompletionEngine:
             ctx = ctxmod.gather(doc, len(doc.text), counter, budget, anchor=None)
             if ctx.prefix_start_line != 0:
                 return
-            retrieved = await self.retrieve(uri, doc.text, len(doc.text))
+            retrieved = await self.retrieve(uri, doc.text, len(doc.text), backend)
             full = self._full_context(uri, doc, len(doc.text), backend, retrieved)
             live = await self._launch(uri, doc, len(doc.text), backend, full, 1, background=True)
             self.read_aheads += 1
@@ -590,13 +590,19 @@ class CompletionEngine:
         settings = self._settings
         if not settings.workspace_index or not roots:
             return
-        if self._index_cancel is not None:
-            self._index_cancel.set()
+        self._close_workspace()
         limits = IndexLimits(settings.index_max_files, settings.index_max_file_bytes)
         index = WorkspaceIndex(roots, limits)
         self.workspace = index
         self._index_cancel = cancel = threading.Event()
         self._spawn(self._build_index(index, cancel))
+
+    def _close_workspace(self) -> None:
+        """Stop the index's build and its parsing child (the index stays readable)."""
+        if self._index_cancel is not None:
+            self._index_cancel.set()
+        if self.workspace is not None:
+            self.workspace.close()
 
     async def _build_index(self, index: WorkspaceIndex, cancel: threading.Event) -> None:
         try:
@@ -653,9 +659,12 @@ class CompletionEngine:
         self._reindex.pop(uri, None)
         self.files_changed([(uri, False)])
 
-    async def retrieve(self, uri: str, text: str, offset: int) -> tuple[Retrieved, ...]:
+    async def retrieve(
+        self, uri: str, text: str, offset: int, backend: Backend | None = None
+    ) -> tuple[Retrieved, ...]:
         """Project context for a cursor (setting ``retrievalTokens``), chosen in a worker
-        thread; () without a workspace index."""
+        thread by ``backend``'s tokens (characters without one, 4 a token); () without a
+        workspace index."""
         index = self.workspace
         tokens = self._settings.retrieval_tokens
         if index is None or tokens == 0 or len(index) == 0:
@@ -666,6 +675,7 @@ class CompletionEngine:
             if path is not None:
                 open_texts[path] = other.text
         limit = index.limits.max_file_bytes
+        counter = None if backend is None else self._count_tokens(backend)
 
         def read(path: Path) -> str | None:
             found = open_texts.get(path)
@@ -675,7 +685,10 @@ class CompletionEngine:
             path = _file_path(uri)
             resolved = None if path is None else path.resolve()
             retriever = Retriever(index, read)
-            return tuple(retriever.retrieve(resolved, text, offset, tokens * _CHARS_PER_TOKEN))
+            if counter is None:
+                return tuple(retriever.retrieve(resolved, text, offset, tokens * _CHARS_PER_TOKEN))
+            measure = Measure.tokens(counter)
+            return tuple(retriever.retrieve(resolved, text, offset, tokens, measure=measure))
 
         try:
             return await asyncio.to_thread(work)
@@ -732,6 +745,8 @@ class CompletionEngine:
     async def aclose(self) -> None:
         # The start-up timing and any preparation end as cancelled, not cut off by the
         # backend closing under them (which a shared engine's window reports as a failure).
+        # The index build stops too (it was awaited to its end) and its child exits.
+        self._close_workspace()
         await self._cancel_background()
         if self._prepare_task is not None:
             self._prepare_task.cancel()
@@ -843,7 +858,7 @@ class CompletionEngine:
                 backend = await self.backend()
                 if not isinstance(backend, PromptCache) or self._busy():
                     return
-                retrieved = await self.retrieve(uri, doc.text, offset)
+                retrieved = await self.retrieve(uri, doc.text, offset, backend)
                 ctx = self._next_to_prepare(uri, doc, offset, backend, retrieved)
                 if ctx is None:
                     await self._suggest_at_cursor(uri, doc, offset, backend)

@@ -39,6 +39,48 @@ from kode.completion.workspace import WORD, Definition, WorkspaceIndex, words
 
 ReadText = Callable[[Path], str | None]
 
+
+@dataclass(frozen=True, slots=True)
+class Measure:
+    """What the budget counts: a snippet's ``text`` and its framing (``header``, the
+    ``<|file_sep|>`` line naming ``path``). ``CHARS`` counts characters (a rough stand-in:
+    Python runs ~3.3 characters a token, an outline of numeric constants fewer); the
+    engine counts the model's tokens (``Measure.tokens``), so that what is chosen is what
+    fits, and the context need not cut the best pieces afterwards."""
+
+    text: Callable[[str], int]
+    header: Callable[[str], int]
+    # At most this many characters per unit: a text longer than ``room * most_chars``
+    # cannot fit ``room``, known without counting it (Qwen2.5 counts every digit and
+    # most words of code as one or two tokens: ~3.3 characters a token for Python).
+    most_chars: int = 1
+
+    @staticmethod
+    def tokens(count: Callable[[str], int]) -> Measure:
+        """Real tokens: the framing costs what ``context._project_snippets`` charges."""
+        return Measure(count, _token_header, _MOST_CHARS_PER_TOKEN)
+
+    def cannot_fit(self, snippet: Snippet, room: int) -> bool:
+        """Whether ``snippet`` is sure not to fit ``room`` (``piece`` not counted)."""
+        left = room - self.header(snippet.path)
+        return left <= 0 or len(snippet.text) > left * self.most_chars
+
+    def piece(self, snippet: Snippet) -> int:
+        return self.text(snippet.text) + self.header(snippet.path)
+
+
+def _char_header(path: str) -> int:
+    return len(path) + 16
+
+
+def _token_header(_path: str) -> int:
+    return SNIPPET_HEADER_TOKENS
+
+
+SNIPPET_HEADER_TOKENS = 8  # the file header a snippet costs in the prompt (context.py too)
+_MOST_CHARS_PER_TOKEN = 8  # long runs of indentation are single tokens; code averages 3.3
+CHARS = Measure(len, _char_header)
+
 BLOCK_LINES = 10  # the query's first line moves in steps of this many lines
 QUERY_LINES = 30  # at least this many lines before the cursor's line make the query
 WINDOW_LINES = 20  # a lexical window
@@ -48,6 +90,7 @@ AFTER_LINES = 6  # whole lines after the cursor's line that join the outline's q
 NEAR_LINES = 12  # the context's last lines, which weigh fully in the outline's query
 OUTLINE_MODULES = 6  # imported workspace modules whose members compete for the outline
 HEADER_CHARS = 100  # one outline line at most
+_MAX_MISFITS = 8  # outline members in a row that do not fit: the outline is full
 OUTLINE_SHARE = 0.6  # the most of the budget the outline takes (imported definitions first)
 # Which candidates win the budget (``Retrieved.score``): a member the code names through
 # an import, then the outline of a module it uses, then a definition found by name only,
@@ -321,23 +364,36 @@ def rank_members(
 
 
 def outline_lines(
-    members: Iterable[Member], max_chars: int, label: Callable[[Path], str] = Path.as_posix
+    members: Iterable[Member],
+    budget: int,
+    label: Callable[[Path], str] = Path.as_posix,
+    measure: Measure = CHARS,
 ) -> dict[Path, list[Definition]]:
-    """The best members that fit ``max_chars`` (one header line each, cut to
-    ``HEADER_CHARS``; a file's ``label`` and 16 characters of framing once per file, as
-    ``select`` counts them), per file in file order."""
+    """The best members that fit ``budget`` (one header line each, cut to
+    ``HEADER_CHARS``; a file's ``label`` framing once per file, as ``select`` counts
+    them), per file in file order. Shorter members further down the ranking fill what a
+    longer one left, until ``_MAX_MISFITS`` in a row do not fit (counting a member's
+    tokens is the cost: ~70 us each with Qwen2.5's tokenizer)."""
     chosen: dict[Path, list[Definition]] = {}
     labels: dict[Path, int] = {}
-    used = 0
+    used = misfits = 0
     for member in members:
+        if budget - used < 2 or misfits >= _MAX_MISFITS:
+            break
         file = member.file
-        cost = min(len(member.definition.header), HEADER_CHARS) + 1
+        line = outline_line(member.definition)
+        if len(line) > (budget - used) * measure.most_chars:
+            misfits += 1  # sure not to fit, known without counting
+            continue
+        cost = measure.text(line)
         if file not in chosen:
             if file not in labels:
-                labels[file] = len(label(file)) + 16
+                labels[file] = measure.header(label(file))
             cost += labels[file]
-        if used + cost > max_chars:
+        if used + cost > budget:
+            misfits += 1
             continue
+        misfits = 0
         chosen.setdefault(file, []).append(member.definition)
         used += cost
     for definitions in chosen.values():
@@ -347,7 +403,12 @@ def outline_lines(
 
 def render_outline(definitions: Iterable[Definition]) -> str:
     """One line per definition: its header, cut to ``HEADER_CHARS``."""
-    return "".join(d.header[:HEADER_CHARS].rstrip() + "\n" for d in definitions)
+    return "".join(outline_line(d) for d in definitions)
+
+
+def outline_line(definition: Definition) -> str:
+    """A definition's line in an outline: its header, cut to ``HEADER_CHARS``."""
+    return definition.header[:HEADER_CHARS].rstrip() + "\n"
 
 
 @functools.lru_cache(maxsize=8192)
@@ -438,12 +499,14 @@ class Retriever:
         path: Path | None,
         text: str,
         offset: int,
-        max_chars: int,
+        budget: int,
         *,
         skip: Iterable[Path] = (),
+        measure: Measure = CHARS,
     ) -> list[Retrieved]:
         """Snippets for a cursor at ``offset`` of ``text`` (the file at ``path``, if it is
-        in the workspace), at most ``max_chars`` in all, in prompt order. Files in
+        in the workspace), at most ``budget`` in all as ``measure`` counts (characters
+        unless told; the engine counts the model's tokens), in prompt order. Files in
         ``skip`` (already in the prompt whole) and ``path`` itself are left out.
 
         The budget goes first to the definitions of the members the code near the cursor
@@ -451,7 +514,7 @@ class Retriever:
         outline of the imported modules (their most relevant members, ``rank_members``,
         at most ``OUTLINE_SHARE`` of the budget); then to definitions found by name and
         similar windows."""
-        if max_chars <= 0 or len(self.index) == 0:
+        if budget <= 0 or len(self.index) == 0:
             return []
         query = Query.at(text, offset)
         skipped = {*skip, *([path] if path is not None else [])}
@@ -459,12 +522,23 @@ class Retriever:
         members = self._members(modules, query)
         shown = {(r.file, r.line) for r in imported}
         members = [m for m in members if (m.file, m.definition.line) not in shown]
-        outline_need = sum(min(len(m.definition.header), HEADER_CHARS) + 1 for m in members)
-        first = select(imported, max_chars - min(outline_need, max_chars // 2))
-        used = _cost(first)
-        outlines = self._outlines(members, min(max_chars - used, int(max_chars * OUTLINE_SHARE)))
-        used += _cost(outlines)
-        rest = select([*by_name, *self._windows(path, query, skipped)], max_chars - used)
+        half = budget // 2
+        outline_need = 0
+        if sum(len(outline_line(m.definition)) for m in members) < half * measure.most_chars:
+            for m in members:  # it may need less than half: count as far as half
+                if outline_need >= half:
+                    break
+                outline_need += measure.text(outline_line(m.definition))
+        else:
+            outline_need = half  # sure to need it all, known without counting
+        first = select(imported, budget - min(outline_need, half), measure)
+        used = _cost(first, measure)
+        outline_budget = min(budget - used, int(budget * OUTLINE_SHARE))
+        outlines = self._outlines(members, outline_budget, measure)
+        used += _cost(outlines, measure)
+        if budget - used <= measure.header(""):
+            return sorted([*first, *outlines], key=lambda r: r.order)  # full: no windows
+        rest = select([*by_name, *self._windows(path, query, skipped)], budget - used, measure)
         return sorted([*first, *outlines, *rest], key=lambda r: r.order)
 
     def _definitions(
@@ -564,15 +638,18 @@ class Retriever:
         file_words = set(WORD.findall(query.file_text))
         return rank_members(candidates, query.relevance(), facts, file_words)
 
-    def _outlines(self, members: Sequence[Member], max_chars: int) -> list[Retrieved]:
+    def _outlines(
+        self, members: Sequence[Member], budget: int, measure: Measure = CHARS
+    ) -> list[Retrieved]:
         """One outline snippet per module, holding its best members that fit."""
-        if max_chars <= 0:
+        if budget <= 0:
             return []
         best: dict[Path, float] = {}
         for m in members:
             best.setdefault(m.file, m.score)
         out: list[Retrieved] = []
-        for file, definitions in outline_lines(members, max_chars, self._display).items():
+        chosen = outline_lines(members, budget, self._display, measure)
+        for file, definitions in chosen.items():
             snippet = Snippet(self._display(file), render_outline(definitions))
             out.append(
                 Retrieved(Source.OUTLINE, file, -1, snippet, _RANK_OUTLINE + 0.01 * best[file])
@@ -612,13 +689,15 @@ class Retriever:
         return file.name
 
 
-def _cost(items: Iterable[Retrieved]) -> int:
-    """Characters ``select`` counts for ``items``."""
-    return sum(len(r.snippet.text) + len(r.snippet.path) + 16 for r in items)
+def _cost(items: Iterable[Retrieved], measure: Measure = CHARS) -> int:
+    """What ``select`` counts for ``items``."""
+    return sum(measure.piece(r.snippet) for r in items)
 
 
-def select(candidates: Sequence[Retrieved], max_chars: int) -> list[Retrieved]:
-    """The best-scored candidates that fit ``max_chars``, without two pieces of the same
+def select(
+    candidates: Sequence[Retrieved], budget: int, measure: Measure = CHARS
+) -> list[Retrieved]:
+    """The best-scored candidates that fit ``budget``, without two pieces of the same
     file at the same line, in prompt order (source, path, line: definitions last,
     nearest the cursor)."""
     ranked = sorted(candidates, key=lambda r: (-r.score, str(r.file), r.line))
@@ -626,8 +705,10 @@ def select(candidates: Sequence[Retrieved], max_chars: int) -> list[Retrieved]:
     places: set[tuple[Path, int]] = set()
     used = 0
     for item in ranked:
-        cost = len(item.snippet.text) + len(item.snippet.path) + 16
-        if (item.file, item.line) in places or used + cost > max_chars:
+        if (item.file, item.line) in places or measure.cannot_fit(item.snippet, budget - used):
+            continue  # sure not to fit: not worth counting its tokens (~1 us a character)
+        cost = measure.piece(item.snippet)
+        if used + cost > budget:
             continue
         chosen.append(item)
         places.add((item.file, item.line))

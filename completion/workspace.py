@@ -16,20 +16,41 @@ Bounded: files over ``max_file_bytes``, binaries (a NUL byte, or not UTF-8), pat
 
 Thread-safety: ``build`` runs in a worker thread and every method takes the one lock;
 ``snapshot`` work done under it is short (no I/O).
+
+Never stalls the server's event loop: the files are read and parsed in a low-priority
+child process (``_Worker``; ``ast.parse`` holds the interpreter lock for the whole call,
+150 ms for a 420 KB file, so parsed in the server it delayed every keystroke arriving
+meanwhile), and the server's thread only merges the results, in steps the interpreter
+can switch between. What the index keeps is stored so that the garbage collector has
+little to walk (``Postings``, ``Definitions``): a full collection over the 1.1 M
+objects it held before (a list per word, a ``Definition`` per definition) stopped every
+thread for 0.4 s. A file that crashes
+the parser takes the child down, not the server: it is skipped and the child restarted.
+The child exits with the index (``close``), when the server dies, and after a minute
+without work.
 """
 
 from __future__ import annotations
 
 import ast
+import collections
+import contextlib
 import enum
 import fnmatch
+import itertools
+import marshal
 import math
 import os
 import re
+import select
+import struct
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+import weakref
+from array import array
+from collections.abc import Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,13 +91,50 @@ class Definition:
     header: str  # the definition's first line, stripped on the right
 
 
+class Definitions(Mapping[str, Definition]):
+    """A file's definitions by name, held as a ``str -> int`` dict and two tuples (lines,
+    headers) of atoms, which the garbage collector does not walk (a ``Definition``
+    object per definition it did: 382,000 of them for the standard library). The
+    ``Definition`` objects are made when asked for."""
+
+    __slots__ = ("_headers", "_lines", "_slots")
+
+    def __init__(self, items: Iterable[tuple[str, int, str]] = ()) -> None:
+        slots: dict[str, int] = {}
+        lines: list[int] = []
+        headers: list[str] = []
+        for name, line, header in items:
+            if name not in slots:
+                slots[name] = len(headers)
+                lines.append(line)
+                headers.append(header)
+        self._slots, self._lines, self._headers = slots, tuple(lines), tuple(headers)
+
+    @staticmethod
+    def of(definitions: Mapping[str, Definition]) -> Definitions:
+        return Definitions((d.name, d.line, d.header) for d in definitions.values())
+
+    def __getitem__(self, name: str) -> Definition:
+        i = self._slots[name]
+        return Definition(name, self._lines[i], self._headers[i])
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._slots
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._slots)
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+
 @dataclass(slots=True)
 class FileEntry:
     path: Path
     file_id: int
     language: Language
     module: str | None  # dotted Python module name under its source root
-    definitions: dict[str, Definition]
+    definitions: Definitions
     size: int
     mtime: float
 
@@ -85,7 +143,8 @@ class FileEntry:
 class IndexLimits:
     max_files: int = 20_000
     max_file_bytes: int = 1_000_000
-    max_postings: int = 4_000_000  # ~32 MB of list slots at most
+    max_postings: int = 4_000_000  # ~16 MB of 4-byte ids at most
+    worker_nice: int = 10  # the parsing child's niceness: the model's threads come first
 
 
 @dataclass(slots=True)
@@ -101,12 +160,16 @@ class IndexStats:
     complete: bool = False  # the first build finished (and was not cut by a limit)
     truncated: bool = False  # a limit stopped indexing
 
+    parsed_in_child: int = 0  # files parsed in the child process
+    parsed_here: int = 0  # ... in this process (no child could be started)
+    crashed: int = 0  # files skipped because parsing them crashed the child twice
+
     @property
     def approx_bytes(self) -> int:
-        """Postings (8-byte list slots), words (~100 B each with their dict slot),
-        definitions (~250 B: the object, its first line, two dict slots), entries
-        (~600 B). Checked against tracemalloc by ``kode bench context --latency-files``."""
-        return self.postings * 8 + self.words * 100 + self.definitions * 250 + self.files * 600
+        """Postings (4-byte ids), words (~150 B each with their dict slot and ids),
+        definitions (~150 B: the first line, three slots), entries (~800 B).
+        Checked against tracemalloc by ``kode bench context --latency-files``."""
+        return self.postings * 4 + self.words * 150 + self.definitions * 150 + self.files * 800
 
 
 # -- .gitignore -------------------------------------------------------------------------
@@ -205,7 +268,7 @@ def python_definitions(text: str) -> dict[str, Definition]:
     patterns when the file does not parse (a file being edited)."""
     try:
         tree = ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # MemoryError: nesting
         return fallback_definitions(text)
     lines = text.splitlines()
     out: dict[str, Definition] = {}
@@ -257,6 +320,309 @@ def module_name(rel: Path) -> str | None:
     return ".".join(parts)
 
 
+# -- parsing one file, here or in the child ---------------------------------------------
+
+# What the index keeps of one file: (status, characters, mtime, definitions as (name,
+# line, header), its words). Plain tuples, lists and strings: they cross the pipe as
+# ``marshal`` data.
+Parsed = tuple[str, int, float, list[tuple[str, int, str]], list[str]]
+OK, MISSING, LARGE, BINARY, CRASHED = "ok", "missing", "large", "binary", "crashed"
+
+
+def parse_file(path: str, text: str | None, max_bytes: int) -> Parsed:
+    """Read ``path`` (unless ``text``, an open document's, is given) and extract what the
+    index keeps: definitions (``ast`` for Python) and words."""
+    try:
+        stat = os.stat(path)
+        mtime, size = stat.st_mtime, stat.st_size
+    except OSError:
+        if text is None:
+            return (MISSING, 0, 0.0, [], [])
+        mtime, size = 0.0, 0
+    if text is None:
+        if size > max_bytes:
+            return (LARGE, 0, mtime, [], [])
+        text = read_text(Path(path), max_bytes)
+        if text is None:
+            return (BINARY, 0, mtime, [], [])
+    elif len(text) > max_bytes:
+        return (LARGE, 0, mtime, [], [])
+    is_python = path.endswith((".py", ".pyi"))
+    found = python_definitions(text) if is_python else fallback_definitions(text)
+    items = [(d.name, d.line, d.header) for d in found.values()]
+    return (OK, len(text), mtime, items, list(words(text)))
+
+
+class WorkerGone(Exception):
+    """The child stopped (a crash, its idle exit, ``close``) with requests unanswered."""
+
+
+_HEADER = struct.Struct("<I")
+_WINDOW = 8  # requests in flight: paths only, far below a pipe's 64 KB
+_READY = b"kode-index-worker\n"
+_IDLE_EXIT_S = 60.0
+_START_TIMEOUT_S = 30.0
+_POLL_S = 0.2  # how often a blocked read looks at ``cancel``
+_BATCH = 64  # files per step of a build (an update waits for one step at most)
+
+
+def _worker_command(parent: int, nice: int) -> list[str]:
+    """The child: this file run by path in an isolated interpreter (no current folder on
+    ``sys.path``, whose ``ast.py`` could shadow the standard library's; nothing of the
+    server imported)."""
+    code = "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__kode_index_worker__')"
+    return [sys.executable, "-I", "-c", code, __file__, str(parent), str(nice)]
+
+
+class _Worker:
+    """The child process that parses files for one index, started on first use.
+
+    ``parse`` sends requests (a path, and the text when it is an open document's) and
+    yields each answer as it comes, keeping ``_WINDOW`` requests in flight so that the
+    child parses the next file while this process merges the last one. When the child
+    dies with requests unanswered, it is restarted and they are sent again; the one it
+    was working on, if it kills a second child too, is answered ``CRASHED``."""
+
+    def __init__(self, nice: int) -> None:
+        self.nice = nice
+        self.lock = threading.Lock()  # one ``parse`` at a time (a build step, an update)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self.closed = False
+        self.unavailable = False  # no child could be started: parse in this process
+        self.peak_kb = 0  # the largest peak resident memory of a child that ended
+        self._finalizer: weakref.finalize[[subprocess.Popen[bytes]], _Worker] | None = None
+
+    def parse(
+        self,
+        requests: Iterable[tuple[str, str | None, int]],
+        cancel: threading.Event | None = None,
+    ) -> Generator[tuple[tuple[str, str | None, int], Parsed], None, None]:
+        """Answers in the order of ``requests``; fewer when cancelled or closed, or when
+        no child can be started (``unavailable``)."""
+        flight: collections.deque[tuple[str, str | None, int]] = collections.deque()
+        try:
+            yield from self._parse(collections.deque(requests), flight, cancel)
+        finally:
+            if flight:  # stopped early: the child's answers would be out of step
+                self._stop()
+
+    def _parse(
+        self,
+        pending: collections.deque[tuple[str, str | None, int]],
+        flight: collections.deque[tuple[str, str | None, int]],
+        cancel: threading.Event | None,
+    ) -> Iterator[tuple[tuple[str, str | None, int], Parsed]]:
+        retried: set[str] = set()
+        while pending or flight:
+            if self.closed or (cancel is not None and cancel.is_set()):
+                return
+            try:
+                proc = self._ensure()
+                while pending and len(flight) < _WINDOW:
+                    request = pending.popleft()
+                    flight.append(request)
+                    path, text, max_bytes = request
+                    _send(proc, marshal.dumps((path, text, max_bytes)))
+                    if text is not None:
+                        break  # a document's text: no more until it is answered
+                answer = _receive(proc, cancel)
+                if answer is None:  # cancelled while waiting
+                    self._stop()
+                    return
+                yield flight.popleft(), marshal.loads(answer)
+            except (WorkerGone, OSError, EOFError, ValueError):
+                self._stop()
+                if self.closed or self.unavailable:
+                    return
+                if flight:
+                    suspect = flight.popleft()
+                    if suspect[0] in retried:
+                        yield suspect, (CRASHED, 0, 0.0, [], [])
+                    else:
+                        retried.add(suspect[0])
+                        flight.appendleft(suspect)
+                pending.extendleft(reversed(flight))
+                flight.clear()
+
+    def _ensure(self) -> subprocess.Popen[bytes]:
+        if self._proc is not None and self._proc.poll() is None:
+            return self._proc
+        self._stop()
+        try:
+            proc = subprocess.Popen(
+                _worker_command(os.getpid(), self.nice),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                bufsize=0,
+                start_new_session=True,  # no terminal's Ctrl-C; parent death: ``watch``
+            )
+        except OSError:
+            self.unavailable = True
+            raise
+        self._proc = proc
+        self._finalizer = weakref.finalize(self, _kill, proc)
+        try:
+            if _receive_exact(proc, len(_READY), None, _START_TIMEOUT_S) != _READY:
+                raise WorkerGone("no handshake")
+        except (WorkerGone, OSError):
+            self.unavailable = True
+            raise
+        return proc
+
+    def _stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            self.peak_kb = max(self.peak_kb, _peak_kb(proc.pid))
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        if proc is not None:
+            _kill(proc)
+
+    def close(self) -> None:
+        """Stop the child (any thread); a ``parse`` under way ends. Its pipes are closed
+        by the thread that reads them (their numbers could be reused under it)."""
+        self.closed = True
+        if self.lock.acquire(blocking=False):
+            try:
+                self._stop()
+            finally:
+                self.lock.release()
+            return
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()  # the parsing thread reads the end of output and cleans up
+
+    @property
+    def pid(self) -> int | None:
+        proc = self._proc
+        return None if proc is None or proc.poll() is not None else proc.pid
+
+
+def _peak_kb(pid: int) -> int:
+    """A process's peak resident memory in KB (Linux's ``VmHWM``), 0 when unknown."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    for stream in (proc.stdin, proc.stdout):
+        if stream is not None:
+            with contextlib.suppress(OSError):
+                stream.close()
+    if proc.poll() is None:
+        proc.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+
+
+def _send(proc: subprocess.Popen[bytes], payload: bytes) -> None:
+    stdin = proc.stdin
+    if stdin is None:
+        raise WorkerGone("no pipe")
+    view = memoryview(_HEADER.pack(len(payload)) + payload)
+    try:
+        while view:
+            view = view[stdin.write(view) or 0 :]
+    except BrokenPipeError as exc:
+        raise WorkerGone("pipe closed") from exc
+
+
+def _receive(proc: subprocess.Popen[bytes], cancel: threading.Event | None) -> bytes | None:
+    header = _receive_exact(proc, _HEADER.size, cancel)
+    if header is None:
+        return None
+    (size,) = _HEADER.unpack(header)
+    return _receive_exact(proc, size, cancel)
+
+
+def _receive_exact(
+    proc: subprocess.Popen[bytes],
+    size: int,
+    cancel: threading.Event | None,
+    timeout: float | None = None,
+) -> bytes | None:
+    """``size`` bytes from the child (None when ``cancel`` is set meanwhile); waits in
+    ``select`` so that the interpreter lock is free and ``cancel`` is looked at."""
+    stdout = proc.stdout
+    if stdout is None:
+        raise WorkerGone("no pipe")
+    fd = stdout.fileno()
+    chunks: list[bytes] = []
+    got = 0
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while got < size:
+        if cancel is not None and cancel.is_set():
+            return None
+        if deadline is not None and time.monotonic() > deadline:
+            raise WorkerGone("timed out")
+        ready, _, _ = select.select([fd], [], [], _POLL_S)
+        if not ready:
+            continue
+        chunk = os.read(fd, min(size - got, 1 << 20))
+        if not chunk:
+            raise WorkerGone("end of output")
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def _worker_main(argv: list[str]) -> None:
+    """The child's loop: answer each request with ``parse_file``'s result; exit at the end
+    of input, when the parent is gone, or after ``_IDLE_EXIT_S`` without a request."""
+    parent, nice = int(argv[0]), int(argv[1])
+    with contextlib.suppress(OSError):
+        os.nice(nice)
+
+    def watch() -> None:  # the parent killed: its pipe may live on in a forked child
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent:
+                os._exit(0)
+
+    threading.Thread(target=watch, daemon=True).start()
+    stdin = os.fdopen(sys.stdin.fileno(), "rb", buffering=0, closefd=False)
+    stdout = os.fdopen(sys.stdout.fileno(), "wb", buffering=0, closefd=False)
+    fd = stdin.fileno()
+
+    def read(size: int) -> bytes:
+        chunks: list[bytes] = []
+        got = 0
+        while got < size:
+            ready, _, _ = select.select([fd], [], [], _IDLE_EXIT_S)
+            if not ready:
+                os._exit(0)  # idle: the parent starts another when it needs one
+            chunk = os.read(fd, size - got)
+            if not chunk:
+                os._exit(0)
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+
+    def write(data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[stdout.write(view) :]
+
+    write(_READY)
+    while True:
+        (size,) = _HEADER.unpack(read(_HEADER.size))
+        path, text, max_bytes = marshal.loads(read(size))
+        try:
+            result = parse_file(path, text, max_bytes)
+        except Exception:  # a bug or an odd file: skip it, go on with the next
+            result = (CRASHED, 0, 0.0, [], [])
+        payload = marshal.dumps(result)
+        write(_HEADER.pack(len(payload)) + payload)
+
+
 # -- the index --------------------------------------------------------------------------
 
 
@@ -275,12 +641,14 @@ class WorkspaceIndex:
         self._roots = _Roots(tuple(Path(r).resolve() for r in roots))
         self._files: dict[Path, FileEntry] = {}
         self._modules: dict[str, Path] = {}
-        self._postings: dict[str, list[int]] = {}
-        self._defined: dict[str, list[int]] = {}  # top-level name -> ids of defining files
+        # word -> ids of the files holding it (``Postings``)
+        self._postings: dict[str, Postings] = {}
+        self._defined: dict[str, Postings] = {}  # top-level name -> ids of defining files
         self._alive: dict[int, Path] = {}  # file id -> path; ids of replaced files vanish
         self._dead_postings = 0
         self._next_id = 0
         self._versions: dict[Path, int] = {}
+        self._worker = _Worker(self.limits.worker_nice)
         self.stats = IndexStats()
 
     # reading (any thread)
@@ -313,7 +681,7 @@ class WorkspaceIndex:
         """Files defining ``name`` at top level (the language-agnostic route)."""
         out: list[tuple[Path, Definition]] = []
         with self._lock:
-            for file_id in self._defined.get(name, ()):
+            for file_id in _ids(self._defined.get(name)):
                 path = self._alive.get(file_id)
                 entry = None if path is None else self._files.get(path)
                 if path is not None and entry is not None and name in entry.definitions:
@@ -327,7 +695,7 @@ class WorkspaceIndex:
         count until compaction (at most a quarter more): walking a common word's
         postings would cost more than the estimate is worth."""
         with self._lock:
-            return {name: len(self._postings.get(name, ())) for name in names}
+            return {name: _count(self._postings.get(name)) for name in names}
 
     def rank_files(
         self, query: Iterable[str], *, exclude: Path | None = None, limit: int = 4
@@ -341,11 +709,13 @@ class WorkspaceIndex:
         with self._lock:
             n = max(len(self._files), 1)
             rare = max(int(n * RARE_SHARE), 8)
-            found = [(len(ids), ids) for w in set(query) if (ids := self._postings.get(w))]
+            found = [
+                (_count(ids), ids) for w in set(query) if (ids := self._postings.get(w)) is not None
+            ]
             found = sorted((f for f in found if f[0] <= rare), key=lambda f: f[0])[:RANK_WORDS]
             for df, ids in found:
                 weight = _idf(df, n)
-                for file_id in ids:
+                for file_id in _ids(ids):
                     scores[file_id] = scores.get(file_id, 0.0) + weight
             ranked = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))
             out: list[tuple[Path, float]] = []
@@ -361,20 +731,69 @@ class WorkspaceIndex:
     # building and updating
 
     def build(self, cancel: threading.Event | None = None) -> IndexStats:
-        """Walk every root and index what qualifies; run in a worker thread."""
+        """Walk every root and index what qualifies; run in a worker thread. The files
+        are parsed in the child process, ``_BATCH`` at a time (an update waits at most
+        for one batch)."""
         started = time.perf_counter()
         for root in self.roots:
-            for path in self._walk(root):
-                if cancel is not None and cancel.is_set():
+            paths = self._walk(root)
+            while batch := list(itertools.islice(paths, _BATCH)):
+                if (cancel is not None and cancel.is_set()) or self._worker.closed:
                     return self.stats
-                if not self._index_path(path, root):
-                    with self._lock:
-                        self.stats.truncated = True
+                parsed = self._parse([(str(p), None) for p in batch], cancel)
+                with contextlib.closing(parsed):
+                    for path, result in parsed:
+                        if not self._merge(Path(path), root, result):
+                            with self._lock:
+                                self.stats.truncated = True
+                            break
+                if self.stats.truncated:
                     break
+                if (cancel is not None and cancel.is_set()) or self._worker.closed:
+                    return self.stats
         with self._lock:
             self.stats.build_s = time.perf_counter() - started
             self.stats.complete = True
         return self.stats
+
+    def close(self) -> None:
+        """Stop the parsing child (any thread): a build under way ends, updates are
+        ignored from now on."""
+        self._worker.close()
+
+    @property
+    def worker_pid(self) -> int | None:
+        """The parsing child's process id while one runs."""
+        return self._worker.pid
+
+    @property
+    def worker_peak_kb(self) -> int:
+        """The parsing child's peak resident memory (KB; the largest of those that ran)."""
+        pid = self._worker.pid
+        return max(self._worker.peak_kb, 0 if pid is None else _peak_kb(pid))
+
+    def _parse(
+        self, requests: list[tuple[str, str | None]], cancel: threading.Event | None = None
+    ) -> Generator[tuple[str, Parsed], None, None]:
+        """``parse_file`` for each request, in order: in the child process, or here when
+        no child can be started (then ``ast.parse`` holds the interpreter lock as it
+        did before)."""
+        max_bytes = self.limits.max_file_bytes
+        todo = [(path, text, max_bytes) for path, text in requests]
+        worker = self._worker
+        answered = 0
+        if not worker.unavailable:
+            with worker.lock:
+                for (path, _, _), result in worker.parse(todo, cancel):
+                    answered += 1
+                    self.stats.parsed_in_child += 1
+                    yield path, result
+        if answered < len(todo) and worker.unavailable and not worker.closed:
+            for path, text, limit in todo[answered:]:
+                if cancel is not None and cancel.is_set():
+                    return
+                self.stats.parsed_here += 1
+                yield path, parse_file(path, text, limit)
 
     def update(self, path: Path, text: str | None = None) -> bool:
         """(Re)index one file after a save, a watched change or an edit (``text``: the
@@ -464,31 +883,26 @@ class WorkspaceIndex:
 
     def _index_path(self, path: Path, root: Path, text: str | None = None) -> bool:
         """Index one file; False once a limit is reached (the caller stops walking)."""
-        try:
-            stat = path.stat()
-        except OSError:
-            stat = None
-        if text is None:
-            if stat is None:
-                self.remove(path)
-                return True
-            if stat.st_size > self.limits.max_file_bytes:
-                self.stats.skipped_large += 1
-                self.remove(path)  # it may have been small before
-                return True
-            text = read_text(path, self.limits.max_file_bytes)
-            if text is None:
+        with contextlib.closing(self._parse([(str(path), text)])) as parsed:
+            for _, result in parsed:
+                return self._merge(path, root, result)
+        return True  # closed: nothing indexed
+
+    def _merge(self, path: Path, root: Path, parsed: Parsed) -> bool:
+        """Enter one file's ``parse_file`` result; False once a limit is reached."""
+        status, size, mtime, items, vocabulary = parsed
+        if status != OK:
+            if status == LARGE:
+                self.stats.skipped_large += 1  # it may have been small before: dropped
+            elif status == BINARY:
                 self.stats.skipped_binary += 1
-                self.remove(path)
-                return True
-        elif len(text) > self.limits.max_file_bytes:
-            self.stats.skipped_large += 1
+            elif status == CRASHED:
+                self.stats.crashed += 1
             self.remove(path)
             return True
         rel = path.relative_to(root)
         is_python = path.suffix in (".py", ".pyi")
-        definitions = python_definitions(text) if is_python else fallback_definitions(text)
-        vocabulary = words(text)
+        definitions = Definitions(items)
         module = _python_module(rel) if is_python else None
         with self._lock:
             growing = path not in self._files
@@ -507,8 +921,8 @@ class WorkspaceIndex:
                 language=Language.PYTHON if is_python else Language.OTHER,
                 module=module,
                 definitions=definitions,
-                size=len(text),
-                mtime=stat.st_mtime if stat is not None else 0.0,
+                size=size,
+                mtime=mtime,
             )
             self._files[path] = entry
             self._alive[file_id] = path
@@ -517,15 +931,23 @@ class WorkspaceIndex:
             for word in vocabulary:
                 ids = self._postings.get(word)
                 if ids is None:
-                    self._postings[sys.intern(word)] = [file_id]
+                    self._postings[sys.intern(word)] = file_id
                     self.stats.words += 1
+                elif isinstance(ids, int):
+                    self._postings[word] = _pair(ids, file_id)
                 else:
-                    ids.append(file_id)
+                    ids += _ID.pack(file_id)
             self.stats.postings += len(vocabulary)
             self.stats.definitions += len(definitions)
             for name in definitions:
                 if "." not in name:
-                    self._defined.setdefault(sys.intern(name), []).append(file_id)
+                    found = self._defined.get(name)
+                    if found is None:
+                        self._defined[sys.intern(name)] = file_id
+                    elif isinstance(found, int):
+                        self._defined[name] = _pair(found, file_id)
+                    else:
+                        found += _ID.pack(file_id)
             self.stats.files = len(self._files)
             self._versions[path] = self._versions.get(path, 0) + 1
         return True
@@ -549,22 +971,43 @@ class WorkspaceIndex:
         """Drop postings of files that are gone (lock held)."""
         alive = self._alive
         total = 0
-        for word in list(self._postings):
-            ids = [i for i in self._postings[word] if i in alive]
-            if ids:
-                self._postings[word] = ids
-                total += len(ids)
-            else:
-                del self._postings[word]
-        for name in list(self._defined):
-            ids = [i for i in self._defined[name] if i in alive]
-            if ids:
-                self._defined[name] = ids
-            else:
-                del self._defined[name]
+        for table in (self._postings, self._defined):
+            for word in list(table):
+                ids = [i for i in _ids(table[word]) if i in alive]
+                if not ids:
+                    del table[word]
+                    continue
+                table[word] = ids[0] if len(ids) == 1 else bytearray(array("i", ids))
+                if table is self._postings:
+                    total += len(ids)
         self.stats.postings = total
         self.stats.words = len(self._postings)
         self._dead_postings = 0
+
+
+# The file ids of a word (or a name's defining files): one id as an ``int`` (most words
+# occur in one file), more as a ``bytearray`` of 4-byte ids. Neither is walked by the
+# garbage collector (lists and ``array``s are: 700,000 of them for the standard library).
+Postings = int | bytearray
+_ID = struct.Struct("=i")
+
+
+def _pair(first: int, second: int) -> bytearray:
+    return bytearray(_ID.pack(first) + _ID.pack(second))
+
+
+def _ids(postings: Postings | None) -> list[int]:
+    if postings is None:
+        return []
+    if isinstance(postings, int):
+        return [postings]
+    return memoryview(postings).cast("i").tolist()
+
+
+def _count(postings: Postings | None) -> int:
+    if postings is None:
+        return 0
+    return 1 if isinstance(postings, int) else len(postings) // _ID.size
 
 
 def _idf(df: int, n: int) -> float:
@@ -576,3 +1019,7 @@ def _python_module(rel: Path) -> str | None:
     if rel.parts and rel.parts[0] == "src":
         rel = Path(*rel.parts[1:])
     return module_name(rel)
+
+
+if __name__ == "__kode_index_worker__":
+    _worker_main(sys.argv[2:])  # after "-c" and this file

@@ -591,7 +591,10 @@ def _index_stats(server: KodeServer) -> dict[str, Any] | None:
             "ignored": stats.skipped_ignored,
             "binary": stats.skipped_binary,
             "large": stats.skipped_large,
+            "crashedParser": stats.crashed,
         },
+        "parsedInChild": stats.parsed_in_child,
+        "parsedInServer": stats.parsed_here,
     }
 
 

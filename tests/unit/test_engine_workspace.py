@@ -4,6 +4,7 @@ current. No model."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import gc
 import time
@@ -14,6 +15,7 @@ from kode.completion import engine as engine_mod
 from kode.completion.engine import CompletionEngine
 from kode.completion.settings import parse
 from test_engine import ScriptedBackend  # the scripted backend of the engine's tests
+from test_workspace import wait_gone
 
 
 def engine_for(backend: ScriptedBackend, **settings: object) -> CompletionEngine:
@@ -143,6 +145,61 @@ async def test_building_a_large_index_does_not_block_the_event_loop(tmp_path: Pa
     await engine.aclose()
 
 
+async def test_a_large_file_does_not_stall_the_event_loop(tmp_path: Path) -> None:
+    """``ast.parse`` of a large file holds the interpreter lock for the whole call (in the
+    server that was one stall as long as the parse); the child parses it, so the loop
+    goes on ticking meanwhile."""
+    big = "".join(
+        f"def handler_{i}(request, *args, **kwargs):\n    '''Doc {i}.'''\n"
+        f"    return dispatch_{i % 97}(request, args, kwargs, [x for x in range({i})])\n\n"
+        for i in range(5000)
+    )
+    for name in ("a", "b", "c"):
+        (tmp_path / f"{name}.py").write_text(big)
+    started = time.perf_counter()
+    ast.parse(big)  # what one of them costs when parsed here, in one call
+    in_process = time.perf_counter() - started
+    engine = engine_for(ScriptedBackend(["x"]))
+    gc.collect()
+    gc.freeze()  # the suite's own heap (see above)
+    engine.open_workspace([tmp_path])
+    index = engine.workspace
+    assert index is not None
+    worst = 0.0
+    try:
+        async with asyncio.timeout(60):
+            while not index.stats.complete:
+                tick = time.perf_counter()
+                await asyncio.sleep(0.005)
+                worst = max(worst, time.perf_counter() - tick - 0.005)
+    finally:
+        gc.unfreeze()
+    assert len(index) == 3 and index.stats.parsed_in_child == 3
+    assert len(index.find_definitions("handler_4999", limit=5)) == 3
+    assert worst < in_process / 2, (worst, in_process)
+    pid = index.worker_pid
+    await engine.aclose()
+    assert pid is None or wait_gone(pid)
+
+
+async def test_closing_the_engine_stops_the_build_and_its_child(tmp_path: Path) -> None:
+    for i in range(300):
+        (tmp_path / f"m{i}.py").write_text(f"def f_{i}(a):\n    return a\n" * 50)
+    engine = engine_for(ScriptedBackend(["x"]))
+    engine.open_workspace([tmp_path])
+    index = engine.workspace
+    assert index is not None
+    async with asyncio.timeout(30):
+        while index.worker_pid is None:
+            await asyncio.sleep(0.005)
+    pid = index.worker_pid
+    assert pid is not None
+    async with asyncio.timeout(10):  # before, closing waited for the whole build
+        await engine.aclose()
+    assert not index.stats.complete and len(index) < 300
+    assert wait_gone(pid)
+
+
 async def test_a_keystroke_keeps_the_prepared_project_context(project: Path) -> None:
     """A name typed on the line resolves and changes the retrieved snippets; evaluating
     the prompt again from there would not fit ``firstAnswerMs`` on a slow machine, so the
@@ -215,3 +272,39 @@ async def test_without_a_workspace_the_prompt_is_what_it_was(project: Path) -> N
     assert await prompt(one_file) == expected
     for engine in (off, none, one_file):
         await engine.aclose()
+
+
+class DenseBackend(ScriptedBackend):
+    """Counts every run of letters, every digit and every other character as a token:
+    numeric constants cost far more tokens than their characters / 4."""
+
+    def count_tokens(self, text: str) -> int:
+        import re
+
+        return len(re.findall(r"[A-Za-z]+|\d|[^\sA-Za-z\d]", text)) + 1
+
+
+async def test_an_outline_of_constants_leaves_room_for_the_definitions(tmp_path: Path) -> None:
+    """``starlette/endpoints.py:87``: the outline of ``status.py`` was chosen by characters
+    and, fitted to tokens in prompt order, took all of ``retrievalTokens``; the
+    definitions of the names used at the cursor, after it, were dropped. Chosen by the
+    backend's tokens, both reach the prompt, within the budget."""
+    from test_retrieval import constants_project
+
+    app = constants_project(tmp_path)
+    backend = DenseBackend(["x"])
+    engine = engine_for(backend, retrievalTokens=256, snippetTokens=0)
+    await built(engine, tmp_path)
+    uri = app.as_uri()
+    engine.documents.open(uri, app.read_text(), 1, "python")
+    doc = engine.documents.get(uri)
+    await engine.complete(uri, doc.position_at(len(doc.text)))
+    await engine.cancel(uri)
+    prompt = backend.requests[-1].prompt
+    context = prompt.split("<|file_sep|>web/endpoints.py")[0]
+    assert "web/status.py\nWS_10" in context  # the outline
+    assert '"""Run the awaitables given, return when the first one is done."""' in context
+    assert "return await to_thread(func, *args)" in context
+    snippets = context.split("<|file_sep|>")[1:]  # after the repository name
+    assert sum(backend.count_tokens(s.split("\n", 1)[1]) + 8 for s in snippets) <= 256
+    await engine.aclose()

@@ -4,6 +4,7 @@ ranking, budgets, stable order between keystrokes; and the context's use of it. 
 from __future__ import annotations
 
 import doctest
+import re
 from pathlib import Path
 
 import pytest
@@ -344,3 +345,89 @@ def test_select_fits_the_budget_in_prompt_order_without_duplicates(
     assert sum(len(r.snippet.text) + len(r.snippet.path) + 16 for r in chosen) <= max_chars
     assert [r.order for r in chosen] == sorted(r.order for r in chosen)
     assert len({(r.file, r.line) for r in chosen}) == len(chosen)
+
+
+def dense_count(text: str) -> int:
+    """A tokenizer for which constants are dear: every run of digits or letters and
+    every other character is a token (an outline of numeric constants runs ~2 characters
+    a token, prose and code ~4)."""
+    return len(re.findall(r"[A-Za-z]+|\d|[^\sA-Za-z\d]", text)) + 1
+
+
+def constants_project(root: Path) -> Path:
+    """``starlette/endpoints.py:87`` in small: a module of status codes, whose outline
+    costs far more tokens than its characters say, and definitions used at the cursor."""
+    write(root, "web/__init__.py", "")
+    write(
+        root,
+        "web/status.py",
+        "".join(f"WS_{1000 + i}_CLOSE_REASON_{i} = {1000 + i}\n" for i in range(60)),
+    )
+    write(
+        root,
+        "web/concurrency.py",
+        "async def run_until_first_complete_quill(*args):\n"
+        '    """Run the awaitables given, return when the first one is done."""\n'
+        "    return await first_of(args)\n\n\n"
+        "async def run_in_threadpool_brisk(func, *args):\n"
+        "    return await to_thread(func, *args)\n",
+    )
+    app = "from web import status\nfrom web.concurrency import run_until_first_complete_quill\n"
+    app += "from web.concurrency import run_in_threadpool_brisk\n\n\nasync def dispatch(ws):\n"
+    app += "    await run_until_first_complete_quill(ws)\n    await run_in_threadpool_brisk(ws)\n"
+    app += "    code = status."
+    return write(root, "web/endpoints.py", app)
+
+
+def test_retrieval_chosen_by_real_tokens_fits_and_keeps_the_definitions(tmp_path: Path) -> None:
+    """Chosen by characters, the outline of constants alone overran the token budget; by
+    the model's tokens (``Measure.tokens``) the pieces fit it and the definitions of the
+    names used at the cursor are among them."""
+    app = constants_project(tmp_path)
+    text = app.read_text()
+    measure = retrieval.Measure.tokens(dense_count)
+    for budget in (120, 256, 512):
+        got = retriever(tmp_path).retrieve(app, text, len(text), budget, measure=measure)
+        assert sum(dense_count(r.snippet.text) + 8 for r in got) <= budget
+        definitions = [r.snippet.text for r in got if r.source is Source.DEFINITION]
+        assert any("run_until_first_complete_quill" in d for d in definitions), budget
+        assert any(r.source is Source.OUTLINE for r in got), budget
+    # The outline still takes up to its share (60%) of what the definitions leave.
+    got = retriever(tmp_path).retrieve(app, text, len(text), 512, measure=measure)
+    outline = sum(dense_count(r.snippet.text) + 8 for r in got if r.source is Source.OUTLINE)
+    assert 0.3 * 512 <= outline <= 0.6 * 512
+
+
+def test_an_overlong_piece_early_in_the_prompt_no_longer_pushes_the_best_out() -> None:
+    """What overruns the budget is cut from the worst piece, not from the prompt's end
+    (where the best sit): before, an outline chosen by characters took all 512 tokens and
+    the definitions after it were dropped."""
+    doc = Document("file:///p/endpoints.py", "code = status.")
+    outline = Retrieved(
+        Source.OUTLINE,
+        Path("/p/status.py"),
+        -1,
+        Snippet("status.py", "".join(f"WS_{1000 + i} = {1000 + i}\n" for i in range(80))),
+        3.2,
+    )
+    defs = [
+        Retrieved(
+            Source.DEFINITION,
+            Path("/p/concurrency.py"),
+            line,
+            Snippet("concurrency.py", f"async def helper_{line}(*args):\n    return args\n"),
+            4.0,
+        )
+        for line in (0, 10)
+    ]
+    window = Retrieved(Source.WINDOW, Path("/p/other.py"), 3, Snippet("other.py", "x = 1\n"), 0.2)
+    retrieved = [window, outline, *defs]  # prompt order
+    ctx = gather(doc, len(doc.text), dense_count, Budget(50, 10, 0, 120), retrieved=retrieved)
+    paths = [s.path for s in ctx.snippets]
+    assert paths == ["status.py", "concurrency.py", "concurrency.py"]  # order kept
+    assert [s.text for s in ctx.snippets[1:]] == [d.snippet.text for d in defs]  # whole
+    assert ctx.snippets[0].text.startswith("WS_1000 = 1000\n")  # cut to whole lines
+    assert sum(dense_count(s.text) + 8 for s in ctx.snippets) <= 120
+    # When everything fits, nothing changes: every piece, in the order given.
+    roomy = gather(doc, len(doc.text), dense_count, Budget(50, 10, 0, 4000), retrieved=retrieved)
+    assert [s.text for s in roomy.snippets] == [r.snippet.text for r in retrieved]

@@ -3,9 +3,14 @@ module names, limits. No model."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
+from kode.completion import workspace
 from kode.completion.workspace import (
     Ignore,
     IndexLimits,
@@ -186,3 +191,134 @@ def test_a_file_that_grows_too_large_leaves_the_index(project: Path) -> None:
     assert index.entry(util) is not None
     assert not index.update(util, "x = 1\n" * 1000)  # over max_file_bytes (2000)
     assert index.entry(util) is None and index.find_definitions("helper_zeta") == []
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, reaped or not, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_gone(pid: int, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_files_are_parsed_in_a_child_process(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ast.parse`` holds the interpreter lock for the whole call (150 ms for a 420 KB
+    file): in the server it delayed every keystroke arriving meanwhile. The child parses;
+    this process only merges (here its own parsing would fail)."""
+
+    def no_parse(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("parsed in the server's process")
+
+    monkeypatch.setattr(workspace, "python_definitions", no_parse)
+    monkeypatch.setattr(workspace, "fallback_definitions", no_parse)
+    index = build(project)
+    assert index.stats.parsed_in_child == 8 and index.stats.parsed_here == 0  # + binary, huge
+    [(path, definition)] = index.find_definitions("helper_zeta")
+    assert path.name == "util.py" and definition.header == "def helper_zeta(x):"
+    assert set(index.entry(path.resolve()).definitions) == {"helper_zeta", "LIMIT"}  # type: ignore[union-attr]
+    # An open document's text goes through the child too.
+    util = (project / "pkg" / "util.py").resolve()
+    assert index.update(util, "class Gadget:\n    def spin(self):\n        pass\n")
+    assert set(index.entry(util).definitions) == {"Gadget", "Gadget.spin"}  # type: ignore[union-attr]
+    pid = index.worker_pid
+    assert pid is not None and pid != os.getpid()
+    index.close()
+    assert wait_gone(pid)
+    index.update(util, "def after_close(): pass\n")  # closed: updates are ignored
+    assert index.find_definitions("after_close") == [] and index.worker_pid is None
+
+
+def test_a_file_that_crashes_the_parser_is_skipped_and_the_build_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that raised its recursion limit segfaults in ``ast.parse`` on a long
+    chain of operators: in the child, only the child dies; it is restarted, retried once,
+    and the file is skipped."""
+    command = workspace._worker_command
+
+    def fragile(parent: int, nice: int) -> list[str]:
+        argv = command(parent, nice)
+        argv[3] = "import sys; sys.setrecursionlimit(10**6); " + argv[3]
+        return argv
+
+    monkeypatch.setattr(workspace, "_worker_command", fragile)
+    write(tmp_path, "a_before.py", "def before_quill(): pass\n")
+    write(tmp_path, "b_hostile.py", "x = " + "1+" * 300_000 + "1\n")
+    write(tmp_path, "c_after.py", "def after_brisk(): pass\n")
+    index = WorkspaceIndex([tmp_path])
+    stats = index.build()
+    assert stats.complete and stats.crashed == 1 and stats.files == 2
+    assert index.find_definitions("before_quill") and index.find_definitions("after_brisk")
+    assert index.entry((tmp_path / "b_hostile.py").resolve()) is None
+    index.close()
+
+
+def test_the_parsing_child_exits_when_the_server_dies(tmp_path: Path) -> None:
+    write(tmp_path, "m.py", "def f(): pass\n")
+    script = (
+        "import os, sys, time\n"
+        "from pathlib import Path\n"
+        "from kode.completion.workspace import WorkspaceIndex\n"
+        "index = WorkspaceIndex([Path(sys.argv[1])])\n"
+        "index.build()\n"
+        "print(index.worker_pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    server = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert server.stdout is not None
+        pid = int(server.stdout.readline())
+        assert alive(pid)
+        server.kill()  # SIGKILL: no clean-up runs in the server
+        server.wait()
+        assert wait_gone(pid)
+    finally:
+        server.kill()
+        server.wait()
+        if server.stdout is not None:
+            server.stdout.close()
+
+
+def test_what_the_index_keeps_is_not_walked_by_the_garbage_collector(tmp_path: Path) -> None:
+    """A full collection walks every tracked object and stops every thread meanwhile:
+    over the 1.1 M objects the index of the standard library held (a list per word, a
+    ``Definition`` per definition) that took 0.4 s. Per file a few remain (its entry,
+    path and ``Definitions``), whatever the number of words and definitions."""
+    import gc
+
+    for i in range(40):
+        body = "".join(
+            f"def f_{i}_{j}(word_{j}, shared):\n    return word_{j}\n" for j in range(50)
+        )
+        write(tmp_path, f"m{i}.py", body)
+    gc.collect()
+    before = len(gc.get_objects())
+    index = WorkspaceIndex([tmp_path])
+    index.build()
+    gc.collect()
+    held = len(gc.get_objects()) - before
+    assert index.stats.postings > 40 * 50 and index.stats.definitions == 40 * 50
+    assert held < 40 * 8, held
+    # Compaction keeps the same form.
+    for i in range(20):
+        index.update((tmp_path / f"m{i}.py").resolve(), f"def g_{i}(): pass\n")
+    index._compact()
+    assert [p.name for p, _ in index.find_definitions("g_3")] == ["m3.py"]
+    assert index.file_counts(["shared", "g_3"]) == {"shared": 20, "g_3": 1}
+    ranked = index.rank_files({"g_3", "word_7"}, limit=3)
+    assert ranked[0][0].name == "m3.py"
+    index.close()
