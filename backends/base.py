@@ -289,3 +289,14 @@ class TokenHealing(Protocol):
         """How many characters at the end of ``text`` its last token spells (0: none, or
         this model cannot heal)."""
         ...
+
+
+@runtime_checkable
+class Concurrent(Protocol):
+    """A backend that runs several generations at once (a local engine decoding them in
+    one batch): a scheduler may start up to ``width`` before the first ends."""
+
+    @property
+    def width(self) -> int:
+        """How many generations it runs at once (1: one at a time)."""
+        ...

@@ -2,7 +2,8 @@
 
 ``kode engine run`` (started by the first window that finds none) takes the engine's
 lock, listens on its Unix socket, loads the model once and serves any number of
-windows, running their generations one at a time in the order ``Scheduler`` decides.
+windows, running their generations in the order ``Scheduler`` decides: keystrokes of
+different windows together (decoded in one batch), background work alone.
 It stops on SIGTERM or SIGINT, on ``kode engine stop``, or once no window has been
 connected for the idle time, removing its socket and releasing its lock; its log goes
 to the user's state folder and never holds source code.
@@ -26,6 +27,7 @@ from typing import Any
 from kode.backends.base import (
     PREFILL_PROBE,
     Backend,
+    Concurrent,
     FinishReason,
     Generation,
     GenerationRequest,
@@ -125,6 +127,8 @@ class EngineServer:
         try:
             try:
                 self.backend = await self._load()
+                if isinstance(self.backend, Concurrent):
+                    self.scheduler.width = self.backend.width
             except Exception as exc:
                 self._load_error = describe(exc)
                 log.error("the model could not be loaded: %s", self._load_error)
@@ -320,7 +324,8 @@ class EngineServer:
             "idleS": self.idle_s,
             "served": self.served,
             "prefillTokensPerS": self.prefill.value,
-            "running": self.scheduler.running is not None,
+            "running": bool(self.scheduler.running),
+            "generating": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting),
             "counters": None if backend is None else backend.counters.as_dict(),
             "kvMemory": backend.kv_memory if isinstance(backend, KvMemoryReport) else None,
@@ -336,7 +341,7 @@ class EngineServer:
             running = self._jobs.get(job.id)
             if running is None:
                 continue
-            if job is self.scheduler.running:
+            if job in self.scheduler.running:
                 self._cancel(running)
             else:  # it never started: it ends here, cancelled
                 self._end(running, GenerationStats(finish_reason=FinishReason.CANCELLED))
@@ -345,9 +350,9 @@ class EngineServer:
             if running is not None:
                 running.paused = True
                 self._cancel(running)
-        if plan.start is not None and not self._stop.is_set():
-            running = self._jobs[plan.start.id]
-            self._spawn(self._run(running))
+        if not self._stop.is_set():
+            for job in plan.start:
+                self._spawn(self._run(self._jobs[job.id]))
         if plan.wake_at is not None:
             if self._wake is not None:
                 self._wake.cancel()
