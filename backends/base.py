@@ -124,6 +124,10 @@ class GenerationStats:
     total_ms: float = 0.0
     decode_steps: int = 0  # target model calls after the prompt
     steps_after_cancel: int = 0  # target model calls that began after cancel() was requested
+    # Target model calls it took part in, prompt batches included; a decoding step
+    # evaluated in one batch with other generations' counts for each of them.
+    model_calls: int = 0
+    batched_steps: int = 0  # decoding steps shared with another generation's (one batch)
     finish_reason: FinishReason | None = None
     speculation: SpeculationStats = field(default_factory=SpeculationStats)
     route: BackendKind | None = None  # which backend served it (LOCAL or REMOTE), set by a router

@@ -290,13 +290,13 @@ class LocalBackend(Generic[T]):
                         return
                 for one in live:
                     if one.want is None:
-                        one.advance()
+                        self._advance(one)
                 waiting = []
                 for one in live:
                     if one.ended or one.want is None:
                         continue
                     if one.job.cancelled():
-                        one.advance(None)  # it ends, cancelled, before the step
+                        self._advance(one, None)  # it ends, cancelled, before the step
                     else:
                         waiting.append(one)
                 if waiting:
@@ -310,7 +310,22 @@ class LocalBackend(Generic[T]):
             for one in live:
                 if not one.ended:
                     one.advance(error=exc)
+                    one.close()
             raise
+
+    def _advance(
+        self,
+        one: Live[LocalRun[T]],
+        value: int | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        """``Live.advance``, counting the target calls it made as the run's own, and
+        ``close`` once it ended."""
+        before = self.engine.calls
+        one.advance(value, error)
+        one.job.stats.model_calls += self.engine.calls - before
+        if one.ended:
+            one.close()
 
     def _step_together(self, waiting: list[Live[LocalRun[T]]]) -> None:
         steps = []
@@ -321,10 +336,13 @@ class LocalBackend(Generic[T]):
             tokens = self.engine.step_together(steps)
         except BaseException as exc:
             for one in waiting:
-                one.advance(error=exc)
+                self._advance(one, error=exc)
             return
         for one, token in zip(waiting, tokens, strict=True):
-            one.advance(token)
+            stats = one.job.stats
+            stats.model_calls += 1
+            stats.batched_steps += len(waiting) > 1
+            self._advance(one, token)
 
 
 class LocalRun(WorkerRun, Generic[T]):
@@ -336,7 +354,6 @@ class LocalRun(WorkerRun, Generic[T]):
         self.engine = backend.engine
         self.target = self.engine.target(job.request.sampling)
         self.text = self.engine.text_stream()
-        self.calls_at_start = self.engine.calls
 
     def steps(self) -> Steps:
         """The whole generation, pausing between prompt batches and at every step (the
@@ -409,5 +426,5 @@ class LocalRun(WorkerRun, Generic[T]):
 
     def account(self) -> None:
         self.stats.total_ms = self.elapsed_ms()
-        self.backend.counters.record(self.stats, self.engine.calls - self.calls_at_start)
+        self.backend.counters.record(self.stats, self.stats.model_calls)
         self.backend.learning.remember(self.generated)

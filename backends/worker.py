@@ -42,8 +42,9 @@ class BackendCounters:
 
     generations: int = 0
     cancelled: int = 0
-    decode_calls: int = 0  # every llama_decode on the target, prompt batches included
+    decode_calls: int = 0  # target calls the generations took part in, prompt batches included
     generation_steps: int = 0  # target steps after prompts
+    batched_steps: int = 0  # of them, steps shared with other generations (one batch)
     steps_after_cancel: int = 0
     prompt_tokens: int = 0
     prompt_tokens_reused: int = 0
@@ -52,11 +53,12 @@ class BackendCounters:
     last: GenerationStats = field(default_factory=GenerationStats)
 
     def record(self, stats: GenerationStats, decode_calls: int) -> None:
-        """Add one finished generation (``decode_calls``: target calls it made)."""
+        """Add one finished generation (``decode_calls``: target calls it took part in)."""
         self.generations += 1
         self.cancelled += stats.finish_reason is FinishReason.CANCELLED
         self.decode_calls += decode_calls
         self.generation_steps += stats.decode_steps
+        self.batched_steps += stats.batched_steps
         self.steps_after_cancel += stats.steps_after_cancel
         self.prompt_tokens += stats.prompt_tokens
         self.prompt_tokens_reused += stats.reused_prompt_tokens
@@ -71,6 +73,7 @@ class BackendCounters:
             "cancelled": self.cancelled,
             "decodeCalls": self.decode_calls,
             "generationSteps": self.generation_steps,
+            "batchedSteps": self.batched_steps,
             "stepsAfterCancel": self.steps_after_cancel,
             "promptTokens": self.prompt_tokens,
             "promptTokensReused": self.prompt_tokens_reused,
@@ -83,6 +86,7 @@ class BackendCounters:
                 "movedPromptTokens": last.moved_prompt_tokens,
                 "completionTokens": last.completion_tokens,
                 "decodeSteps": last.decode_steps,
+                "batchedSteps": last.batched_steps,
                 "stepsAfterCancel": last.steps_after_cancel,
                 "finishReason": None if last.finish_reason is None else str(last.finish_reason),
                 "ttftMs": round(last.ttft_ms, 1),
@@ -294,9 +298,9 @@ R = TypeVar("R", bound=Run)
 
 class Live(Generic[R]):
     """A run as the worker steps it: ``advance`` runs it to its next pause (``want``:
-    None, or the ``Plain`` step it waits for); once it ends, however it ends, its
-    counters are updated and its stream is closed. Errors reach the consumer, never
-    get lost."""
+    None, or the ``Plain`` step it waits for) or its end (``ended``); then ``close``
+    updates its counters and closes its stream, however it ended. Errors reach the
+    consumer, never get lost."""
 
     def __init__(self, job: Job, run: R) -> None:
         self.job, self.run = job, run
@@ -320,6 +324,8 @@ class Live(Generic[R]):
             self.job.emit(exc if isinstance(exc, BackendError) else _unexpected(exc))
         self.ended = True
         self.want = None
+
+    def close(self) -> None:
         try:
             self.run.account()
         finally:

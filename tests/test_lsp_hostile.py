@@ -119,6 +119,7 @@ def test_a_failed_run_does_not_put_the_prompt_into_its_error() -> None:
         live = Live(job, Boom())
         live.advance()
         assert live.ended
+        live.close()
         await asyncio.sleep(0)
         return [job.queue.get_nowait() for _ in range(job.queue.qsize())]
 

@@ -388,7 +388,6 @@ class EngineServer:
         backend = self.backend
         assert backend is not None
         paused = False
-        calls_before = int(backend.counters.as_dict().get("decodeCalls", 0))
         started = time.perf_counter()
         try:
             generation = await backend.generate(running.request)
@@ -404,7 +403,7 @@ class EngineServer:
             paused = running.paused and not running.produced and not running.job.abandoned
             log.info(
                 "job %d of window %d%s: waited %.0f ms, %s after %.0f ms, %d prompt tokens "
-                "(%d evaluated), %d generated, %d waiting",
+                "(%d evaluated), %d generated (%d steps batched), %d waiting",
                 running.job.id,
                 running.window.pid,
                 " (background)" if running.job.background else "",
@@ -414,15 +413,15 @@ class EngineServer:
                 stats.prompt_tokens,
                 stats.evaluated_prompt_tokens,
                 stats.completion_tokens,
+                stats.batched_steps,
                 len(self.scheduler.waiting),
             )
             if paused:  # it goes back in the queue and comes back as a new generation
                 running.generation, running.paused = None, False
             else:
-                calls = int(backend.counters.as_dict().get("decodeCalls", 0)) - calls_before
                 self.served += 1
                 self.prefill.observe(stats)  # for the windows that connect later
-                self._end(running, stats, calls)
+                self._end(running, stats, stats.model_calls)
         except Exception as exc:
             self._forget(running)
             running.window.send(wire.failure(running.request_id, exc))
