@@ -167,7 +167,7 @@ def choose_state(current: int, saved: Sequence[int], *, min_gain: int = 32) -> C
 
 
 def worth_saving(current_len: int, reach: int, prompt_len: int, *, min_tokens: int = 64) -> bool:
-    """Whether the state in sequence 0 (``current_len`` tokens, ``prompt_len`` of them the
+    """Whether the state in a sequence (``current_len`` tokens, ``prompt_len`` of them the
     last prompt) should be kept before a prompt that reuses only ``reach`` of them: when
     at least ``min_tokens`` would be lost and the new prompt keeps less than half of the
     old one (a switch of place or document, not a keystroke, whose suffix only moves).

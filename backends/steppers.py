@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -155,13 +155,17 @@ class Stepper(Protocol):
     def step(self, root: int) -> list[int]: ...
 
 
-def drain_steps(steps: Generator[None, None, Prefilled]) -> Prefilled:
-    """Run a ``prefill_steps`` generator to its end, without pausing."""
+R = TypeVar("R")
+
+
+def drain_steps(steps: Generator[None, None, R]) -> R:
+    """Run a generator that pauses between steps (``prefill_steps``) to its end at once;
+    what it returns."""
     while True:
         try:
             next(steps)
         except StopIteration as done:
-            result: Prefilled = done.value
+            result: R = done.value
             return result
 
 

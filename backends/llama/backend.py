@@ -154,7 +154,7 @@ class LlamaBackend(LocalBackend[LlamaTarget]):
         return self.engine.model
 
     def cached_prefix(self, prompt: str) -> tuple[int, int]:
-        """How much of ``prompt`` the context (sequence 0, its moved suffix, or a saved
+        """How much of ``prompt`` the context (a slot, its moved suffix, or a saved
         state) already holds; read from the event loop while the worker may be running."""
         tokens = self.engine.model.tokenize(prompt)
         return self.engine.ctx.reach(tokens), len(tokens)

@@ -30,6 +30,7 @@ from kode.backends.kv_reuse import (
     plan_moved_tail,
     prefix_reach,
 )
+from kode.backends.steppers import drain_steps
 
 _NO_ABORT = llama_cpp.ggml_abort_callback(0)
 _LOG_CALLBACK: object = None  # keep the ctypes callback alive
@@ -312,12 +313,7 @@ class Slot:
 
     def prefill(self, tokens: Sequence[int], abort: Callable[[], bool], max_drift: int = 0) -> int:
         """``prefill_steps`` in one go."""
-        steps = self.prefill_steps(tokens, abort, max_drift)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                return int(done.value)
+        return drain_steps(self.prefill_steps(tokens, abort, max_drift))
 
     def prefill_steps(
         self, tokens: Sequence[int], abort: Callable[[], bool], max_drift: int = 0
