@@ -52,6 +52,10 @@ from kode.backends.worker import (
 T = TypeVar("T", bound=Target)
 
 
+def never() -> bool:
+    return False
+
+
 class TextStream(Protocol):
     """Token ids in, text out, holding back an incomplete UTF-8 sequence."""
 
@@ -174,6 +178,7 @@ class LocalBackend(Generic[T]):
         self._inbox: deque[Job] = deque()  # arrived, not started yet (at most ``width`` run)
         self._inbox_lock = threading.Lock()
         self._serving = False  # ``_serve`` runs or is queued on the worker
+        self._live = 0  # generations ``_serve`` steps now
         self._jobs: set[asyncio.Future[None]] = set()  # every generation not ended yet
         self._closed = False
         self._heal_index: HealIndex | None = None  # built on first use, on the worker
@@ -197,6 +202,13 @@ class LocalBackend(Generic[T]):
     def width(self) -> int:
         """``Concurrent``: how many generations the worker steps at once."""
         return self.engine.width
+
+    def crowded(self) -> bool:
+        """Whether the worker steps more than one generation now (worker thread). Then
+        ``auto`` decodes plainly, in the common batch, instead of speculating: a draft's
+        rows pay only where the batch has compute to spare, and the other generation's
+        row takes it (this machine's CPU decodes ``auto`` plainly anyway)."""
+        return self._live > 1
 
     def count_tokens(self, text: str) -> int:
         return len(self.engine.tokenize(text))
@@ -285,6 +297,7 @@ class LocalBackend(Generic[T]):
                     while self._inbox and len(live) < self.width:
                         job = self._inbox.popleft()
                         live.append(Live(job, LocalRun(self, job)))
+                    self._live = len(live)
                     if not live:
                         self._serving = False
                         return
@@ -386,7 +399,9 @@ class LocalRun(WorkerRun, Generic[T]):
                 first = heal(self.target, index, text, req.max_tokens, self.job.cancelled)
             else:
                 first = [self.target.pick(-1)]
-            yield from self.decode(first, self._stepper(req), engine.is_stop)
+            stepper = self._stepper(req)
+            share = self.backend.crowded if req.speculation is SpeculationMethod.AUTO else never
+            yield from self.decode(first, stepper, engine.is_stop, share)
         finally:
             self.target.release()
 

@@ -247,7 +247,11 @@ class WorkerRun:
         self.stats.finish_reason = reason
 
     def decode(
-        self, first: Sequence[int], stepper: Stepper, is_stop: Callable[[int], bool]
+        self,
+        first: Sequence[int],
+        stepper: Stepper,
+        is_stop: Callable[[int], bool],
+        share: Callable[[], bool] = lambda: False,
     ) -> Steps:
         """Emit ``first`` (from the prompt's logits: one token, or the constrained ones of
         token healing, all but the last already evaluated), then step until a stop token,
@@ -255,10 +259,12 @@ class WorkerRun:
 
         A plain stepper's steps are asked of the worker (``Plain``), which may evaluate
         them in one batch with other generations'; any other stepper steps itself after
-        a pause (speculation verifies its own batches, one generation at a time)."""
+        a pause (speculation verifies its own batches, one generation at a time), except
+        while ``share()`` says that this step should rather be a plain one in the
+        common batch (``auto`` beside another generation)."""
         stats, job = self.stats, self.job
         max_tokens = job.request.max_tokens
-        batchable = isinstance(stepper, PlainStepper) and stepper.tracker is None
+        plain = isinstance(stepper, PlainStepper) and stepper.tracker is None
         pending = list(first)
         produced = 0
         while True:
@@ -274,7 +280,7 @@ class WorkerRun:
             if job.cancelled():
                 self.finish(FinishReason.CANCELLED)
                 return
-            if batchable:
+            if plain or share():
                 picked = yield Plain(pending[-1])
                 if picked is None:  # cancelled while it waited for the batch
                     self.finish(FinishReason.CANCELLED)

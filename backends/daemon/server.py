@@ -326,6 +326,16 @@ class EngineServer:
             "prefillTokensPerS": self.prefill.value,
             "running": bool(self.scheduler.running),
             "generating": len(self.scheduler.running),
+            "generations": [  # the running ones, as far as they got (no text)
+                {
+                    "windowPid": running.window.pid,
+                    "background": running.job.background,
+                    "tokens": running.generation.stats.completion_tokens,
+                    "batchedSteps": running.generation.stats.batched_steps,
+                }
+                for running in self._jobs.values()
+                if running.generation is not None
+            ],
             "waiting": len(self.scheduler.waiting),
             "counters": None if backend is None else backend.counters.as_dict(),
             "kvMemory": backend.kv_memory if isinstance(backend, KvMemoryReport) else None,
