@@ -896,7 +896,8 @@ async def lossless_bench(options: Options) -> str:
         generation = await backend.generate(request)
         return [t async for chunk in generation for t in chunk.token_ids]
 
-    rows = []
+    out = common.prepare_out(options.out)
+    rows: list[dict[str, Any]] = []
     try:
         for i in range(0, len(prompts), 2):
             pair = prompts[i : i + 2]
@@ -917,11 +918,10 @@ async def lossless_bench(options: Options) -> str:
                         gaps = await one.logit_gaps(prompt, want[: first + 1])
                         row[name + "Gap"] = round(gaps[first], 3)
                 rows.append(row)
+            (out / "lossless.json").write_text(json.dumps(rows, indent=1))  # a run cut short
     finally:
         await two.aclose()
         await one.aclose()
-    out = common.prepare_out(options.out)
-    (out / "lossless.json").write_text(json.dumps(rows, indent=1))
     lines = [
         f"# kode bench engine --lossless ({options.model})",
         "",
