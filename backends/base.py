@@ -124,6 +124,10 @@ class GenerationStats:
     total_ms: float = 0.0
     decode_steps: int = 0  # target model calls after the prompt
     steps_after_cancel: int = 0  # target model calls that began after cancel() was requested
+    # Target model calls it took part in, prompt batches included; a decoding step
+    # evaluated in one batch with other generations' counts for each of them.
+    model_calls: int = 0
+    batched_steps: int = 0  # decoding steps shared with another generation's (one batch)
     finish_reason: FinishReason | None = None
     speculation: SpeculationStats = field(default_factory=SpeculationStats)
     route: BackendKind | None = None  # which backend served it (LOCAL or REMOTE), set by a router
@@ -288,4 +292,15 @@ class TokenHealing(Protocol):
     def last_token_chars(self, text: str) -> int:
         """How many characters at the end of ``text`` its last token spells (0: none, or
         this model cannot heal)."""
+        ...
+
+
+@runtime_checkable
+class Concurrent(Protocol):
+    """A backend that runs several generations at once (a local engine decoding them in
+    one batch): a scheduler may start up to ``width`` before the first ends."""
+
+    @property
+    def width(self) -> int:
+        """How many generations it runs at once (1: one at a time)."""
         ...

@@ -167,7 +167,7 @@ def choose_state(current: int, saved: Sequence[int], *, min_gain: int = 32) -> C
 
 
 def worth_saving(current_len: int, reach: int, prompt_len: int, *, min_tokens: int = 64) -> bool:
-    """Whether the state in sequence 0 (``current_len`` tokens, ``prompt_len`` of them the
+    """Whether the state in a sequence (``current_len`` tokens, ``prompt_len`` of them the
     last prompt) should be kept before a prompt that reuses only ``reach`` of them: when
     at least ``min_tokens`` would be lost and the new prompt keeps less than half of the
     old one (a switch of place or document, not a keystroke, whose suffix only moves).
@@ -178,3 +178,60 @@ def worth_saving(current_len: int, reach: int, prompt_len: int, *, min_tokens: i
         False
     """
     return current_len - reach >= min_tokens and reach * 2 < prompt_len
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """What one free sequence holds, seen from a new prompt: ``reach`` leading prompt
+    tokens served exactly (``prefix_reach``), ``length`` tokens in all (``prompt_len`` of
+    them its last prompt), last used at ``used`` (any increasing count)."""
+
+    reach: int
+    length: int
+    prompt_len: int
+    used: int
+
+
+@dataclass(frozen=True, slots=True)
+class SlotChoice:
+    """Where a new prompt goes: free sequence ``slot``, after saving what it holds
+    (``save``) and then restoring saved state ``state`` into it (None: none)."""
+
+    slot: int
+    state: int | None = None
+    save: bool = False
+
+
+def choose_slot(free: Sequence[Held], saved: Sequence[int], *, min_gain: int = 32) -> SlotChoice:
+    """Which free sequence of a context evaluates a new prompt (the others keep what
+    they hold for their own documents), and whether a saved state comes back first.
+    ``saved[i]``: how many leading prompt tokens saved state i serves exactly.
+
+    The sequences that serve within ``min_gain`` tokens of the most are equals; of
+    them the prompt takes one that loses nothing (empty, or holding only a prefix of
+    the prompt), else the least recently used. If a saved state serves ``min_gain``
+    more than it (``choose_state``), the state is restored into it, its tokens saved
+    first when there are at least 64; otherwise its tokens are saved when the prompt
+    throws most of them away (``worth_saving``). With one sequence this is the
+    single-sequence rule.
+
+        >>> a, c = Held(900, 1000, 990, used=5), Held(10, 800, 790, used=7)
+        >>> choose_slot([a, c], [])                     # a keystroke in a's document
+        SlotChoice(slot=0, state=None, save=False)
+        >>> choose_slot([Held(10, 1000, 990, used=5), c], [])   # another document
+        SlotChoice(slot=0, state=None, save=True)
+        >>> choose_slot([Held(16, 1000, 990, used=7), Held(0, 0, 0, used=0)], [])
+        SlotChoice(slot=1, state=None, save=False)
+        >>> choose_slot([Held(10, 1000, 990, used=5), c], [700])  # back to a saved place
+        SlotChoice(slot=0, state=0, save=True)
+    """
+    if not free:
+        raise ValueError("no free sequence")
+    top = max(held.reach for held in free)
+    near = [i for i, held in enumerate(free) if held.reach >= top - min_gain]
+    best = min(near, key=lambda i: (free[i].length > free[i].reach, free[i].used))
+    held = free[best]
+    pick = choose_state(held.reach, saved, min_gain=min_gain)
+    if pick is not None:
+        return SlotChoice(best, pick.index, held.length >= 64)
+    return SlotChoice(best, None, worth_saving(held.length, held.reach, held.prompt_len))

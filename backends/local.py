@@ -1,9 +1,13 @@
 """One local backend over any engine: llama.cpp (``backends/llama``) or torch (``backends/torch``).
 
 ``LocalBackend`` is the ``Backend`` protocol for a model running in this process: one
-worker thread runs every blocking engine call (so one KV cache is never used by two
-generations at once and the event loop never blocks), a lock queues generations, and
-the worker checks the generation's cancel flag before each step, so a cancelled
+worker thread runs every blocking engine call (the event loop never blocks) and steps
+up to ``Engine.width`` generations at once, each in its own part of the engine's KV
+cache (a llama.cpp slot), taking the others in arrival order as places free up. Each
+round it lets every generation do one unit of work (a prompt batch, a speculative
+step) and then evaluates all plain decoding steps in one batch
+(``Engine.step_together``): two generations decode in little more than the time of
+one. The worker checks a generation's cancel flag before each step, so a cancelled
 generation stops within one step. The cache is kept between generations and reused for
 the longest common token prefix: typing one character re-evaluates only the tokens
 after the edit. What differs between engines is behind ``Engine`` (model-wide: tokens,
@@ -15,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,13 +42,18 @@ from kode.backends.steppers import (
 from kode.backends.worker import (
     BackendCounters,
     Job,
+    Live,
     NgramLearning,
+    Steps,
     WorkerGeneration,
     WorkerRun,
-    run_job,
 )
 
 T = TypeVar("T", bound=Target)
+
+
+def never() -> bool:
+    return False
 
 
 class TextStream(Protocol):
@@ -112,6 +123,17 @@ class Engine(Protocol[T]):
 
     def target(self, sampling: Sampling) -> T: ...
 
+    @property
+    def width(self) -> int:
+        """How many generations the engine holds at once (llama.cpp: its slots)."""
+        ...
+
+    def step_together(self, steps: Sequence[tuple[T, int]]) -> list[int]:
+        """One plain decoding step of several generations (at most ``width``), each root
+        evaluated at the end of its target's cache, in one batch where the engine can;
+        the token each target picks after its root (each cache then holds its root)."""
+        ...
+
     def refuse(self, method: SpeculationMethod) -> str | None:
         """Why this engine cannot run ``method`` now (None: it can), for the user
         (``REMOTE`` is refused before the engine is asked)."""
@@ -153,7 +175,11 @@ class LocalBackend(Generic[T]):
         self.learning = NgramLearning(curve)
         self._executor = executor
         self._owns_executor = owns_executor
-        self._lock = asyncio.Lock()
+        self._inbox: deque[Job] = deque()  # arrived, not started yet (at most ``width`` run)
+        self._inbox_lock = threading.Lock()
+        self._serving = False  # ``_serve`` runs or is queued on the worker
+        self._live = 0  # generations ``_serve`` steps now
+        self._jobs: set[asyncio.Future[None]] = set()  # every generation not ended yet
         self._closed = False
         self._heal_index: HealIndex | None = None  # built on first use, on the worker
 
@@ -171,6 +197,18 @@ class LocalBackend(Generic[T]):
     @property
     def model_name(self) -> str:
         return self.engine.model_name
+
+    @property
+    def width(self) -> int:
+        """``Concurrent``: how many generations the worker steps at once."""
+        return self.engine.width
+
+    def crowded(self) -> bool:
+        """Whether the worker steps more than one generation now (worker thread). Then
+        ``auto`` decodes plainly, in the common batch, instead of speculating: a draft's
+        rows pay only where the batch has compute to spare, and the other generation's
+        row takes it (this machine's CPU decodes ``auto`` plainly anyway)."""
+        return self._live > 1
 
     def count_tokens(self, text: str) -> int:
         return len(self.engine.tokenize(text))
@@ -204,20 +242,17 @@ class LocalBackend(Generic[T]):
         refusal = REMOTE_ONLY if method is SpeculationMethod.REMOTE else self.engine.refuse(method)
         if refusal is not None:
             raise BackendError(refusal)
-        await self._lock.acquire()
         loop = asyncio.get_running_loop()
         job = Job(request, loop)
-        try:
-            done = loop.run_in_executor(self._executor, self._run, job)
-        except BaseException:
-            self._lock.release()
-            raise
-
-        def finished(_fut: asyncio.Future[None]) -> None:
-            self._lock.release()
-
-        done.add_done_callback(finished)
-        return WorkerGeneration(job, done)
+        self._jobs.add(job.done)
+        job.done.add_done_callback(self._jobs.discard)
+        with self._inbox_lock:
+            self._inbox.append(job)
+            start = not self._serving
+            self._serving = True
+        if start:
+            loop.run_in_executor(self._executor, self._serve)
+        return WorkerGeneration(job)
 
     async def health(self, timeout_s: float = 1.0) -> bool:
         return not self._closed
@@ -231,8 +266,9 @@ class LocalBackend(Generic[T]):
         if self._closed:
             return
         self._closed = True
-        async with self._lock:
-            await asyncio.get_running_loop().run_in_executor(self._executor, self.engine.close)
+        while self._jobs:  # the generations asked for before end as they would
+            await asyncio.shield(asyncio.gather(*self._jobs))
+        await asyncio.get_running_loop().run_in_executor(self._executor, self.engine.close)
         if self._owns_executor:
             self._executor.shutdown(wait=True)
 
@@ -240,18 +276,86 @@ class LocalBackend(Generic[T]):
         """Top-2 logit gap of plain decoding before each of ``tokens`` after ``prompt``.
 
         For judging a divergence between two greedy runs: a gap below ~1e-3 is a true tie
-        that batched kernels may flip.
+        that batched kernels may flip. Runs on the worker between generations.
         """
-        async with self._lock:
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(
-                self._executor, self.engine.logit_gaps, prompt, list(tokens)
-            )
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._executor, self.engine.logit_gaps, prompt, list(tokens)
+        )
 
     # -- worker thread ------------------------------------------------------------------
 
-    def _run(self, job: Job) -> None:
-        run_job(job, LocalRun(self, job))
+    def _serve(self) -> None:
+        """Step every live generation until none is left (on the worker thread): each
+        round, admit arrivals while fewer than ``width`` are live, let each generation
+        that is not waiting for a plain step do its next unit of work, then evaluate the
+        plain steps of all that wait in one batch."""
+        live: list[Live[LocalRun[T]]] = []
+        try:
+            while True:
+                with self._inbox_lock:
+                    while self._inbox and len(live) < self.width:
+                        job = self._inbox.popleft()
+                        live.append(Live(job, LocalRun(self, job)))
+                    self._live = len(live)
+                    if not live:
+                        self._serving = False
+                        return
+                for one in live:
+                    if one.want is None:
+                        self._advance(one)
+                waiting = []
+                for one in live:
+                    if one.ended or one.want is None:
+                        continue
+                    if one.job.cancelled():
+                        self._advance(one, None)  # it ends, cancelled, before the step
+                    else:
+                        waiting.append(one)
+                if waiting:
+                    self._step_together(waiting)
+                live = [one for one in live if not one.ended]
+        except BaseException as exc:  # a fault of this loop: no generation may hang
+            with self._inbox_lock:
+                live += [Live(job, LocalRun(self, job)) for job in self._inbox]
+                self._inbox.clear()
+                self._serving = False
+            for one in live:
+                if not one.ended:
+                    one.advance(error=exc)
+                    one.close()
+            raise
+
+    def _advance(
+        self,
+        one: Live[LocalRun[T]],
+        value: int | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        """``Live.advance``, counting the target calls it made as the run's own, and
+        ``close`` once it ended."""
+        before = self.engine.calls
+        one.advance(value, error)
+        one.job.stats.model_calls += self.engine.calls - before
+        if one.ended:
+            one.close()
+
+    def _step_together(self, waiting: list[Live[LocalRun[T]]]) -> None:
+        steps = []
+        for one in waiting:
+            assert one.want is not None
+            steps.append((one.run.target, one.want.root))
+        try:
+            tokens = self.engine.step_together(steps)
+        except BaseException as exc:
+            for one in waiting:
+                self._advance(one, error=exc)
+            return
+        for one, token in zip(waiting, tokens, strict=True):
+            stats = one.job.stats
+            stats.model_calls += 1
+            stats.batched_steps += len(waiting) > 1
+            self._advance(one, token)
 
 
 class LocalRun(WorkerRun, Generic[T]):
@@ -263,9 +367,10 @@ class LocalRun(WorkerRun, Generic[T]):
         self.engine = backend.engine
         self.target = self.engine.target(job.request.sampling)
         self.text = self.engine.text_stream()
-        self.calls_at_start = self.engine.calls
 
-    def execute(self) -> None:
+    def steps(self) -> Steps:
+        """The whole generation, pausing between prompt batches and at every step (the
+        worker's ``Live``); the target's place in the engine is released however it ends."""
         req, stats, engine = self.job.request, self.stats, self.engine
         prompt = engine.tokenize(req.prompt)
         stats.prompt_tokens = len(prompt)
@@ -277,21 +382,28 @@ class LocalRun(WorkerRun, Generic[T]):
                 f"context window ({engine.n_ctx})"
             )
         try:
-            done = self.target.prefill(prompt, self.job.cancelled, req.moved_kv_drift)
-        except PrefillAborted as aborted:
-            stats.reused_prompt_tokens = aborted.reused
-            stats.evaluated_prompt_tokens = max(0, len(self.target.tokens) - aborted.reused)
-            self.finish(FinishReason.CANCELLED)
-            return
-        stats.reused_prompt_tokens, stats.moved_prompt_tokens = done.reused, done.moved
-        stats.evaluated_prompt_tokens = len(prompt) - done.reused
-        stats.prefill_ms = self.elapsed_ms()
-        if req.heal:
-            index = self.backend.heal_index()
-            first = heal(self.target, index, req.heal.encode(), req.max_tokens, self.job.cancelled)
-        else:
-            first = [self.target.pick(-1)]
-        self.decode(first, self._stepper(req), engine.is_stop)
+            prefill = self.target.prefill_steps(prompt, self.job.cancelled, req.moved_kv_drift)
+            try:
+                done = yield from prefill
+            except PrefillAborted as aborted:
+                stats.reused_prompt_tokens = aborted.reused
+                stats.evaluated_prompt_tokens = max(0, len(self.target.tokens) - aborted.reused)
+                self.finish(FinishReason.CANCELLED)
+                return
+            stats.reused_prompt_tokens, stats.moved_prompt_tokens = done.reused, done.moved
+            stats.evaluated_prompt_tokens = len(prompt) - done.reused
+            stats.prefill_ms = self.elapsed_ms()
+            if req.heal:
+                index = self.backend.heal_index()
+                text = req.heal.encode()
+                first = heal(self.target, index, text, req.max_tokens, self.job.cancelled)
+            else:
+                first = [self.target.pick(-1)]
+            stepper = self._stepper(req)
+            share = self.backend.crowded if req.speculation is SpeculationMethod.AUTO else never
+            yield from self.decode(first, stepper, engine.is_stop, share)
+        finally:
+            self.target.release()
 
     def _stepper(self, req: GenerationRequest) -> Stepper:
         method, engine, target = req.speculation, self.engine, self.target
@@ -329,5 +441,5 @@ class LocalRun(WorkerRun, Generic[T]):
 
     def account(self) -> None:
         self.stats.total_ms = self.elapsed_ms()
-        self.backend.counters.record(self.stats, self.engine.calls - self.calls_at_start)
+        self.backend.counters.record(self.stats, self.stats.model_calls)
         self.backend.learning.remember(self.generated)

@@ -22,9 +22,9 @@ rule (``accept_reject``) instead.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -88,6 +88,19 @@ class Target(Protocol):
         ``PrefillAborted`` when ``cancelled()`` turns true."""
         ...
 
+    def prefill_steps(
+        self, prompt: Sequence[int], cancelled: Callable[[], bool], max_drift: int
+    ) -> Generator[None, None, Prefilled]:
+        """``prefill`` that pauses (yields) between prompt batches, so that other
+        generations of the same engine may step there; never after its last batch, whose
+        logits ``pick(-1)`` reads. An engine that cannot interleave never pauses."""
+        ...
+
+    def release(self) -> None:
+        """The generation ended: give back what it held of the engine (a llama.cpp
+        slot); what the cache holds stays for the next prompt."""
+        ...
+
     def evaluate(self, tree: TokenTree) -> None: ...
 
     def pick(self, row: int) -> int: ...
@@ -140,6 +153,20 @@ class Stepper(Protocol):
     stats: SpeculationStats
 
     def step(self, root: int) -> list[int]: ...
+
+
+R = TypeVar("R")
+
+
+def drain_steps(steps: Generator[None, None, R]) -> R:
+    """Run a generator that pauses between steps (``prefill_steps``) to its end at once;
+    what it returns."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            result: R = done.value
+            return result
 
 
 def timed_evaluate(target: Target, tree: TokenTree, tracker: CostTracker | None) -> None:
@@ -225,6 +252,12 @@ class PlainStepper:
         self.target.commit(tree, 0, 0)
         self.stats.steps += 1
         return [token]
+
+
+def step_each(steps: Sequence[tuple[Target, int]]) -> list[int]:
+    """``Engine.step_together`` for an engine that evaluates one generation per batch:
+    a plain step of each in turn."""
+    return [PlainStepper(target).step(root)[0] for target, root in steps]
 
 
 class NgramStepper:

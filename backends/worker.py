@@ -1,8 +1,14 @@
-"""What the local backends share: a generation run on a worker thread, consumed async.
+"""What the local backends share: generations run on a worker thread, consumed async.
 
 The worker thread pushes ``TokenChunk``s (then ``None``, or an exception) through an
 asyncio queue with ``call_soon_threadsafe``; the consumer iterates a ``WorkerGeneration``.
 Cancelling sets a ``threading.Event`` the worker checks before every step.
+
+A run is a generator (``WorkerRun.decode``, ``LocalRun.steps``) that the worker steps
+(``Live``): it pauses between two prompt batches and before each decoding step, so
+that one worker thread can advance several generations in turn, and it asks for its
+plain decoding steps (``Plain``) instead of taking them, so that the worker can evaluate
+several generations' steps in one batch (``LocalBackend``).
 """
 
 from __future__ import annotations
@@ -11,10 +17,10 @@ import asyncio
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from kode.backends.base import (
     FinishReason,
@@ -27,7 +33,7 @@ from kode.backends.chunks import ChunkQueue, drain
 from kode.backends.errors import BackendError
 from kode.backends.speculative import AdaptivePolicy, CostCurve, NgramDrafter
 from kode.backends.speculative.policy import CostTracker
-from kode.backends.steppers import Stepper
+from kode.backends.steppers import PlainStepper, Stepper
 
 
 @dataclass(slots=True)
@@ -36,8 +42,9 @@ class BackendCounters:
 
     generations: int = 0
     cancelled: int = 0
-    decode_calls: int = 0  # every llama_decode on the target, prompt batches included
+    decode_calls: int = 0  # target calls the generations took part in, prompt batches included
     generation_steps: int = 0  # target steps after prompts
+    batched_steps: int = 0  # of them, steps shared with other generations (one batch)
     steps_after_cancel: int = 0
     prompt_tokens: int = 0
     prompt_tokens_reused: int = 0
@@ -46,11 +53,12 @@ class BackendCounters:
     last: GenerationStats = field(default_factory=GenerationStats)
 
     def record(self, stats: GenerationStats, decode_calls: int) -> None:
-        """Add one finished generation (``decode_calls``: target calls it made)."""
+        """Add one finished generation (``decode_calls``: target calls it took part in)."""
         self.generations += 1
         self.cancelled += stats.finish_reason is FinishReason.CANCELLED
         self.decode_calls += decode_calls
         self.generation_steps += stats.decode_steps
+        self.batched_steps += stats.batched_steps
         self.steps_after_cancel += stats.steps_after_cancel
         self.prompt_tokens += stats.prompt_tokens
         self.prompt_tokens_reused += stats.reused_prompt_tokens
@@ -65,6 +73,7 @@ class BackendCounters:
             "cancelled": self.cancelled,
             "decodeCalls": self.decode_calls,
             "generationSteps": self.generation_steps,
+            "batchedSteps": self.batched_steps,
             "stepsAfterCancel": self.steps_after_cancel,
             "promptTokens": self.prompt_tokens,
             "promptTokensReused": self.prompt_tokens_reused,
@@ -77,6 +86,7 @@ class BackendCounters:
                 "movedPromptTokens": last.moved_prompt_tokens,
                 "completionTokens": last.completion_tokens,
                 "decodeSteps": last.decode_steps,
+                "batchedSteps": last.batched_steps,
                 "stepsAfterCancel": last.steps_after_cancel,
                 "finishReason": None if last.finish_reason is None else str(last.finish_reason),
                 "ttftMs": round(last.ttft_ms, 1),
@@ -122,7 +132,8 @@ class NgramLearning:
 
 
 class Job:
-    """State shared between one generation's worker run and its async consumer."""
+    """State shared between one generation's worker run and its async consumer (made on
+    the event loop: ``done`` is one of its futures)."""
 
     def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> None:
         self.request = request
@@ -131,6 +142,7 @@ class Job:
         self.cancel_event = threading.Event()
         self.stats = GenerationStats()
         self.steps_at_cancel: int | None = None
+        self.done: asyncio.Future[None] = loop.create_future()
 
     def cancelled(self) -> bool:
         return self.cancel_event.is_set()
@@ -138,13 +150,23 @@ class Job:
     def emit(self, item: TokenChunk | BaseException | None) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
+    def close(self) -> None:
+        """The run ended: the stream ends and ``done`` resolves (worker thread)."""
+        self.emit(None)
+        self.loop.call_soon_threadsafe(_resolve, self.done)
+
+
+def _resolve(done: asyncio.Future[None]) -> None:
+    if not done.done():
+        done.set_result(None)
+
 
 class WorkerGeneration:
     """Handle of one generation running on a backend's worker thread."""
 
-    def __init__(self, job: Job, done: asyncio.Future[None]) -> None:
+    def __init__(self, job: Job) -> None:
         self._job = job
-        self._done = done
+        self._done = job.done
 
     @property
     def stats(self) -> GenerationStats:
@@ -168,10 +190,23 @@ class WorkerGeneration:
         return self._job.stats
 
 
+@dataclass(frozen=True, slots=True)
+class Plain:
+    """What a run yields when it wants one plain decoding step: ``root`` evaluated at the
+    end of its cache. The worker sends back the token picked after it, or None when the
+    generation was cancelled before the step (nothing was evaluated). A run yields None
+    to pause: the worker sends None back when it is the run's turn again."""
+
+    root: int
+
+
+Steps = Generator[Plain | None, int | None, None]
+
+
 class Run(Protocol):
     """One generation as a backend executes it on its worker thread."""
 
-    def execute(self) -> None: ...
+    def steps(self) -> Steps: ...
 
     def account(self) -> None: ...
 
@@ -212,13 +247,24 @@ class WorkerRun:
         self.stats.finish_reason = reason
 
     def decode(
-        self, first: Sequence[int], stepper: Stepper, is_stop: Callable[[int], bool]
-    ) -> None:
+        self,
+        first: Sequence[int],
+        stepper: Stepper,
+        is_stop: Callable[[int], bool],
+        share: Callable[[], bool] = lambda: False,
+    ) -> Steps:
         """Emit ``first`` (from the prompt's logits: one token, or the constrained ones of
         token healing, all but the last already evaluated), then step until a stop token,
-        ``max_tokens`` or a cancel; a step in flight when the cancel came is counted."""
+        ``max_tokens`` or a cancel; a step in flight when the cancel came is counted.
+
+        A plain stepper's steps are asked of the worker (``Plain``), which may evaluate
+        them in one batch with other generations'; any other stepper steps itself after
+        a pause (speculation verifies its own batches, one generation at a time), except
+        while ``share()`` says that this step should rather be a plain one in the
+        common batch (``auto`` beside another generation)."""
         stats, job = self.stats, self.job
         max_tokens = job.request.max_tokens
+        plain = isinstance(stepper, PlainStepper) and stepper.tracker is None
         pending = list(first)
         produced = 0
         while True:
@@ -234,24 +280,62 @@ class WorkerRun:
             if job.cancelled():
                 self.finish(FinishReason.CANCELLED)
                 return
+            if plain or share():
+                picked = yield Plain(pending[-1])
+                if picked is None:  # cancelled while it waited for the batch
+                    self.finish(FinishReason.CANCELLED)
+                    return
+                stepper.stats.steps += 1
+                pending = [picked]
+            else:
+                yield None
+                if job.cancelled():
+                    self.finish(FinishReason.CANCELLED)
+                    return
+                pending = stepper.step(pending[-1])
             stats.decode_steps += 1
-            pending = stepper.step(pending[-1])
             stats.speculation = stepper.stats
             if job.cancelled():
                 stats.steps_after_cancel += 1
 
 
-def run_job(job: Job, run: Run) -> None:
-    """Execute ``run`` on the worker thread: errors reach the consumer, never get lost;
-    counters are updated and the stream is closed whatever happens."""
-    try:
-        run.execute()
-    except BaseException as exc:
-        job.stats.finish_reason = FinishReason.ERROR
-        job.emit(exc if isinstance(exc, BackendError) else _unexpected(exc))
-    finally:
-        run.account()
-        job.emit(None)
+R = TypeVar("R", bound=Run)
+
+
+class Live(Generic[R]):
+    """A run as the worker steps it: ``advance`` runs it to its next pause (``want``:
+    None, or the ``Plain`` step it waits for) or its end (``ended``); then ``close``
+    updates its counters and closes its stream, however it ended. Errors reach the
+    consumer, never get lost."""
+
+    def __init__(self, job: Job, run: R) -> None:
+        self.job, self.run = job, run
+        self._steps = run.steps()
+        self.want: Plain | None = None
+        self.ended = False
+
+    def advance(self, value: int | None = None, error: BaseException | None = None) -> None:
+        """Send ``value`` (or throw ``error``) into the run and let it go on to its next
+        pause or its end."""
+        try:
+            if error is not None:
+                self.want = self._steps.throw(error)
+            else:
+                self.want = self._steps.send(value)
+            return
+        except StopIteration:
+            pass
+        except BaseException as exc:
+            self.job.stats.finish_reason = FinishReason.ERROR
+            self.job.emit(exc if isinstance(exc, BackendError) else _unexpected(exc))
+        self.ended = True
+        self.want = None
+
+    def close(self) -> None:
+        try:
+            self.run.account()
+        finally:
+            self.job.close()
 
 
 def _unexpected(exc: BaseException) -> BackendError:

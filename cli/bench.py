@@ -204,6 +204,13 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="instead: llama.cpp under one busy process per core (wait policy, threads, nice)",
     )
+    engine.add_argument(
+        "--lossless",
+        type=int,
+        default=0,
+        metavar="PAIRS",
+        help="instead: how often two generations in one batch write other text than alone",
+    )
     engine.add_argument("--seed", type=int, default=0)
     engine.add_argument("--out", type=Path, default=Path("results/engine"))
 
@@ -367,6 +374,7 @@ def run(args: argparse.Namespace) -> int:
                 resume=args.resume,
                 in_process=args.in_process,
                 seed=args.seed,
+                lossless=args.lossless,
             )
         )
     if args.bench_command == "context":

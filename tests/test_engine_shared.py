@@ -56,6 +56,9 @@ async def test_four_windows_started_at_once_share_one_engine(engine_folder: Path
 
 
 async def test_a_killed_window_has_its_generation_cancelled(engine_folder: Path) -> None:
+    """The victim's generation decodes in one batch with the neighbour's when the victim
+    is killed: it is cancelled within one step, its slot given back, and the neighbour's
+    goes on to its answer."""
     long = {**SMALL, "maxTokens": 400, "multiline": "always", "maxLines": 400}
     victim, neighbour = await open_windows(2, long)
     try:
@@ -71,18 +74,30 @@ async def test_a_killed_window_has_its_generation_cancelled(engine_folder: Path)
             return dict(found[0])
 
         cancelled_before = (await asyncio.to_thread(status))["counters"]["cancelled"]  # type: ignore[index]
+        neighbour.replace(URI, "VALUES = [\n    10,\n    20,\n    30,\n")
+        answer = neighbour.request(URI, 4, 0)
         victim.request(URI, 4, 0)
-        assert await eventually(lambda: status()["running"], 60, 0.02)
+
+        def both_in_one_batch() -> bool:
+            found = status()["generations"]
+            assert isinstance(found, list)
+            return len(found) == 2 and all(g["batchedSteps"] >= 2 for g in found)
+
+        assert await eventually(both_in_one_batch, 90, 0.05)
         os.kill(victim.pid, signal.SIGKILL)
-        assert await eventually(lambda: not status()["running"], 30, 0.05)
+        assert await eventually(lambda: status()["generating"] <= 1, 30, 0.05)
         after = await asyncio.to_thread(status)
         counters = after["counters"]
         assert isinstance(counters, dict)
         assert counters["cancelled"] == cancelled_before + 1
         assert counters["last"]["finishReason"] == "cancelled"
         assert counters["last"]["stepsAfterCancel"] <= 1
+        assert counters["last"]["batchedSteps"] >= 2  # it was decoding beside the neighbour
         assert after["windows"] == 1
-        # the engine goes on serving the other window
+        # the neighbour's generation goes on to its answer, and the engine serves on
+        result = await asyncio.wait_for(answer, STEP_S)
+        assert result is not None and result.items and result.items[0].insert_text.strip()
+        neighbour.replace(URI, TEXT)
         assert (await neighbour.complete(URI, 1, 11, STEP_S)).strip()
         assert engine_pids(engine_folder) == [engine] == [before["pid"]]
     finally:

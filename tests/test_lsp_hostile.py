@@ -100,22 +100,26 @@ async def test_pygls_logs_no_code_unless_log_prompts(
     assert "Sending data" in caplog.text
 
 
-def test_run_job_does_not_put_the_prompt_into_its_error() -> None:
+def test_a_failed_run_does_not_put_the_prompt_into_its_error() -> None:
     from kode.backends.base import GenerationRequest
     from kode.backends.errors import BackendError
-    from kode.backends.worker import Job, run_job
+    from kode.backends.worker import Job, Live, Steps
 
     class Boom:
-        def execute(self) -> None:
+        def steps(self) -> Steps:
             SECRET.encode("ascii", errors="strict")
             "\ud800".encode()
+            yield None
 
         def account(self) -> None:
             return None
 
     async def main() -> list[Any]:
         job = Job(GenerationRequest(prompt=SECRET, max_tokens=1), asyncio.get_running_loop())
-        run_job(job, Boom())
+        live = Live(job, Boom())
+        live.advance()
+        assert live.ended
+        live.close()
         await asyncio.sleep(0)
         return [job.queue.get_nowait() for _ in range(job.queue.qsize())]
 

@@ -2,7 +2,8 @@
 
 ``kode engine run`` (started by the first window that finds none) takes the engine's
 lock, listens on its Unix socket, loads the model once and serves any number of
-windows, running their generations one at a time in the order ``Scheduler`` decides.
+windows, running their generations in the order ``Scheduler`` decides: keystrokes of
+different windows together (decoded in one batch), background work alone.
 It stops on SIGTERM or SIGINT, on ``kode engine stop``, or once no window has been
 connected for the idle time, removing its socket and releasing its lock; its log goes
 to the user's state folder and never holds source code.
@@ -26,6 +27,7 @@ from typing import Any
 from kode.backends.base import (
     PREFILL_PROBE,
     Backend,
+    Concurrent,
     FinishReason,
     Generation,
     GenerationRequest,
@@ -125,6 +127,8 @@ class EngineServer:
         try:
             try:
                 self.backend = await self._load()
+                if isinstance(self.backend, Concurrent):
+                    self.scheduler.width = self.backend.width
             except Exception as exc:
                 self._load_error = describe(exc)
                 log.error("the model could not be loaded: %s", self._load_error)
@@ -320,7 +324,18 @@ class EngineServer:
             "idleS": self.idle_s,
             "served": self.served,
             "prefillTokensPerS": self.prefill.value,
-            "running": self.scheduler.running is not None,
+            "running": bool(self.scheduler.running),
+            "generating": len(self.scheduler.running),
+            "generations": [  # the running ones, as far as they got (no text)
+                {
+                    "windowPid": running.window.pid,
+                    "background": running.job.background,
+                    "tokens": running.generation.stats.completion_tokens,
+                    "batchedSteps": running.generation.stats.batched_steps,
+                }
+                for running in self._jobs.values()
+                if running.generation is not None
+            ],
             "waiting": len(self.scheduler.waiting),
             "counters": None if backend is None else backend.counters.as_dict(),
             "kvMemory": backend.kv_memory if isinstance(backend, KvMemoryReport) else None,
@@ -336,7 +351,7 @@ class EngineServer:
             running = self._jobs.get(job.id)
             if running is None:
                 continue
-            if job is self.scheduler.running:
+            if job in self.scheduler.running:
                 self._cancel(running)
             else:  # it never started: it ends here, cancelled
                 self._end(running, GenerationStats(finish_reason=FinishReason.CANCELLED))
@@ -345,9 +360,9 @@ class EngineServer:
             if running is not None:
                 running.paused = True
                 self._cancel(running)
-        if plan.start is not None and not self._stop.is_set():
-            running = self._jobs[plan.start.id]
-            self._spawn(self._run(running))
+        if not self._stop.is_set():
+            for job in plan.start:
+                self._spawn(self._run(self._jobs[job.id]))
         if plan.wake_at is not None:
             if self._wake is not None:
                 self._wake.cancel()
@@ -383,7 +398,6 @@ class EngineServer:
         backend = self.backend
         assert backend is not None
         paused = False
-        calls_before = int(backend.counters.as_dict().get("decodeCalls", 0))
         started = time.perf_counter()
         try:
             generation = await backend.generate(running.request)
@@ -399,7 +413,7 @@ class EngineServer:
             paused = running.paused and not running.produced and not running.job.abandoned
             log.info(
                 "job %d of window %d%s: waited %.0f ms, %s after %.0f ms, %d prompt tokens "
-                "(%d evaluated), %d generated, %d waiting",
+                "(%d evaluated), %d generated (%d steps batched), %d waiting",
                 running.job.id,
                 running.window.pid,
                 " (background)" if running.job.background else "",
@@ -409,15 +423,15 @@ class EngineServer:
                 stats.prompt_tokens,
                 stats.evaluated_prompt_tokens,
                 stats.completion_tokens,
+                stats.batched_steps,
                 len(self.scheduler.waiting),
             )
             if paused:  # it goes back in the queue and comes back as a new generation
                 running.generation, running.paused = None, False
             else:
-                calls = int(backend.counters.as_dict().get("decodeCalls", 0)) - calls_before
                 self.served += 1
                 self.prefill.observe(stats)  # for the windows that connect later
-                self._end(running, stats, calls)
+                self._end(running, stats, stats.model_calls)
         except Exception as exc:
             self._forget(running)
             running.window.send(wire.failure(running.request_id, exc))

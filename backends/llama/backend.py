@@ -2,9 +2,11 @@
 
 ``LlamaBackend`` is the generic ``LocalBackend`` over a ``LlamaEngine``. Every llama.cpp
 call runs on ``llama_thread()``; llama.cpp's abort callback checks the cancel flag inside
-a long prompt evaluation as well, so a cancel stops it mid-batch. The KV cache of
-sequence 0 is kept between generations and reused for the longest common token prefix
-(and, with ``moved_kv_drift``, for a suffix that only moved after an edit).
+a long prompt evaluation as well, so a cancel stops it mid-batch. The context has one
+slot per generation that may run at once (``n_slots``; the shared engine has two): each
+slot's KV entries are kept between generations and reused for the longest common token
+prefix (and, with ``moved_kv_drift``, for a suffix that only moved after an edit), and
+the plain steps of the generations that run together are decoded in one batch.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 from kode.backends.base import Sampling, SpeculationMethod
-from kode.backends.llama.runtime import LlamaContext, LlamaModel, llama_thread
+from kode.backends.llama.runtime import LlamaContext, LlamaModel, Row, llama_thread
 from kode.backends.llama.target import (
     LlamaDraft,
     LlamaTarget,
@@ -85,6 +87,23 @@ class LlamaEngine:
     def target(self, sampling: Sampling) -> LlamaTarget:
         return LlamaTarget(self.ctx, Sampler(sampling))
 
+    @property
+    def width(self) -> int:
+        return len(self.ctx.slots)
+
+    def step_together(self, steps: Sequence[tuple[LlamaTarget, int]]) -> list[int]:
+        """One batch: a row per generation, its root at the end of its own slot's
+        sequence. One row is exactly ``PlainStepper``'s step; several rows compute each
+        row's logits with other kernels than one row alone (the noise of batched rows,
+        docs/benchmarks.md), so a near tie may be picked differently."""
+        rows = [Row(root, len(t.slot.tokens), (t.slot.base,), True) for t, root in steps]
+        self.ctx.decode(rows)
+        picks = []
+        for i, (target, root) in enumerate(steps):
+            picks.append(target.pick(i))
+            target.slot.tokens.append(root)
+        return picks
+
     def refuse(self, method: SpeculationMethod) -> str | None:
         if method is SpeculationMethod.DRAFT and self._draft is None:
             return NO_DRAFT_MODEL
@@ -102,17 +121,20 @@ class LlamaEngine:
 
     def logit_gaps(self, prompt: str, tokens: Sequence[int]) -> list[float]:
         target = self.target(Sampling())
-        target.prefill(self.model.tokenize(prompt), lambda: False, 0)
-        gaps = []
-        logits = self.ctx.logits(-1)
-        for token in tokens:
-            top2 = np.partition(logits, -2)[-2:]
-            gaps.append(float(abs(top2[1] - top2[0])))
-            tree = build_tree(token, [], max_rows=1)
-            target.evaluate(tree)
-            target.commit(tree, 0, 0)
-            logits = self.ctx.logits(0)
-        return gaps
+        try:
+            target.prefill(self.model.tokenize(prompt), lambda: False, 0)
+            gaps = []
+            logits = self.ctx.logits(-1)
+            for token in tokens:
+                top2 = np.partition(logits, -2)[-2:]
+                gaps.append(float(abs(top2[1] - top2[0])))
+                tree = build_tree(token, [], max_rows=1)
+                target.evaluate(tree)
+                target.commit(tree, 0, 0)
+                logits = self.ctx.logits(0)
+            return gaps
+        finally:
+            target.release()
 
     def close(self) -> None:
         if self._draft is not None:
@@ -132,7 +154,7 @@ class LlamaBackend(LocalBackend[LlamaTarget]):
         return self.engine.model
 
     def cached_prefix(self, prompt: str) -> tuple[int, int]:
-        """How much of ``prompt`` the context (sequence 0, its moved suffix, or a saved
+        """How much of ``prompt`` the context (a slot, its moved suffix, or a saved
         state) already holds; read from the event loop while the worker may be running."""
         tokens = self.engine.model.tokenize(prompt)
         return self.engine.ctx.reach(tokens), len(tokens)
@@ -150,12 +172,15 @@ class LlamaBackend(LocalBackend[LlamaTarget]):
         n_ctx: int = 4096,
         n_threads: int | None = None,
         n_seq_max: int = 8,
+        n_slots: int = 1,
         draft_path: Path | None = None,
         curve: CostCurve | None = None,
         kv_memory_mb: int = 0,
     ) -> LlamaBackend:
         """Load ``path`` (and a draft model for ``speculation=draft``), then measure the
-        target's batch-cost curve on this machine unless ``curve`` is given."""
+        target's batch-cost curve on this machine unless ``curve`` is given.
+        ``n_slots``: how many generations run at once, decoded in one batch (each slot
+        has room for ``n_ctx`` tokens: the KV cache grows with them)."""
         executor = llama_thread()
         opened: list[LlamaModel | LlamaContext] = []
 
@@ -166,6 +191,7 @@ class LlamaBackend(LocalBackend[LlamaTarget]):
                 model,
                 n_ctx=n_ctx,
                 n_seq_max=n_seq_max,
+                n_slots=n_slots,
                 n_threads=n_threads,
                 kv_memory_bytes=kv_memory_mb << 20,
             )

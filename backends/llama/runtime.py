@@ -2,9 +2,10 @@
 
 ``LlamaModel`` owns a loaded GGUF model and its vocabulary (tokenizing with a reused
 buffer, token pieces cached). ``LlamaContext`` owns one llama.cpp context: its KV
-cache (``tokens`` mirrors what sequence 0 holds, position by position), a reusable
-multi-sequence batch and logits access. Neither knows about asyncio; the backend
-drives a context from exactly one worker thread at a time.
+cache, split into ``Slot``s (one live sequence each, its ``tokens`` mirrored position by
+position, plus scratch sequences), a reusable multi-sequence batch and logits access.
+Neither knows about asyncio; the backend drives a context from exactly one worker
+thread at a time.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,13 +23,14 @@ import numpy as np
 import numpy.typing as npt
 from kode.backends.errors import BackendError, ContextOverflow, ModelError, PrefillAborted
 from kode.backends.kv_reuse import (
+    Held,
     MovedTail,
-    choose_state,
+    choose_slot,
     common_prefix,
     plan_moved_tail,
     prefix_reach,
-    worth_saving,
 )
+from kode.backends.steppers import drain_steps
 
 _NO_ABORT = llama_cpp.ggml_abort_callback(0)
 _LOG_CALLBACK: object = None  # keep the ctypes callback alive
@@ -164,8 +166,8 @@ class LlamaModel:
 
 @dataclass(slots=True)
 class SavedState:
-    """Sequence 0 of a context copied to host memory (``llama_state_seq_get_data``):
-    its KV entries and what ``LlamaContext`` knows of them."""
+    """A slot's sequence copied to host memory (``llama_state_seq_get_data``): its KV
+    entries and what its ``Slot`` knows of them; it can come back into any slot."""
 
     tokens: list[int]
     prompt_len: int
@@ -179,7 +181,7 @@ class SavedState:
 
 
 class KvMemory:
-    """Saved states of sequence 0, least recently used first, within ``budget`` bytes.
+    """Saved states of slots, least recently used first, within ``budget`` bytes.
 
     Going back to a document or a place costs a copy of its saved state (tens of ms)
     instead of evaluating its prompt again (seconds on a small CPU). A state whose
@@ -232,7 +234,8 @@ class KvMemory:
 
 @dataclass(frozen=True, slots=True)
 class Row:
-    """One batch row: a token at a KV position, visible to some sequences."""
+    """One batch row: a token at a KV position, visible to some sequences (their ids in
+    the whole context)."""
 
     token: int
     pos: int
@@ -240,8 +243,234 @@ class Row:
     logits: bool = False
 
 
+class Slot:
+    """One live sequence of a ``LlamaContext`` and the scratch sequences that go with it.
+
+    Sequence ``base`` holds ``tokens``, position by position; ``base + 1`` to
+    ``base + n_seq_max - 1`` are its scratch (token-tree branches, lookahead's window, the
+    moved tail's inserted tokens), empty between calls. Every sequence id a ``Slot``
+    method takes is relative to ``base`` (0 is the slot's own), so code written for one
+    sequence runs unchanged in any slot, and nothing a slot does touches another's
+    entries. A generation claims a slot for its whole life (``LlamaContext.claim``);
+    what the slot holds stays when it ends, for that document's next keystroke.
+    """
+
+    def __init__(self, ctx: LlamaContext, index: int) -> None:
+        self.ctx = ctx
+        self.index = index
+        self.base = index * ctx.n_seq_max
+        self.tokens: list[int] = []  # what sequence ``base`` holds, position by position
+        self.prompt_len = 0  # how many of ``tokens`` the last prefill put there
+        # KV entries from here on were computed before an edit and moved (see
+        # ``kv_reuse``); ``drift`` counts the edit tokens they did not see.
+        self.stale_from: int | None = None
+        self.drift = 0  # always 0 while stale_from is None
+        self.last_move: MovedTail | None = None  # what the last prefill moved
+        self.busy = False  # a generation holds it
+        self.used = 0  # when it was last claimed (the context's claim count)
+
+    def seq(self, s: int = 0) -> int:
+        """The context's id of this slot's sequence ``s``."""
+        return self.base + s
+
+    # -- KV entries -------------------------------------------------------------------
+
+    def truncate(self, n: int) -> None:
+        """Drop every entry of the slot's own sequence at position >= n."""
+        llama_cpp.llama_memory_seq_rm(self.ctx.mem, self.base, n, -1)
+        del self.tokens[n:]
+        self.prompt_len = min(self.prompt_len, n)
+        if self.stale_from is not None and n <= self.stale_from:
+            self.stale_from, self.drift = None, 0
+
+    def remove(self, s: int, p0: int, p1: int = -1) -> None:
+        """Drop entries of sequence ``s`` (-1: every sequence of this slot) at [p0, p1)."""
+        seqs = range(self.ctx.n_seq_max) if s < 0 else (s,)
+        for t in seqs:
+            llama_cpp.llama_memory_seq_rm(self.ctx.mem, self.base + t, p0, p1)
+
+    def clear(self, s: int) -> None:
+        llama_cpp.llama_memory_seq_rm(self.ctx.mem, self.base + s, -1, -1)
+
+    def clear_scratch(self) -> None:
+        for s in range(1, self.ctx.n_seq_max):
+            self.clear(s)
+
+    def copy(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        llama_cpp.llama_memory_seq_cp(self.ctx.mem, self.base + src, self.base + dst, p0, p1)
+
+    def keep(self, s: int) -> None:
+        """Leave only sequence ``s`` of this slot (``llama_memory_seq_keep`` within the
+        slot: the other slots keep theirs)."""
+        for t in range(self.ctx.n_seq_max):
+            if t != s:
+                self.clear(t)
+
+    def pos_max(self, s: int = 0) -> int:
+        return int(llama_cpp.llama_memory_seq_pos_max(self.ctx.mem, self.base + s))
+
+    # -- prompts ----------------------------------------------------------------------
+
+    def prefill(self, tokens: Sequence[int], abort: Callable[[], bool], max_drift: int = 0) -> int:
+        """``prefill_steps`` in one go."""
+        return drain_steps(self.prefill_steps(tokens, abort, max_drift))
+
+    def prefill_steps(
+        self, tokens: Sequence[int], abort: Callable[[], bool], max_drift: int = 0
+    ) -> Generator[None, None, int]:
+        """Make the slot hold ``tokens``, reusing the longest common prefix; a generator
+        that pauses between two prompt batches (another slot's generation may step
+        there) and returns how many tokens were reused.
+
+        Always evaluates at least the last token (its logits are needed), leaving them
+        at row ``-1`` of the last batch, which is this slot's: it never pauses after it.
+        If ``abort()`` turns true, stops early (mid-batch, through llama.cpp's abort
+        callback) keeping whatever was evaluated, and raises ``PrefillAborted``. While
+        another slot is busy the batches are ``n_ubatch`` rows, so that its steps wait
+        at most one micro-batch (the computation is the same: llama.cpp evaluates every
+        batch in micro-batches of that size).
+
+        ``max_drift > 0`` also allows reusing the cached prompt's tail where it only
+        moved (``kv_reuse.plan_moved_tail``) as long as, in all, at most ``max_drift``
+        edited tokens were not seen by such moved entries; otherwise (and with
+        ``max_drift == 0``) entries are reused only where they are exact.
+        """
+        ctx = self.ctx
+        if len(tokens) >= ctx.n_ctx:
+            raise ContextOverflow(f"prompt of {len(tokens)} tokens exceeds n_ctx={ctx.n_ctx}")
+        self.last_move = None
+        if max_drift > 0 and ctx.can_shift:
+            moved = self._move_tail(tokens, max_drift)
+            if moved is not None:
+                return moved
+        common = min(common_prefix(self.tokens, tokens), len(tokens) - 1)
+        if self.stale_from is not None:
+            common = min(common, self.stale_from)
+        self.truncate(common)
+        self.clear_scratch()
+        reused = common
+        pos = common
+        while pos < len(tokens):
+            if pos > common:
+                yield
+            if abort():
+                raise PrefillAborted(reused)
+            rows_max = ctx.n_batch if ctx.busy <= 1 else ctx.n_ubatch
+            chunk = tokens[pos : pos + rows_max]
+            last = pos + len(chunk) == len(tokens)
+            rows = [
+                Row(t, pos + i, (self.base,), last and i == len(chunk) - 1)
+                for i, t in enumerate(chunk)
+            ]
+            try:
+                ctx.decode(rows, abort)
+            except BackendError:
+                # Aborted mid-batch: llama.cpp keeps the micro-batches it finished.
+                kept = self.pos_max() + 1
+                self.tokens.extend(chunk[: max(0, kept - pos)])
+                self.truncate(len(self.tokens))
+                if abort():
+                    raise PrefillAborted(reused) from None
+                raise
+            self.tokens.extend(chunk)
+            pos += len(chunk)
+        self.prompt_len = len(tokens)
+        return reused
+
+    def _move_tail(self, tokens: Sequence[int], max_drift: int) -> int | None:
+        """Reuse the last prompt's tail at its new position, if the plan and the drift
+        bound allow; returns the tokens reused, or None (nothing was changed)."""
+        ctx = self.ctx
+        n_old = self.prompt_len
+        if n_old < 2 or len(self.tokens) < n_old or ctx.n_seq_max < 2:
+            return None
+        plan = plan_moved_tail(
+            self.tokens[:n_old],
+            tokens,
+            min_tail=8,
+            max_insert=min(32 + MOVED_REFRESH, ctx.n_batch - 1),
+            refresh=MOVED_REFRESH,
+        )
+        if plan is None:
+            return None
+        if self.stale_from is not None and self.stale_from < plan.keep:
+            return None  # the edit is past entries that are already approximate
+        drift = self.drift + plan.drift  # 0 while nothing is stale
+        if drift > max_drift:
+            return None
+        mem, own = ctx.mem, self.base
+        llama_cpp.llama_memory_seq_rm(mem, own, n_old - 1, -1)  # last token, generated text
+        self.clear_scratch()
+        llama_cpp.llama_memory_seq_rm(mem, own, plan.keep, plan.old_tail)
+        if plan.delta:
+            end = plan.old_tail + plan.length
+            llama_cpp.llama_memory_seq_add(mem, own, plan.old_tail, end, plan.delta)
+        try:
+            if plan.inserted:
+                # llama.cpp wants a sequence's new positions to follow its last one, so
+                # the inserted tokens go into scratch sequence 1 (sharing the prefix
+                # cells) and are then shared with the slot's own as well.
+                self.copy(0, 1, 0, plan.keep)
+                inserted = tokens[plan.keep : plan.new_tail]
+                scratch = (self.seq(1),)
+                ctx.decode([Row(t, plan.keep + i, scratch, False) for i, t in enumerate(inserted)])
+                self.copy(1, 0, plan.keep, plan.new_tail)
+                self.clear(1)
+            ctx.decode([Row(tokens[-1], len(tokens) - 1, (own,), True)])
+        except BackendError:
+            # Leave only what is certainly right: the untouched prefix.
+            self.clear(1)
+            self.truncate(plan.keep)
+            raise
+        self.tokens = list(tokens)
+        self.prompt_len = len(tokens)
+        self.stale_from, self.drift = plan.new_tail, drift
+        self.last_move = plan
+        return plan.keep + plan.length
+
+    # -- saved states (KV memory) ----------------------------------------------------
+
+    def held(self, tokens: Sequence[int]) -> Held:
+        """What this slot holds, seen from a prompt of ``tokens``."""
+        reach = prefix_reach(self.tokens, tokens, self.stale_from)
+        return Held(reach, len(self.tokens), self.prompt_len, self.used)
+
+    def save(self) -> None:
+        """Copy the slot's own sequence into the context's KV memory."""
+        ctx, memory = self.ctx.ctx, self.ctx.memory
+        size = llama_cpp.llama_state_seq_get_size(ctx, self.base)
+        if size <= 0 or size > memory.budget:
+            return
+        data = (ctypes.c_uint8 * size)()
+        if llama_cpp.llama_state_seq_get_data(ctx, data, size, self.base) != size:
+            return
+        memory.add(
+            SavedState(list(self.tokens), self.prompt_len, self.stale_from, self.drift, data)
+        )
+
+    def restore(self, state: SavedState) -> None:
+        """Make the slot hold ``state`` (on failure it holds nothing)."""
+        self.truncate(0)
+        self.clear_scratch()
+        if (
+            llama_cpp.llama_state_seq_set_data(self.ctx.ctx, state.data, state.nbytes, self.base)
+            == 0
+        ):
+            return  # no room in the cache: start from nothing, exactly
+        self.tokens = list(state.tokens)
+        self.prompt_len = state.prompt_len
+        self.stale_from, self.drift = state.stale_from, state.drift
+
+
 class LlamaContext:
-    """One llama.cpp context (KV cache + compute buffers) over a ``LlamaModel``."""
+    """One llama.cpp context (KV cache + compute buffers) over a ``LlamaModel``.
+
+    It holds ``n_slots`` live sequences (``Slot``), each with ``n_seq_max`` sequence ids
+    of its own and room for ``n_ctx`` tokens: the KV cache is unified and holds
+    ``n_slots * n_ctx`` cells, so several generations (one per slot) can be decoded in
+    one batch, each in its own sequence, and each slot keeps what it evaluated for its
+    document's next prompt. ``memory`` holds saved states of any slot.
+    """
 
     def __init__(
         self,
@@ -250,15 +479,20 @@ class LlamaContext:
         n_ctx: int = 4096,
         n_batch: int = 512,
         n_seq_max: int = 1,
+        n_slots: int = 1,
         n_threads: int | None = None,
         kv_memory_bytes: int = 0,
     ) -> None:
+        """``n_ctx`` and ``n_seq_max`` are per slot: what one generation may use."""
+        if n_slots < 1:
+            raise ValueError("a context needs at least one slot")
         self.model = model
         params = llama_cpp.llama_context_default_params()
-        params.n_ctx = n_ctx
+        params.n_ctx = n_ctx * n_slots
         params.n_batch = n_batch
-        params.n_ubatch = min(n_batch, 128)  # an aborted prefill keeps finished micro-batches
-        params.n_seq_max = n_seq_max
+        self.n_ubatch = min(n_batch, 128)  # an aborted prefill keeps finished micro-batches
+        params.n_ubatch = self.n_ubatch
+        params.n_seq_max = n_seq_max * n_slots
         params.kv_unified = True
         threads = n_threads or default_threads()
         params.n_threads = threads
@@ -269,23 +503,18 @@ class LlamaContext:
             raise BackendError("llama.cpp could not create a context (out of memory?)")
         self.ctx = ctx
         self.mem = llama_cpp.llama_get_memory(ctx)
-        self.n_ctx: int = llama_cpp.llama_n_ctx(ctx)
+        self.n_ctx: int = min(n_ctx, llama_cpp.llama_n_ctx(ctx))
         self.n_batch = n_batch
         self.n_seq_max = n_seq_max
-        self._batch = llama_cpp.llama_batch_init(n_batch, 0, n_seq_max)
-        self.tokens: list[int] = []  # what sequence 0 holds, position by position
-        self.prompt_len = 0  # how many of ``tokens`` the last prefill put there
-        # KV entries from here on were computed before an edit and moved (see
-        # ``kv_reuse``); ``drift`` counts the edit tokens they did not see.
-        self.stale_from: int | None = None
-        self.drift = 0  # always 0 while stale_from is None
-        self.last_move: MovedTail | None = None  # what the last prefill moved
+        self._batch = llama_cpp.llama_batch_init(n_batch, 0, n_seq_max * n_slots)
         self.can_shift = bool(llama_cpp.llama_memory_can_shift(self.mem))
         self._abort_fn: Callable[[], bool] = _never
         # Called by ggml between graph nodes, only while a prefill runs (it takes the GIL).
         self._abort_cb = llama_cpp.ggml_abort_callback(lambda _data: self._abort_fn())
         self.decode_calls = 0  # every llama_decode, prefill included
         self.memory = KvMemory(kv_memory_bytes)
+        self.slots = [Slot(self, i) for i in range(n_slots)]
+        self._claims = 0
 
     def close(self) -> None:
         if self.ctx:
@@ -293,38 +522,64 @@ class LlamaContext:
             llama_cpp.llama_free(self.ctx)
             self.ctx = None
 
-    # -- KV cache -------------------------------------------------------------------
-
-    def truncate(self, n: int, seq: int = 0) -> None:
-        """Drop every KV entry of ``seq`` at position >= n."""
-        llama_cpp.llama_memory_seq_rm(self.mem, seq, n, -1)
-        if seq == 0:
-            del self.tokens[n:]
-            self.prompt_len = min(self.prompt_len, n)
-            if self.stale_from is not None and n <= self.stale_from:
-                self.stale_from, self.drift = None, 0
-
-    def remove(self, seq: int, p0: int, p1: int = -1) -> None:
-        """Drop KV entries of ``seq`` (-1: every sequence) at positions [p0, p1)."""
-        llama_cpp.llama_memory_seq_rm(self.mem, seq, p0, p1)
-
     def clear_seqs(self, seqs: range) -> None:
+        """Drop every entry of the sequences ``seqs`` (ids in the whole context)."""
         for seq in seqs:
             llama_cpp.llama_memory_seq_rm(self.mem, seq, -1, -1)
 
-    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
-        llama_cpp.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+    # -- slots ----------------------------------------------------------------------
 
-    def seq_keep(self, seq: int) -> None:
-        llama_cpp.llama_memory_seq_keep(self.mem, seq)
+    @property
+    def busy(self) -> int:
+        """How many slots generations hold."""
+        return sum(slot.busy for slot in self.slots)
 
-    def seq_pos_max(self, seq: int = 0) -> int:
-        return int(llama_cpp.llama_memory_seq_pos_max(self.mem, seq))
+    def claim(self, tokens: Sequence[int]) -> Slot:
+        """A free slot for a prompt of ``tokens`` (``kv_reuse.choose_slot``): the one that
+        holds most of it, unless a saved state holds more (it is restored into the slot
+        that holds least); what the slot held is saved first when that is worth it."""
+        free = [slot for slot in self.slots if not slot.busy]
+        if not free:
+            raise BackendError("every slot of the llama.cpp context is generating")
+        mem = self.memory
+        states = [prefix_reach(s.tokens, tokens, s.stale_from) for s in mem.states]
+        choice = choose_slot([slot.held(tokens) for slot in free], states if mem.budget else [])
+        slot = free[choice.slot]
+        if mem.budget > 0:
+            if choice.save:
+                slot.save()
+            if choice.state is not None:
+                slot.restore(mem.take(choice.state))
+        self._claims += 1
+        slot.busy, slot.used = True, self._claims
+        return slot
+
+    def release(self, slot: Slot) -> None:
+        """The generation holding ``slot`` ended; what it holds stays."""
+        slot.clear_scratch()
+        slot.busy = False
+
+    def reach(self, tokens: Sequence[int]) -> int:
+        """How many of ``tokens`` would not need evaluating: the best of the slots (with
+        their suffix moved, when that applies) and the saved states. An estimate: safe to
+        call from another thread while this context works (it reads, never writes)."""
+        best = 0
+        for slot in list(self.slots):
+            cached, prompt_len, stale = list(slot.tokens), slot.prompt_len, slot.stale_from
+            best = max(best, prefix_reach(cached, tokens, stale))
+            if self.can_shift and 2 <= prompt_len <= len(cached):
+                plan = plan_moved_tail(cached[:prompt_len], tokens, refresh=MOVED_REFRESH)
+                if plan is not None and (stale is None or stale >= plan.keep):
+                    best = max(best, plan.keep + plan.length)
+        for state in list(self.memory.states):
+            best = max(best, prefix_reach(state.tokens, tokens, state.stale_from))
+        return min(best, max(len(tokens) - 1, 0))
 
     # -- evaluation -----------------------------------------------------------------
 
-    def decode(self, rows: Sequence[Row]) -> None:
-        """Evaluate one batch (at most ``n_batch`` rows)."""
+    def decode(self, rows: Sequence[Row], abort: Callable[[], bool] | None = None) -> None:
+        """Evaluate one batch (at most ``n_batch`` rows); ``abort``: stop it mid-batch
+        when that turns true (llama.cpp's abort callback; prompt batches)."""
         n = len(rows)
         if n > self.n_batch:
             raise BackendError(f"batch of {n} rows exceeds n_batch={self.n_batch}")
@@ -338,174 +593,20 @@ class LlamaContext:
             b.logits[i] = row.logits
         b.n_tokens = n
         self.decode_calls += 1
-        status = llama_cpp.llama_decode(self.ctx, b)
+        if abort is None:
+            status = llama_cpp.llama_decode(self.ctx, b)
+        else:
+            llama_cpp.llama_set_abort_callback(self.ctx, self._abort_cb, None)
+            self._abort_fn = abort
+            try:
+                status = llama_cpp.llama_decode(self.ctx, b)
+            finally:
+                self._abort_fn = _never
+                llama_cpp.llama_set_abort_callback(self.ctx, _NO_ABORT, None)
         if status == 1:
             raise ContextOverflow("no KV cache slot for the batch (context full)")
         if status != 0:
             raise BackendError(f"llama_decode failed with status {status}")
-
-    def prefill(self, tokens: Sequence[int], abort: Callable[[], bool], max_drift: int = 0) -> int:
-        """Make sequence 0 hold ``tokens``, reusing the longest common prefix.
-
-        Always evaluates at least the last token (its logits are needed), leaving them
-        at row ``-1``. Returns how many tokens were reused. If ``abort()`` turns true,
-        stops early (mid-batch, through llama.cpp's abort callback) keeping whatever
-        was evaluated, and raises ``PrefillAborted``.
-
-        ``max_drift > 0`` also allows reusing the cached prompt's tail where it only
-        moved (``kv_reuse.plan_moved_tail``) as long as, in all, at most ``max_drift``
-        edited tokens were not seen by such moved entries; otherwise (and with
-        ``max_drift == 0``) entries are reused only where they are exact.
-        """
-        if len(tokens) >= self.n_ctx:
-            raise ContextOverflow(f"prompt of {len(tokens)} tokens exceeds n_ctx={self.n_ctx}")
-        self.last_move = None
-        if self.memory.budget > 0:
-            self._recall(tokens)
-        if max_drift > 0 and self.can_shift:
-            moved = self._move_tail(tokens, max_drift)
-            if moved is not None:
-                return moved
-        common = min(common_prefix(self.tokens, tokens), len(tokens) - 1)
-        if self.stale_from is not None:
-            common = min(common, self.stale_from)
-        self.truncate(common)
-        self.clear_seqs(range(1, self.n_seq_max))
-        reused = common
-        pos = common
-        llama_cpp.llama_set_abort_callback(self.ctx, self._abort_cb, None)
-        try:
-            while pos < len(tokens):
-                if abort():
-                    raise PrefillAborted(reused)
-                chunk = tokens[pos : pos + self.n_batch]
-                last = pos + len(chunk) == len(tokens)
-                rows = [
-                    Row(t, pos + i, (0,), last and i == len(chunk) - 1) for i, t in enumerate(chunk)
-                ]
-                self._abort_fn = abort
-                try:
-                    self.decode(rows)
-                except BackendError:
-                    # Aborted mid-batch: llama.cpp keeps the micro-batches it finished.
-                    kept = self.seq_pos_max(0) + 1
-                    self.tokens.extend(chunk[: max(0, kept - pos)])
-                    self.truncate(len(self.tokens))
-                    if abort():
-                        raise PrefillAborted(reused) from None
-                    raise
-                finally:
-                    self._abort_fn = _never
-                self.tokens.extend(chunk)
-                pos += len(chunk)
-        finally:
-            llama_cpp.llama_set_abort_callback(self.ctx, _NO_ABORT, None)
-        self.prompt_len = len(tokens)
-        return reused
-
-    # -- saved states (KV memory) ----------------------------------------------------
-
-    def reach(self, tokens: Sequence[int]) -> int:
-        """How many of ``tokens`` would not need evaluating: the best of sequence 0 (with
-        its suffix moved, when that applies) and the saved states. An estimate: safe to
-        call from another thread while this context works (it reads, never writes)."""
-        cached, prompt_len = list(self.tokens), self.prompt_len
-        best = prefix_reach(cached, tokens, self.stale_from)
-        if self.can_shift and 2 <= prompt_len <= len(cached):
-            plan = plan_moved_tail(cached[:prompt_len], tokens, refresh=MOVED_REFRESH)
-            if plan is not None and (self.stale_from is None or self.stale_from >= plan.keep):
-                best = max(best, plan.keep + plan.length)
-        for state in list(self.memory.states):
-            best = max(best, prefix_reach(state.tokens, tokens, state.stale_from))
-        return min(best, max(len(tokens) - 1, 0))
-
-    def _recall(self, tokens: Sequence[int]) -> None:
-        """Before evaluating ``tokens``: bring back the saved state that serves most of
-        them (if it beats what sequence 0 holds), and save what sequence 0 holds if the
-        new prompt would throw most of it away."""
-        reach = prefix_reach(self.tokens, tokens, self.stale_from)
-        mem = self.memory
-        pick = choose_state(
-            reach, [prefix_reach(s.tokens, tokens, s.stale_from) for s in mem.states]
-        )
-        if pick is None:
-            if worth_saving(len(self.tokens), reach, self.prompt_len):
-                self.save_state()
-            return
-        if len(self.tokens) >= 64:
-            self.save_state()
-        self.restore_state(mem.take(pick.index))
-
-    def save_state(self) -> None:
-        """Copy sequence 0 into the KV memory."""
-        size = llama_cpp.llama_state_seq_get_size(self.ctx, 0)
-        if size <= 0 or size > self.memory.budget:
-            return
-        data = (ctypes.c_uint8 * size)()
-        if llama_cpp.llama_state_seq_get_data(self.ctx, data, size, 0) != size:
-            return
-        self.memory.add(
-            SavedState(list(self.tokens), self.prompt_len, self.stale_from, self.drift, data)
-        )
-
-    def restore_state(self, state: SavedState) -> None:
-        """Make sequence 0 hold ``state`` (on failure it holds nothing)."""
-        self.truncate(0)
-        self.clear_seqs(range(1, self.n_seq_max))
-        if llama_cpp.llama_state_seq_set_data(self.ctx, state.data, state.nbytes, 0) == 0:
-            return  # no room in the cache: start from nothing, exactly
-        self.tokens = list(state.tokens)
-        self.prompt_len = state.prompt_len
-        self.stale_from, self.drift = state.stale_from, state.drift
-
-    def _move_tail(self, tokens: Sequence[int], max_drift: int) -> int | None:
-        """Reuse the last prompt's tail at its new position, if the plan and the drift
-        bound allow; returns the tokens reused, or None (nothing was changed)."""
-        n_old = self.prompt_len
-        if n_old < 2 or len(self.tokens) < n_old or self.n_seq_max < 2:
-            return None
-        plan = plan_moved_tail(
-            self.tokens[:n_old],
-            tokens,
-            min_tail=8,
-            max_insert=min(32 + MOVED_REFRESH, self.n_batch - 1),
-            refresh=MOVED_REFRESH,
-        )
-        if plan is None:
-            return None
-        if self.stale_from is not None and self.stale_from < plan.keep:
-            return None  # the edit is past entries that are already approximate
-        drift = self.drift + plan.drift  # 0 while nothing is stale
-        if drift > max_drift:
-            return None
-        mem = self.mem
-        llama_cpp.llama_memory_seq_rm(mem, 0, n_old - 1, -1)  # last token, generated text
-        self.clear_seqs(range(1, self.n_seq_max))
-        llama_cpp.llama_memory_seq_rm(mem, 0, plan.keep, plan.old_tail)
-        if plan.delta:
-            end = plan.old_tail + plan.length
-            llama_cpp.llama_memory_seq_add(mem, 0, plan.old_tail, end, plan.delta)
-        try:
-            if plan.inserted:
-                # llama.cpp wants a sequence's new positions to follow its last one, so
-                # the inserted tokens go into scratch sequence 1 (sharing the prefix
-                # cells) and are then shared with sequence 0 as well.
-                llama_cpp.llama_memory_seq_cp(mem, 0, 1, 0, plan.keep)
-                inserted = tokens[plan.keep : plan.new_tail]
-                self.decode([Row(t, plan.keep + i, (1,), False) for i, t in enumerate(inserted)])
-                llama_cpp.llama_memory_seq_cp(mem, 1, 0, plan.keep, plan.new_tail)
-                self.clear_seqs(range(1, 2))
-            self.decode([Row(tokens[-1], len(tokens) - 1, (0,), True)])
-        except BackendError:
-            # Leave only what is certainly right: the untouched prefix.
-            self.clear_seqs(range(1, 2))
-            self.truncate(plan.keep)
-            raise
-        self.tokens = list(tokens)
-        self.prompt_len = len(tokens)
-        self.stale_from, self.drift = plan.new_tail, drift
-        self.last_move = plan
-        return plan.keep + plan.length
 
     def logits(self, i: int) -> npt.NDArray[np.float32]:
         """Logits of output row ``i`` of the last batch (negative counts from the end)."""

@@ -1,20 +1,22 @@
 """A llama.cpp context as a ``steppers.Target``, its draft model, and lookahead decoding.
 
-Sequence 0 of the context holds ``ctx.tokens``. A token tree's branch b is evaluated in
-llama sequence b (the prefix is copied there before the batch), so one batch verifies
-several n-gram candidates; ``commit`` keeps the accepted branch in sequence 0.
+A generation holds one ``Slot`` of the context; the slot's own sequence (its 0) holds
+``slot.tokens``. A token tree's branch b is evaluated in the slot's sequence b (the
+prefix is copied there before the batch), so one batch verifies several n-gram
+candidates; ``commit`` keeps the accepted branch in the slot's own sequence.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 
 import numpy as np
 import numpy.typing as npt
 from kode.backends.base import Sampling, SpeculationMethod, SpeculationStats
-from kode.backends.llama.runtime import LlamaContext, Row
+from kode.backends.errors import BackendError
+from kode.backends.llama.runtime import LlamaContext, Row, Slot
 from kode.backends.speculative import CostCurve, Lookahead, TokenTree, draft_chain
-from kode.backends.steppers import Draft, Prefilled, Probs, measure_curve
+from kode.backends.steppers import Draft, Prefilled, Probs, drain_steps, measure_curve
 
 
 class Sampler:
@@ -49,16 +51,24 @@ class Sampler:
 
 
 class LlamaTarget:
-    """One generation's view of a ``LlamaContext``: sequence 0 and a ``Sampler``."""
+    """One generation's view of a ``LlamaContext``: the slot it claims when its prompt
+    comes (``prefill_steps``) and holds until ``release``, and a ``Sampler``."""
 
     trees = True
 
     def __init__(self, ctx: LlamaContext, sampler: Sampler) -> None:
         self.ctx, self.sampler = ctx, sampler
+        self._slot: Slot | None = None
+
+    @property
+    def slot(self) -> Slot:
+        if self._slot is None:
+            raise BackendError("the generation has no slot before its prompt")
+        return self._slot
 
     @property
     def tokens(self) -> list[int]:
-        return self.ctx.tokens
+        return self.slot.tokens
 
     @property
     def rng(self) -> np.random.Generator:
@@ -67,20 +77,33 @@ class LlamaTarget:
     def prefill(
         self, prompt: Sequence[int], cancelled: Callable[[], bool], max_drift: int
     ) -> Prefilled:
-        ctx = self.ctx
-        reused = ctx.prefill(prompt, cancelled, max_drift=max_drift)
-        return Prefilled(reused, 0 if ctx.last_move is None else ctx.last_move.length)
+        return drain_steps(self.prefill_steps(prompt, cancelled, max_drift))
+
+    def prefill_steps(
+        self, prompt: Sequence[int], cancelled: Callable[[], bool], max_drift: int
+    ) -> Generator[None, None, Prefilled]:
+        if self._slot is None:
+            self._slot = self.ctx.claim(prompt)
+        slot = self._slot
+        reused = yield from slot.prefill_steps(prompt, cancelled, max_drift=max_drift)
+        return Prefilled(reused, 0 if slot.last_move is None else slot.last_move.length)
+
+    def release(self) -> None:
+        if self._slot is not None:
+            self.ctx.release(self._slot)
+            self._slot = None
 
     def evaluate(self, tree: TokenTree) -> None:
-        ctx = self.ctx
-        n_past = len(ctx.tokens)
+        slot = self.slot
+        n_past = len(slot.tokens)
         for b in range(1, tree.n_branches):
-            ctx.seq_cp(0, b)
+            slot.copy(0, b)
         rows = []
         for i, token in enumerate(tree.tokens):
-            seqs = (0,) if i == 0 else tree.branches[i]
+            branches = (0,) if i == 0 else tree.branches[i]
             if i == 0 and tree.n_branches > 1:
-                seqs = tuple(range(tree.n_branches))
+                branches = tuple(range(tree.n_branches))
+            seqs = tuple(slot.seq(b) for b in branches)
             rows.append(Row(token, n_past + tree.depths[i], seqs, True))
         self.ctx.decode(rows)
 
@@ -108,16 +131,17 @@ class LlamaTarget:
         return np.stack([self.sampler.probs(self.ctx.logits(i)) for i in range(rows)])
 
     def commit(self, tree: TokenTree, accepted: int, branch: int) -> None:
-        """Keep the root and ``accepted`` rows of ``branch`` in sequence 0, drop the rest."""
-        ctx = self.ctx
-        n_keep = len(ctx.tokens) + 1 + accepted
+        """Keep the root and ``accepted`` rows of ``branch`` in the slot's own sequence,
+        drop the rest."""
+        slot = self.slot
+        n_keep = len(slot.tokens) + 1 + accepted
         if tree.n_branches > 1:
-            ctx.seq_keep(branch)  # every cell now belongs to `branch` alone
+            slot.keep(branch)  # every cell of the slot now belongs to `branch` alone
             if branch != 0:
-                ctx.seq_cp(branch, 0)
-                ctx.clear_seqs(range(branch, branch + 1))
-        ctx.remove(0, n_keep)
-        ctx.tokens.extend(tree.tokens[r] for r in tree.branch_rows(branch)[: accepted + 1])
+                slot.copy(branch, 0)
+                slot.clear(branch)
+        slot.remove(0, n_keep)
+        slot.tokens.extend(tree.tokens[r] for r in tree.branch_rows(branch)[: accepted + 1])
 
     def synchronize(self) -> None:
         """llama_decode returns when the batch is done."""
@@ -128,19 +152,20 @@ class LlamaDraft:
 
     def __init__(self, ctx: LlamaContext) -> None:
         self.ctx = ctx
+        self.slot = ctx.slots[0]  # the draft's context serves one generation at a time
 
     def draft(self, history: list[int], max_draft: int, p_min: float) -> Draft:
-        draft = self.ctx
+        draft, slot = self.ctx, self.slot
         first = True
 
         def step(token: int) -> tuple[int, float]:
             nonlocal first
             if first:
                 first = False
-                draft.prefill(history, lambda: False)  # reuses the draft's KV prefix
+                slot.prefill(history, lambda: False)  # reuses the draft's KV prefix
             else:
-                draft.decode([Row(token, len(draft.tokens), (0,), True)])
-                draft.tokens.append(token)
+                draft.decode([Row(token, len(slot.tokens), (slot.base,), True)])
+                slot.tokens.append(token)
             logits = draft.logits(-1)
             best = int(np.argmax(logits))
             z = logits - logits[best]
@@ -152,9 +177,10 @@ class LlamaDraft:
 def calibrate(ctx: LlamaContext, sizes: Sequence[int] = (1, 2, 4, 8), reps: int = 2) -> CostCurve:
     """Measure the target's batch cost curve on this machine (ms per batch of n rows).
 
-    Runs on a scratch sequence after a warm-up; leaves sequence 0 untouched.
+    Runs on the last scratch sequence of the first slot after a warm-up; leaves every
+    slot's own sequence untouched.
     """
-    seq = ctx.n_seq_max - 1
+    seq = ctx.slots[0].seq(ctx.n_seq_max - 1)
     scratch = range(seq, seq + 1)
     base = 100 if ctx.n_ctx > 400 else 1
     ctx.clear_seqs(scratch)
@@ -177,37 +203,40 @@ class LookaheadStepper:
     def __init__(self, target: LlamaTarget, lookahead: Lookahead) -> None:
         if target.ctx.n_seq_max < lookahead.max_seqs:
             raise ValueError(f"lookahead needs {lookahead.max_seqs} sequences")
-        self.ctx, self.pick, self.la = target.ctx, target.pick, lookahead
+        self.ctx, self.slot, self.pick, self.la = target.ctx, target.slot, target.pick, lookahead
         self.stats = SpeculationStats(method=SpeculationMethod.LOOKAHEAD)
         self._started = False
 
     def step(self, root: int) -> list[int]:
-        ctx, la = self.ctx, self.la
+        slot, la = self.slot, self.la
         if not self._started:
-            la.reset(ctx.tokens)
+            la.reset(slot.tokens)
             self._started = True
-        n_past = len(ctx.tokens)
+        n_past = len(slot.tokens)
         for s in range(1, la.max_seqs):
-            ctx.clear_seqs(range(s, s + 1))
-            ctx.seq_cp(0, s)
+            slot.clear(s)
+            slot.copy(0, s)
         plan = la.plan(root)
-        rows = [Row(r.token, n_past + r.depth, r.seq_ids, r.want_logits) for r in plan.rows]
-        ctx.decode(rows)
+        rows = [
+            Row(r.token, n_past + r.depth, tuple(slot.seq(s) for s in r.seq_ids), r.want_logits)
+            for r in plan.rows
+        ]
+        self.ctx.decode(rows)
         picks = [-1] * len(plan.rows)
         for row in plan.logit_rows:  # llama_get_logits_ith takes the batch row index
             picks[row] = self.pick(row)
         result = la.update(plan, picks)
         accepted = len(result.accepted_tokens)
         n_keep = n_past + 1 + accepted
-        ctx.remove(-1, n_keep)
+        slot.remove(-1, n_keep)
         if accepted:
-            ctx.seq_keep(result.keep_seq)
+            slot.keep(result.keep_seq)
             if result.keep_seq != 0:
-                ctx.seq_cp(result.keep_seq, 0)
-                ctx.clear_seqs(range(result.keep_seq, result.keep_seq + 1))
+                slot.copy(result.keep_seq, 0)
+                slot.clear(result.keep_seq)
         for s in range(1, la.max_seqs):
-            ctx.clear_seqs(range(s, s + 1))
-        ctx.tokens.extend([root, *result.accepted_tokens])
+            slot.clear(s)
+        slot.tokens.extend([root, *result.accepted_tokens])
         self.stats.steps += 1
         self.stats.drafted += plan.n_draft
         self.stats.accepted += accepted

@@ -40,8 +40,9 @@ Example for ``W = 3, N = 3`` with two verification n-grams ``[a, b]`` and ``[c, 
 
 The root carries every seq id ``0 .. W + max_verify - 1`` (also those of branches this
 step does not use), so one recipe keeps the committed prefix on all sequences. KV cache
-after a step, with abstract seq ``s`` as llama.cpp seq ``s`` and the prompt copied to all
-of them once (``seq_cp(0, s)``)::
+after a step, with abstract seq ``s`` as the generation's llama.cpp slot's sequence ``s``
+(``Slot``: its calls touch no other slot) and the prompt copied to all of them once
+(``seq_cp(0, s)``)::
 
     n_keep = n_past + 1 + len(result.accepted_tokens)
     llama_memory_seq_rm(mem, -1, n_keep, -1)          # all rows past the new tokens

@@ -33,6 +33,7 @@ from kode.backends.local import (
     TextStream,
 )
 from kode.backends.speculative import CostCurve
+from kode.backends.steppers import step_each
 from kode.backends.torch.target import CausalLM, Picker, TorchDraft, TorchTarget, calibrate
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
@@ -201,6 +202,11 @@ class TorchEngine:
 
     def target(self, sampling: Sampling) -> TorchTarget:
         return TorchTarget(self.lm, Picker(sampling))
+
+    width = 1  # one cache: one generation at a time
+
+    def step_together(self, steps: Sequence[tuple[TorchTarget, int]]) -> list[int]:
+        return step_each(steps)
 
     def refuse(self, method: SpeculationMethod) -> str | None:
         if method is SpeculationMethod.LOOKAHEAD:

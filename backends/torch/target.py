@@ -10,7 +10,7 @@ verifies n-gram *trees* through its multi-sequence KV cache; a torch tree would 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 
 import numpy as np
 import torch
@@ -164,6 +164,17 @@ class TorchTarget:
         reused, logits = self.lm.prefill(prompt, cancelled)
         self._logits = logits[None]
         return Prefilled(reused)
+
+    def prefill_steps(
+        self, prompt: Sequence[int], cancelled: Callable[[], bool], max_drift: int
+    ) -> Generator[None, None, Prefilled]:
+        """``prefill`` in one go: one cache serves one generation at a time."""
+        done = self.prefill(prompt, cancelled, max_drift)
+        yield from ()  # a generator that never pauses
+        return done
+
+    def release(self) -> None:
+        """Nothing to give back: the engine has one cache (``TorchEngine.width`` 1)."""
 
     def evaluate(self, tree: TokenTree) -> None:
         if tree.n_branches > 1:

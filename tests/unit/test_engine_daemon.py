@@ -254,21 +254,25 @@ def test_mirror_reach() -> None:
 # -- the scheduler ----------------------------------------------------------------------------
 
 
+def started(plan: Plan) -> list[int]:
+    return [job.id for job in plan.start]
+
+
 def test_keystroke_pauses_background_work_which_resumes_when_quiet() -> None:
     s = Scheduler(quiet_s=0.25)
     read_ahead = Job(1, window=1, background=True, document="a")
-    assert s.submit(read_ahead, now=0.0).start is read_ahead
+    assert started(s.submit(read_ahead, now=0.0)) == [1]
     key = Job(2, window=2, background=False, document="b")
     plan = s.submit(key, now=1.0)
-    assert plan.pause is read_ahead and plan.start is None
-    assert s.finished(1, paused=True, now=1.01).start is key
+    assert plan.pause is read_ahead and plan.start == ()
+    assert started(s.finished(1, paused=True, now=1.01)) == [2]
     plan = s.finished(2, now=1.4)
-    assert plan.start is None and plan.wake_at == pytest.approx(1.65)
+    assert plan.start == () and plan.wake_at == pytest.approx(1.65)
     key2 = Job(3, window=1, background=False, document="a2")
-    assert s.submit(key2, now=1.5).start is key2  # typing goes on: it waits more
+    assert started(s.submit(key2, now=1.5)) == [3]  # typing goes on: it waits more
     assert s.finished(3, now=1.6).wake_at == pytest.approx(1.85)
-    assert s.poke(now=1.7).start is None
-    assert s.poke(now=1.85).start is read_ahead
+    assert s.poke(now=1.7).start == ()
+    assert started(s.poke(now=1.85)) == [1]
 
 
 def test_newest_keystroke_first_and_no_foreground_interrupted() -> None:
@@ -279,8 +283,40 @@ def test_newest_keystroke_first_and_no_foreground_interrupted() -> None:
     newer = Job(3, window=3, background=False, document="c")
     assert s.submit(older, now=0.1) == Plan()
     assert s.submit(newer, now=0.2) == Plan()  # the running keystroke is not interrupted
-    assert s.finished(1, now=0.3).start is newer
-    assert s.finished(3, now=0.4).start is older
+    assert started(s.finished(1, now=0.3)) == [3]
+    assert started(s.finished(3, now=0.4)) == [2]
+
+
+def test_keystrokes_of_two_windows_run_together_up_to_the_width() -> None:
+    s = Scheduler(width=2)
+    assert started(s.submit(Job(1, window=1, background=False, document="a"), now=0.0)) == [1]
+    assert started(s.submit(Job(2, window=2, background=False, document="b"), now=0.1)) == [2]
+    third = Job(3, window=3, background=False, document="c")
+    assert s.submit(third, now=0.2) == Plan()  # no room: the newest waits first in line
+    fourth = Job(4, window=3, background=False, document="d")
+    s.submit(fourth, now=0.3)
+    assert started(s.finished(2, now=0.4)) == [4]
+    # a keystroke replacing a running one of its document: both hold a place meanwhile
+    plan = s.submit(Job(5, window=1, background=False, document="a"), now=0.5)
+    assert [j.id for j in plan.stop] == [1] and plan.start == ()
+    assert started(s.finished(1, now=0.6)) == [5]
+    assert [j.id for j in s.running] == [4, 5] and s.waiting == [third]
+
+
+def test_background_work_runs_alone_and_yields_to_any_keystroke() -> None:
+    s = Scheduler(width=2, quiet_s=0.25)
+    bg = Job(1, window=1, background=True, document="big")
+    assert started(s.submit(bg, now=0.0)) == [1]
+    other_bg = Job(2, window=2, background=True, document="other")
+    assert s.submit(other_bg, now=0.1) == Plan()  # background work never runs beside another
+    key_a = Job(3, window=3, background=False, document="a")
+    key_b = Job(4, window=4, background=False, document="b")
+    assert s.submit(key_a, now=1.0).pause is bg
+    assert s.submit(key_b, now=1.0) == Plan()  # bg is stopping: nothing beside it
+    assert started(s.finished(1, paused=True, now=1.05)) == [4, 3]
+    assert s.finished(4, now=1.2) == Plan()  # a keystroke runs: background waits
+    assert s.finished(3, now=1.3).wake_at == pytest.approx(1.55)
+    assert started(s.poke(now=1.55)) == [2]  # the newest background work first
 
 
 def test_latest_wins_per_document() -> None:
@@ -292,21 +328,24 @@ def test_latest_wins_per_document() -> None:
     assert plan.stop == (queued,)
     plan = s.submit(Job(4, window=1, background=False, document="x"), now=0)
     assert [j.id for j in plan.stop] == [1]  # the running one of the same document stops
-    assert s.finished(1, now=0).start is not None
+    assert s.finished(1, now=0).start != ()
 
 
 def test_disconnect_drops_everything_of_the_window() -> None:
-    s = Scheduler()
+    s = Scheduler(width=2)
     running = Job(1, window=1, background=False, document="a")
     s.submit(running, now=0)
+    neighbour = Job(4, window=2, background=False, document="n")
+    s.submit(neighbour, now=0)
     waiting = Job(2, window=1, background=True, document="b")
     other = Job(3, window=2, background=True, document="c")
     s.submit(waiting, now=0)
     s.submit(other, now=0)
     plan = s.disconnect(1, now=0)
-    assert set(plan.stop) == {running, waiting}
-    assert s.finished(1, now=10).wake_at == 10.25  # a keystroke just ended: quiet first
-    assert s.poke(now=10.25).start is other
+    assert set(plan.stop) == {running, waiting} and neighbour not in plan.stop
+    assert s.finished(1, now=10) == Plan()  # the neighbour's keystroke still runs
+    assert s.finished(4, now=10).wake_at == 10.25  # a keystroke just ended: quiet first
+    assert started(s.poke(now=10.25)) == [3]
 
 
 def test_a_paused_job_of_a_gone_window_is_not_resumed() -> None:
@@ -315,14 +354,14 @@ def test_a_paused_job_of_a_gone_window_is_not_resumed() -> None:
     s.submit(bg, now=0)
     s.submit(Job(2, window=2, background=False), now=0)
     s.disconnect(1, now=0)
-    assert s.finished(1, paused=True, now=0).start is not None
+    assert s.finished(1, paused=True, now=0).start != ()
     assert bg not in s.waiting
 
 
 OPS = st.lists(
     st.one_of(
         st.tuples(st.just("submit"), st.integers(1, 3), st.booleans(), st.sampled_from("ab")),
-        st.tuples(st.just("finish"), st.booleans()),
+        st.tuples(st.just("finish"), st.integers(0, 3), st.booleans()),
         st.tuples(st.just("disconnect"), st.integers(1, 3)),
         st.tuples(st.just("cancel"), st.integers(1, 30)),
         st.tuples(st.just("wait"), st.floats(0.0, 0.5)),
@@ -332,36 +371,45 @@ OPS = st.lists(
 
 
 @settings(max_examples=300, deadline=None)
-@given(OPS)
-def test_scheduler_rules_hold_for_any_sequence(ops: list[tuple[object, ...]]) -> None:
-    """Whatever happens: at most one job runs; a keystroke never waits while nothing
-    runs, background work only within the quiet time (and then a wake-up is asked
-    for); a started job is the best waiting one (keystrokes first, newest first); a
-    keystroke never waits behind background work that was not told to pause; a gone
-    window has nothing waiting."""
+@given(OPS, st.integers(1, 3))
+def test_scheduler_rules_hold_for_any_sequence(ops: list[tuple[object, ...]], width: int) -> None:
+    """Whatever happens: at most ``width`` jobs run, and background work only alone; a
+    keystroke never waits while there is room for it (fewer than ``width`` run and no
+    background work), background work waits only within the quiet time (and then a
+    wake-up is asked for); the started jobs are the best waiting ones, in order
+    (keystrokes first, newest first); a keystroke never waits behind background work
+    that was not told to pause; a gone window has nothing waiting."""
     quiet = 0.25
-    s = Scheduler(quiet_s=quiet)
+    s = Scheduler(quiet_s=quiet, width=width)
     ids = iter(range(1, 1000))
     told_to_stop: set[int] = set()
     gone: set[int] = set()
     now = 0.0
 
     def check(plan: Plan, before: list[Job]) -> None:
-        if plan.start is not None:
-            best = max(before, key=lambda j: (not j.background, j.seq))
-            assert plan.start is best
-            assert not best.background or now >= s.last_foreground + quiet
+        pool = list(before)
+        for job in plan.start:
+            best = max(pool, key=lambda j: (not j.background, j.seq))
+            assert job is best
+            pool.remove(job)
+            assert not job.background or now >= s.last_foreground + quiet
         if plan.pause is not None:
             told_to_stop.add(plan.pause.id)
         for job in plan.stop:
             told_to_stop.add(job.id)
         running = s.running
-        if running is None and s.waiting:
+        assert len(running) <= width
+        assert not any(j.background for j in running) or len(running) == 1
+        background = any(j.background for j in running)
+        if any(not j.background for j in s.waiting):
+            assert background or len(running) == width
+        if not running and s.waiting:
             assert all(j.background for j in s.waiting)
             assert plan.wake_at == pytest.approx(s.last_foreground + quiet)
             assert plan.wake_at > now
-        elif running is not None and running.background and running.id not in told_to_stop:
-            assert all(j.background for j in s.waiting)
+        for job in running:
+            if job.background and job.id not in told_to_stop:
+                assert all(j.background for j in s.waiting)
         assert not any(j.window in gone for j in s.waiting)
 
     for op in ops:
@@ -376,9 +424,11 @@ def test_scheduler_rules_hold_for_any_sequence(ops: list[tuple[object, ...]]) ->
                 if (j.window, j.document) != (window, document) or (background and not j.background)
             ]
             check(s.submit(job, now=now), [*kept, job])
-        elif op[0] == "finish" and s.running is not None:
-            running = s.running
-            paused = bool(op[1]) and running.id in told_to_stop and running.background
+        elif op[0] == "finish" and s.running:
+            _, which, want_pause = op
+            assert isinstance(which, int)
+            running = s.running[which % len(s.running)]
+            paused = bool(want_pause) and running.id in told_to_stop and running.background
             before = list(s.waiting) + ([running] if paused and not running.abandoned else [])
             plan = s.finished(running.id, paused=paused, now=now)
             told_to_stop.discard(running.id)

@@ -109,3 +109,44 @@ def test_worth_saving_keeps_places_not_keystrokes() -> None:
     assert not kv_reuse.worth_saving(1200, 900, 1150)  # a keystroke: the suffix only moves
     assert not kv_reuse.worth_saving(100, 60, 90)  # little would be lost
     assert not kv_reuse.worth_saving(0, 0, 0)  # nothing held
+
+
+held = st.builds(
+    lambda reach, extra, prompt, used: kv_reuse.Held(reach, reach + extra, prompt, used),
+    st.integers(0, 500),
+    st.integers(0, 500),
+    st.integers(0, 1000),
+    st.integers(0, 50),
+)
+
+
+@given(st.lists(held, min_size=1, max_size=4), st.lists(st.integers(0, 1000), max_size=6))
+def test_choose_slot_takes_the_best_sequence_and_loses_as_little_as_it_can(
+    free: list[kv_reuse.Held], saved: list[int]
+) -> None:
+    """The chosen sequence serves within ``min_gain`` of the best; of those it loses
+    nothing if one can (empty, or holding a prefix of the prompt), else it is the least
+    recently used; a saved state comes back only when it serves ``min_gain`` more, and
+    then the best one; with one sequence the rule is the single-sequence one."""
+    choice = kv_reuse.choose_slot(free, saved)
+    chosen = free[choice.slot]
+    top = max(h.reach for h in free)
+    assert chosen.reach >= top - 32
+    near = [h for h in free if h.reach >= top - 32]
+    if any(h.length == h.reach for h in near):
+        assert chosen.length == chosen.reach
+    else:
+        assert chosen.used == min(h.used for h in near)
+    pick = kv_reuse.choose_state(chosen.reach, saved)
+    assert choice.state == (None if pick is None else pick.index)
+    if choice.state is None:
+        assert choice.save == kv_reuse.worth_saving(chosen.length, chosen.reach, chosen.prompt_len)
+    else:
+        assert choice.save == (chosen.length >= 64)
+    if len(free) == 1:
+        assert choice.slot == 0
+
+
+def test_choose_slot_needs_a_free_sequence() -> None:
+    with pytest.raises(ValueError, match="no free sequence"):
+        kv_reuse.choose_slot([], [])
