@@ -5,6 +5,7 @@ survives work in another document (saved KV states)."""
 from __future__ import annotations
 
 import asyncio
+import csv
 import shlex
 import textwrap
 import time
@@ -23,8 +24,10 @@ pytestmark = [pytest.mark.model]
 # Real material nobody here wrote: two modules of the standard library.
 DOC_A = Path(textwrap.__file__).read_text()
 DOC_B = Path(shlex.__file__).read_text()
+DOC_C = Path(csv.__file__).read_text()
 URI_A = "file:///tmp/kode-e2e/project/textwrap_copy.py"
 URI_B = "file:///tmp/kode-e2e/project/shlex_copy.py"
+URI_C = "file:///tmp/kode-e2e/project/csv_copy.py"
 SETTINGS: dict[str, Any] = {"model": "small", "maxTokens": 8, "snippetTokens": 0}
 
 
@@ -99,15 +102,19 @@ async def test_a_documents_prompt_survives_work_in_another_document(
     await start(client, "neovim", {**SETTINGS, "readAhead": False, "firstAnswerMs": 0})
     open_doc(client, DOC_A, URI_A)
     open_doc(client, DOC_B, URI_B)
-    place_a, place_b = end_of(DOC_A, 300), end_of(DOC_B, 200)
-    first = await complete_at(client, URI_A, place_a)
+    open_doc(client, DOC_C, URI_C)
+    first = await complete_at(client, URI_A, end_of(DOC_A, 300))
     assert first["evaluatedPromptTokens"] > 300
-    other = await complete_at(client, URI_B, place_b)
-    assert other["evaluatedPromptTokens"] > 300  # B replaced A in the model's cache
+    # Two more documents: whatever number of live sequences the engine has (the shared
+    # engine keeps one per slot, two; an in-process one, one), C takes A's: every live
+    # sequence then holds another document than A.
+    for doc, uri, line in ((DOC_B, URI_B, 200), (DOC_C, URI_C, 200)):
+        other = await complete_at(client, uri, end_of(doc, line))
+        assert other["evaluatedPromptTokens"] > 300, other
     # Back in A one line up (the same place would be answered from A's suggestion
-    # without the model): A's prompt was saved when B took the cache and comes back;
-    # only the cursor's surroundings (the suffix window starts a line earlier) are
-    # evaluated again, not the 1,000 tokens before them.
+    # without the model): A's prompt was saved when another document took its sequence
+    # and comes back; only the cursor's surroundings (the suffix window starts a line
+    # earlier) are evaluated again, not the 1,000 tokens before them.
     back = await complete_at(client, URI_A, end_of(DOC_A, 299))
     assert back["evaluatedPromptTokens"] <= 100, back
     assert back["reusedPromptTokens"] >= back["promptTokens"] - 100, back
