@@ -919,8 +919,12 @@ async def lossless_bench(options: Options) -> str:
                     if first is None and len(seen) != len(want):
                         first = min(len(seen), len(want))
                     row[name] = first
-                    if first is not None and first < len(want):
-                        gaps = await one.logit_gaps(prompt, want[: first + 1])
+                    if first is not None:
+                        # The gap of the reference's logits where the texts part; where
+                        # the reference stopped there (its stop token is not in ``want``)
+                        # the other's token stands in: only the logits before it count.
+                        upto = [*want[:first], (want if first < len(want) else seen)[first]]
+                        gaps = await one.logit_gaps(prompt, upto)
                         row[name + "Gap"] = round(gaps[first], 3)
                 rows.append(row)
             (out / "lossless.json").write_text(json.dumps(rows, indent=1))  # a run cut short
