@@ -467,6 +467,27 @@ def _append(path: Path, record: dict[str, Any]) -> None:
         handle.write(json.dumps(record) + "\n")
 
 
+def _built_index(prepared: Prepared) -> Any:
+    """The workspace index of a hole's renamed copy, built, its parsing child closed
+    (nothing is re-indexed during a hole)."""
+    from kode.completion.workspace import WorkspaceIndex
+
+    index = WorkspaceIndex([prepared.root])
+    index.build()
+    index.close()
+    return index
+
+
+def _hole_retriever(prepared: Prepared) -> tuple[Any, Path]:
+    """A retriever over the hole's built index, and the edited module's path."""
+    from kode.completion.retrieval import Retriever
+    from kode.completion.workspace import IndexLimits, read_text
+
+    limit = IndexLimits().max_file_bytes
+    retriever = Retriever(_built_index(prepared), functools.partial(read_text, max_bytes=limit))
+    return retriever, (prepared.root / prepared.hole.module).resolve()
+
+
 async def _one_hole(
     options: Options,
     engine: Any,
@@ -475,13 +496,9 @@ async def _one_hole(
     results: list[Result],
     conditions: Sequence[str],
 ) -> None:
-    from kode.completion.workspace import WorkspaceIndex
-
     sibling = prepared.sibling
     opened = [] if sibling is None else [(sibling, sibling.read_text(encoding="utf-8"))]
-    index = WorkspaceIndex([prepared.root])
-    index.build()
-    index.close()  # the parsing child: nothing is re-indexed during a hole
+    index = _built_index(prepared)
     for condition in conditions:
         docs = [] if condition == "in-file" else list(opened)
         if condition == "oracle":
@@ -591,20 +608,12 @@ def typing_changes(snippets: Sequence[tuple[tuple[str, str], ...]]) -> tuple[int
 def measure_keystrokes(options: Options) -> dict[str, Any]:
     """Retype each hole's line, key by key, in its renamed workspace copy and count the
     keystrokes whose retrieved snippets differ from the line's start (``typing_changes``)."""
-    from kode.completion.retrieval import Retriever
-    from kode.completion.workspace import IndexLimits, WorkspaceIndex, read_text
-
     keys = changed = differs = lines_changed = 0
-    limit = IndexLimits().max_file_bytes
     measure, budget = _measure(options)
     for hole, root in collect(options):
         with tempfile.TemporaryDirectory(prefix="kode-context-") as tmp:
             prepared = prepare(hole, root, Path(tmp), options.seed)
-            index = WorkspaceIndex([prepared.root])
-            index.build()
-            index.close()
-            retriever = Retriever(index, functools.partial(read_text, max_bytes=limit))
-            path = (prepared.root / hole.module).resolve()
+            retriever, path = _hole_retriever(prepared)
             before = prepared.document[: prepared.offset]
             after = prepared.document[prepared.offset :]
             seen: list[tuple[tuple[str, str], ...]] = []
@@ -669,9 +678,8 @@ def measure_fitted(options: Options) -> dict[str, Any]:
     from kode.completion import context as ctxmod
     from kode.completion.documents import Document
     from kode.completion.engine import prompt_budget
-    from kode.completion.retrieval import Retriever, Source
+    from kode.completion.retrieval import Source
     from kode.completion.settings import parse
-    from kode.completion.workspace import IndexLimits, WorkspaceIndex, read_text
 
     count = token_counter(options.model)
     if count is None:
@@ -684,7 +692,6 @@ def measure_fitted(options: Options) -> dict[str, Any]:
         }
     )
     assert not problems, problems
-    limit = IndexLimits().max_file_bytes
     hits: list[str] = []
     misses: list[str] = []
     definitions = tokens = 0
@@ -692,11 +699,7 @@ def measure_fitted(options: Options) -> dict[str, Any]:
     for hole, root in holes:
         with tempfile.TemporaryDirectory(prefix="kode-context-") as tmp:
             prepared = prepare(hole, root, Path(tmp), options.seed)
-            index = WorkspaceIndex([prepared.root])
-            index.build()
-            index.close()
-            retriever = Retriever(index, functools.partial(read_text, max_bytes=limit))
-            path = (prepared.root / hole.module).resolve()
+            retriever, path = _hole_retriever(prepared)
             got = retriever.retrieve(
                 path, prepared.document, prepared.offset, budget, measure=measure
             )
