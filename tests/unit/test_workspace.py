@@ -265,6 +265,27 @@ def test_a_file_that_crashes_the_parser_is_skipped_and_the_build_goes_on(
     index.close()
 
 
+def test_the_parsing_child_yields_the_cores_to_the_model(project: Path) -> None:
+    """Niced, and so is its scheduling autogroup where the kernel has them: the child has
+    a session (so an autogroup) of its own, and a niced process alone in its group took a
+    full share of the cores from the engine."""
+    index = build(project)
+    pid = index.worker_pid
+    assert pid is not None
+    try:
+        nice = index.limits.worker_nice
+        assert os.getpriority(os.PRIO_PROCESS, pid) >= min(
+            19, os.getpriority(os.PRIO_PROCESS, 0) + nice
+        )
+        group = Path(f"/proc/{pid}/autogroup")
+        if Path("/proc/self/autogroup").exists():  # CONFIG_SCHED_AUTOGROUP kernels
+            assert group.read_text().split()[-1] == str(nice), group.read_text()
+            assert group.read_text() != Path("/proc/self/autogroup").read_text()
+    finally:
+        index.close()
+    assert wait_gone(pid)
+
+
 def test_the_parsing_child_exits_when_the_server_dies(tmp_path: Path) -> None:
     write(tmp_path, "m.py", "def f(): pass\n")
     script = (
