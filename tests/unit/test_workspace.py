@@ -266,9 +266,9 @@ def test_a_file_that_crashes_the_parser_is_skipped_and_the_build_goes_on(
 
 
 def test_the_parsing_child_yields_the_cores_to_the_model(project: Path) -> None:
-    """Niced, and so is its scheduling autogroup where the kernel has them: the child has
-    a session (so an autogroup) of its own, and a niced process alone in its group took a
-    full share of the cores from the engine."""
+    """Niced, at the idle scheduling policy, and its scheduling autogroup niced where
+    the kernel has them: the child has a session (so an autogroup) of its own, and a
+    niced process alone in its group took a full share of the cores from the engine."""
     index = build(project)
     pid = index.worker_pid
     assert pid is not None
@@ -277,6 +277,8 @@ def test_the_parsing_child_yields_the_cores_to_the_model(project: Path) -> None:
         assert os.getpriority(os.PRIO_PROCESS, pid) >= min(
             19, os.getpriority(os.PRIO_PROCESS, 0) + nice
         )
+        if hasattr(os, "sched_getscheduler"):
+            assert os.sched_getscheduler(pid) == os.SCHED_IDLE
         group = Path(f"/proc/{pid}/autogroup")
         if Path("/proc/self/autogroup").exists():  # CONFIG_SCHED_AUTOGROUP kernels
             assert group.read_text().split()[-1] == str(nice), group.read_text()
