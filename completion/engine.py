@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -78,6 +79,8 @@ _PREPARE_HORIZON_S = 2.5
 _SHORT_WINDOWS = 3
 # An edited document is re-indexed once the user pauses this long (not per keystroke).
 _REINDEX_DELAY_S = 1.0
+# How often the index build, waiting for the model to be idle, looks at its cancel.
+_POLL_IDLE_S = 0.25
 # Characters of retrieved text asked for per token of ``retrievalTokens`` when no
 # tokenizer is at hand (the engine otherwise chooses by the backend's own tokens).
 _CHARS_PER_TOKEN = 4
@@ -147,6 +150,11 @@ class CompletionEngine:
         self._background: set[asyncio.Future[None]] = set()
         self.workspace: WorkspaceIndex | None = None
         self._index_cancel: threading.Event | None = None
+        # Generations of this window under way (suggestions and background work), and
+        # an event for the index build's thread, set while there are none.
+        self._generating = 0
+        self._model_idle = threading.Event()
+        self._model_idle.set()
         self._reindex: dict[str, int] = {}  # uri -> document version awaiting re-index
 
     @property
@@ -429,6 +437,9 @@ class CompletionEngine:
         )
         live.task = asyncio.ensure_future(live.pump())
         live.task.add_done_callback(lambda _t: self.rate.observe(generation.stats))
+        self._generating += 1
+        self._model_idle.clear()
+        live.task.add_done_callback(self._generation_ended)
         if background:
             self._prep = live  # never a document's suggestion: typed-ahead keeps its own
         else:
@@ -597,6 +608,21 @@ class CompletionEngine:
         self._index_cancel = cancel = threading.Event()
         self._spawn(self._build_index(index, cancel))
 
+    def _generation_ended(self, _task: asyncio.Future[None]) -> None:
+        self._generating -= 1
+        if self._generating == 0:
+            self._model_idle.set()
+
+    def _wait_model_idle(self, cancel: threading.Event) -> float:
+        """In the index build's thread: wait while this window's model generates (or
+        until the build is cancelled); the seconds waited."""
+        if self._model_idle.is_set():
+            return 0.0
+        started = time.perf_counter()
+        while not self._model_idle.wait(_POLL_IDLE_S) and not cancel.is_set():
+            pass
+        return time.perf_counter() - started
+
     def _close_workspace(self) -> None:
         """Stop the index's build and its parsing child (the index stays readable)."""
         if self._index_cancel is not None:
@@ -606,16 +632,19 @@ class CompletionEngine:
 
     async def _build_index(self, index: WorkspaceIndex, cancel: threading.Event) -> None:
         try:
-            stats = await asyncio.to_thread(index.build, cancel)
+            pause = functools.partial(self._wait_model_idle, cancel)
+            stats = await asyncio.to_thread(index.build, cancel, pause)
         except Exception as exc:  # an unreadable tree must not take the server down
             log.error("workspace index failed: %s", exc)
             return
         log.info(
-            "workspace index: %d files, %d words, ~%.1f MB, %.1f s%s",
+            "workspace index: %d files, %d words, ~%.1f MB, %.1f s (%.1f s of it waiting "
+            "for the model)%s",
             stats.files,
             stats.words,
             stats.approx_bytes / 1e6,
             stats.build_s,
+            stats.paused_s,
             " (a limit stopped it)" if stats.truncated else "",
         )
 

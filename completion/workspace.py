@@ -50,7 +50,7 @@ import threading
 import time
 import weakref
 from array import array
-from collections.abc import Generator, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -163,6 +163,7 @@ class IndexStats:
     parsed_in_child: int = 0  # files parsed in the child process
     parsed_here: int = 0  # ... in this process (no child could be started)
     crashed: int = 0  # files skipped because parsing them crashed the child twice
+    paused_s: float = 0.0  # how long the build waited for the model to be idle
 
     @property
     def approx_bytes(self) -> int:
@@ -747,14 +748,23 @@ class WorkspaceIndex:
 
     # building and updating
 
-    def build(self, cancel: threading.Event | None = None) -> IndexStats:
+    def build(
+        self, cancel: threading.Event | None = None, pause: Callable[[], float] | None = None
+    ) -> IndexStats:
         """Walk every root and index what qualifies; run in a worker thread. The files
         are parsed in the child process, ``_BATCH`` at a time (an update waits at most
-        for one batch)."""
+        for one batch). ``pause`` is called before each batch and returns when the build
+        may go on (the seconds it waited): the language server waits there while the
+        model generates, because on a small machine even an idle-priority child slows
+        decoding (its threads meet at a barrier many times a step)."""
         started = time.perf_counter()
         for root in self.roots:
             paths = self._walk(root)
             while batch := list(itertools.islice(paths, _BATCH)):
+                if pause is not None:
+                    waited = pause()
+                    with self._lock:
+                        self.stats.paused_s += waited
                 if (cancel is not None and cancel.is_set()) or self._worker.closed:
                     return self.stats
                 parsed = self._parse([(str(p), None) for p in batch], cancel)

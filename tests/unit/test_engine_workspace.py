@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from kode.completion import engine as engine_mod
+from kode.completion.documents import Position
 from kode.completion.engine import CompletionEngine
 from kode.completion.settings import parse
 from kode.completion.workspace import WorkspaceIndex
@@ -305,4 +306,31 @@ async def test_an_outline_of_constants_leaves_room_for_the_definitions(tmp_path:
     assert "return await to_thread(func, *args)" in context
     snippets = context.split("<|file_sep|>")[1:]  # after the repository name
     assert sum(backend.count_tokens(s.split("\n", 1)[1]) + 8 for s in snippets) <= 256
+    await engine.aclose()
+
+
+async def test_the_index_build_waits_while_the_model_generates(tmp_path: Path) -> None:
+    """Even an idle-priority parsing child slowed the 1.5B's decoding 1.5-2x on two
+    cores (its threads meet at a barrier many times a step): the build goes on only
+    while this window's model is idle."""
+    for i in range(50):
+        (tmp_path / f"m{i}.py").write_text(f"def f_{i}(a):\n    return a\n")
+    backend = ScriptedBackend(["x"] * 60, delay=0.02)  # a generation of ~1.2 s
+    engine = engine_for(backend, multiline="always")
+    uri = (tmp_path / "m0.py").as_uri()
+    engine.documents.open(uri, "a = ", 1)
+    request = asyncio.ensure_future(engine.complete(uri, Position(0, 4)))
+    while not backend.generations:
+        await asyncio.sleep(0.01)
+    engine.open_workspace([tmp_path])
+    index = engine.workspace
+    assert index is not None
+    await asyncio.sleep(0.5)
+    assert len(index) == 0 and not index.stats.complete  # the model is generating
+    await request
+    async with asyncio.timeout(30):
+        while not index.stats.complete:
+            await asyncio.sleep(0.02)
+    assert len(index) == 50
+    assert index.stats.paused_s >= 0.4, index.stats
     await engine.aclose()
