@@ -437,8 +437,7 @@ class CompletionEngine:
         )
         live.task = asyncio.ensure_future(live.pump())
         live.task.add_done_callback(lambda _t: self.rate.observe(generation.stats))
-        self._generating += 1
-        self._model_idle.clear()
+        self._generation_started()
         live.task.add_done_callback(self._generation_ended)
         if background:
             self._prep = live  # never a document's suggestion: typed-ahead keeps its own
@@ -608,7 +607,11 @@ class CompletionEngine:
         self._index_cancel = cancel = threading.Event()
         self._spawn(self._build_index(index, cancel))
 
-    def _generation_ended(self, _task: asyncio.Future[None]) -> None:
+    def _generation_started(self) -> None:
+        self._generating += 1
+        self._model_idle.clear()
+
+    def _generation_ended(self, _task: asyncio.Future[None] | None = None) -> None:
         self._generating -= 1
         if self._generating == 0:
             self._model_idle.set()
@@ -978,13 +981,17 @@ class CompletionEngine:
             speculation=SpeculationMethod.NONE,
             background=True,
         )
-        self._calibration = generation = await backend.generate(request)
+        self._generation_started()  # the index build waits: it would slow the timing
         try:
-            async for _ in generation:
-                pass
+            self._calibration = generation = await backend.generate(request)
+            try:
+                async for _ in generation:
+                    pass
+            finally:
+                self._calibration = None
+                await generation.cancel()
         finally:
-            self._calibration = None
-            await generation.cancel()
+            self._generation_ended()
         self.rate.observe(generation.stats)
 
 

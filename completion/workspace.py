@@ -583,8 +583,12 @@ def lower_priority(nice: int) -> None:
     alone) a child at nice 10 cost 273 ms/token; also lowering its scheduling
     autogroup (``/proc/self/autogroup``: the child has a session, so a group, of its
     own, and a niceness counts only within its group) 169-187; the ``SCHED_IDLE``
-    policy on top, which any waking normal thread preempts at once, 116. Best effort: a
-    kernel without autogroups, or one that refuses, leaves what it can."""
+    policy on top, which any waking normal thread preempts at once, 116 (each at the
+    build's start). Over a whole build, decoding without a pause, the idle child still
+    cost 123-158 ms/token: a lower priority spreads the child's work out more than it
+    removes it, so the language server also holds the build while its model generates
+    (``WorkspaceIndex.build``'s ``pause``). Best effort: a kernel without autogroups, or
+    one that refuses, leaves what it can."""
     with contextlib.suppress(OSError):
         os.nice(nice)
     with contextlib.suppress(OSError), open("/proc/self/autogroup", "w") as group:
