@@ -640,6 +640,10 @@ class CompletionEngine:
         except Exception as exc:  # an unreadable tree must not take the server down
             log.error("workspace index failed: %s", exc)
             return
+        if stats.truncated:
+            end = " (a limit stopped it)"
+        else:
+            end = "" if stats.complete else " (stopped before the end)"
         log.info(
             "workspace index: %d files, %d words, ~%.1f MB, %.1f s (%.1f s of it waiting "
             "for the model)%s",
@@ -648,7 +652,7 @@ class CompletionEngine:
             stats.approx_bytes / 1e6,
             stats.build_s,
             stats.paused_s,
-            " (a limit stopped it)" if stats.truncated else "",
+            end,
         )
 
     def files_changed(self, changes: list[tuple[str, bool]]) -> None:

@@ -762,6 +762,14 @@ class WorkspaceIndex:
         model generates, because on a small machine even an idle-priority child slows
         decoding (its threads meet at a barrier many times a step)."""
         started = time.perf_counter()
+        try:
+            self._build(cancel, pause)
+        finally:
+            with self._lock:  # also when stopped early: how long it ran
+                self.stats.build_s = time.perf_counter() - started
+        return self.stats
+
+    def _build(self, cancel: threading.Event | None, pause: Callable[[], float] | None) -> None:
         for root in self.roots:
             paths = self._walk(root)
             while batch := list(itertools.islice(paths, _BATCH)):
@@ -770,7 +778,7 @@ class WorkspaceIndex:
                     with self._lock:
                         self.stats.paused_s += waited
                 if (cancel is not None and cancel.is_set()) or self._worker.closed:
-                    return self.stats
+                    return
                 parsed = self._parse([(str(p), None) for p in batch], cancel)
                 with contextlib.closing(parsed):
                     for path, result in parsed:
@@ -781,11 +789,9 @@ class WorkspaceIndex:
                 if self.stats.truncated:
                     break
                 if (cancel is not None and cancel.is_set()) or self._worker.closed:
-                    return self.stats
+                    return
         with self._lock:
-            self.stats.build_s = time.perf_counter() - started
             self.stats.complete = True
-        return self.stats
 
     def close(self) -> None:
         """Stop the parsing child (any thread): a build under way ends, updates are

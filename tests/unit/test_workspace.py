@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -345,3 +346,20 @@ def test_what_the_index_keeps_is_not_walked_by_the_garbage_collector(tmp_path: P
     ranked = index.rank_files({"g_3", "word_7"}, limit=3)
     assert ranked[0][0].name == "m3.py"
     index.close()
+
+
+def test_a_build_stopped_while_it_waits_says_how_long_it_ran(project: Path) -> None:
+    cancel = threading.Event()
+
+    def pause() -> float:  # the model generates until the server closes the index
+        time.sleep(0.05)
+        cancel.set()
+        return 0.05
+
+    index = WorkspaceIndex([project], IndexLimits(max_file_bytes=2000))
+    try:
+        stats = index.build(cancel, pause)
+        assert not stats.complete and len(index) == 0
+        assert stats.paused_s == 0.05 and stats.build_s >= 0.05
+    finally:
+        index.close()
