@@ -186,10 +186,14 @@ class StopRules:
         text = text[: cut.keep]
         if self.mid_line and "\n" in text:
             first = text[: text.index("\n")]
-            if (cut.joined or (ended and not cut.stop)) and (
-                fits is None or fits(text) or not fits(first)
-            ):
-                return text
+            if cut.joined or (ended and not cut.stop):
+                if fits is None or fits(text):
+                    return text
+                seam = _seam_without_indent(text)
+                if seam != text and fits(seam):
+                    return seam  # the suffix brings its own indentation
+                if not fits(first):
+                    return text
             text = first
         if "\n" not in text:
             # Trailing blanks go, unless a word follows the cursor: ``for e in `` + ``l:``
@@ -197,6 +201,14 @@ class StopRules:
             kept = text if _WORD_START.match(self.line_suffix) else text.rstrip()
             return _trim_overlap(self.line_prefix, kept, self.line_suffix.rstrip())
         return text.rstrip()
+
+
+def _seam_without_indent(text: str) -> str:
+    """``text`` without the blanks after its last line break, when nothing else follows
+    it: the model's guess at the next line's indentation, which the suffix already holds
+    (``"x -= 1\n  "`` before ``"        if x:"`` indents that line 10 instead of 8)."""
+    head, _, tail = text.rpartition("\n")
+    return head + "\n" if not tail.strip() else text
 
 
 _OPEN, _CLOSE = "([{", ")]}"

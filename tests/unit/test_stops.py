@@ -173,6 +173,28 @@ def test_a_multi_line_fill_must_not_parse_worse_than_its_first_line() -> None:
     assert r.finish(bad, ended=True, fits=fits) == "if v > hi:"
 
 
+def test_a_seam_that_indents_the_suffix_wrongly_loses_its_blanks() -> None:
+    # HumanEval/56 cut mid-indentation (span set, seed 0): the model wrote the next
+    # line's indentation too, and the suffix brings its own; as written the document
+    # breaks (the ``if`` indented 10 instead of 8), without the two blanks it parses.
+    before = "def ok(s):\n    depth = 0\n    for c in s:\n        if c == '(':\n"
+    before += "            depth += 1\n        else:\n      "
+    after = "        if depth < 0:\n            return False\n    return depth == 0\n"
+    fits = syntax.checker("python", before, after)
+    assert fits is not None
+    r = rules("      ", "        if depth < 0:", after[after.index("\n") :])
+    fill = "      depth -= 1\n  "
+    assert not fits(fill) and fits("      depth -= 1\n")
+    assert r.finish(fill, ended=True, fits=fits) == "      depth -= 1\n"
+    # A seam that joins as written keeps every blank (its indentation is the suffix's).
+    r = rules("    is_prime = Tr", "return is_prime", "\n")
+    fill = "ue\n    for k in ks:\n        is_prime = False\n    "
+    source = "def f(ks):\n    is_prime = Tr"
+    fits = syntax.checker("python", source, "return is_prime\n")
+    assert fits is not None and fits(fill)
+    assert r.finish(fill, ended=True, fits=fits) == fill
+
+
 def test_fill_checks_exist_only_for_languages_kode_parses() -> None:
     assert syntax.checker("rust", "", "") is None
     assert syntax.python_parses("if x:\n    y = 1\n")
