@@ -8,8 +8,12 @@
   (its end token) and the fill must join the text after the cursor. Otherwise (it ran
   on to ``max_lines`` or ``max_tokens``, or two blank lines) only its first line is
   shown. A fill that runs into the suffix (it writes the rest of the cursor's line and
-  the line after it) is cut where the suffix begins. Its line breaks and indentation
-  are kept to the last character: they are what joins it to the suffix.
+  the line after it) is cut where the suffix begins; so is one that ran on past the
+  hole, where it wrote the rest of the cursor's line, a line break and then the
+  suffix's next line of code, if the document parses so. Its line breaks and indentation
+  are kept to the last character: they are what joins it to the suffix, unless the
+  document parses only without the blanks after its last line break (the suffix
+  brings its own indentation).
 - Multi-line mode: it ends at the end of the block (a line indented less than the
   cursor's block), after two blank lines, after ``max_lines``, or when a generated
   line repeats the next line of the suffix (the model ran into the existing code).
@@ -170,6 +174,34 @@ class StopRules:
             return Cut(len(text), True)
         return Cut(len(text), stop)
 
+    def _joined_later(self, text: str, fits: FillCheck | None) -> str | None:
+        """A multi-line fill that ran on past the hole: ``text`` up to where it writes
+        the rest of the cursor's line and a line break, when the code it writes next is
+        the suffix's next line (or the suffix has no code after its first line) and the
+        document parses with the fill cut there; None if there is no such place.
+
+        Example: the hole runs from ``max(depth, |`` to the middle of ``depth -=| 1``
+        two lines down (so `` 1`` follows the cursor, then ``return depth``). The model
+        wrote ``max_depth)\n    else:\n        depth -= 1\n    return depth\n...``:
+        the fill is ``max_depth)\n    else:\n        depth -=``.
+        """
+        rest = self.line_suffix.rstrip()
+        if fits is None or not rest.strip():
+            return None
+        needle = rest + "\n"
+        at = text.find(needle)
+        while at != -1:
+            fill = text[:at]
+            if "\n" in fill:  # one line joined so: the one-line rules decide
+                lines = text[at + len(needle) :].split("\n")[:-1]  # complete lines
+                following = next((line.strip() for line in lines if line.strip()), None)
+                # Nothing after the suffix's first line: what it wrote after it goes.
+                agrees = not self.next_suffix_line or following == self.next_suffix_line
+                if agrees and fits(fill):
+                    return fill
+            at = text.find(needle, at + 1)
+        return None
+
     def _runs_into_suffix(self, stripped: str) -> bool:
         return len(self.next_suffix_line) >= 3 and stripped == self.next_suffix_line
 
@@ -194,6 +226,9 @@ class StopRules:
                     return seam  # the suffix brings its own indentation
                 if not fits(first):
                     return text
+            later = self._joined_later(text, fits)
+            if later is not None:
+                return later
             text = first
         if "\n" not in text:
             # Trailing blanks go, unless a word follows the cursor: ``for e in `` + ``l:``

@@ -195,6 +195,37 @@ def test_a_seam_that_indents_the_suffix_wrongly_loses_its_blanks() -> None:
     assert r.finish(fill, ended=True, fits=fits) == fill
 
 
+def test_a_fill_that_ran_on_past_the_hole_is_cut_where_it_joins_the_suffix() -> None:
+    # HumanEval/6 cut from ``max(depth, |`` to ``depth -=| 1`` (span set, seed 1): the
+    # model wrote the hole, the `` 1`` and the suffix's next line, then ran on.
+    before = "def deepest(s):\n    depth = max_depth = 0\n    for c in s:\n"
+    before += "        if c == '(':\n            depth += 1\n            max_depth = max(depth, "
+    after = " 1\n\n    return max_depth\n"
+    fits = syntax.checker("python", before, after)
+    r = rules("            max_depth = max(depth, ", " 1", after[after.index("\n") :])
+    fill = "max_depth)\n        else:\n            depth -="
+    ran_on = fill + " 1\n    return max_depth\n\n\ndef other():\n    pass\n"
+    assert r.finish(ran_on, ended=False, fits=fits) == fill
+    # Where it goes on with other code than the suffix's, only its first line is kept.
+    other = fill + " 1\n    print(depth)\n    return max_depth\n"
+    assert r.finish(other, ended=False, fits=fits) == "max_depth)"
+    # Nor where the document would not parse with the fill cut there.
+    broken = "max_depth\n        else:\n            depth -= 1\n    return max_depth\n"
+    assert r.finish(broken, ended=False, fits=fits) == "max_depth"
+
+
+def test_a_fill_that_ran_on_past_the_end_of_the_suffix_keeps_what_fills_the_hole() -> None:
+    # HumanEval/0's hole ends before `` False``, the function's last word; the model
+    # wrote ``return False`` and then a new function.
+    before = "def close(xs, t):\n    for a in xs:\n        for b in xs:\n     "
+    after = " False\n"
+    fits = syntax.checker("python", before, after)
+    r = rules("     ", " False", "\n")
+    fill = "       if a != b and abs(a - b) < t:\n                return True\n    return"
+    text = fill + " False\n\n\ndef far(xs):\n    return xs\n"
+    assert r.finish(text, ended=False, fits=fits) == fill
+
+
 def test_fill_checks_exist_only_for_languages_kode_parses() -> None:
     assert syntax.checker("rust", "", "") is None
     assert syntax.python_parses("if x:\n    y = 1\n")
