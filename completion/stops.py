@@ -31,6 +31,9 @@ from dataclasses import dataclass
 from kode.completion.syntax import FillCheck
 
 _TAB = 4
+# Places ``_joined_later`` parses the document at, at most (about 1 ms each, on the
+# event loop).
+_MAX_JOIN_PARSES = 8
 
 
 class MultilineMode(enum.StrEnum):
@@ -189,16 +192,17 @@ class StopRules:
         if fits is None or not rest.strip():
             return None
         needle = rest + "\n"
-        at = text.find(needle)
-        while at != -1:
+        at, parses = text.find(needle), 0
+        while at != -1 and parses < _MAX_JOIN_PARSES:
             fill = text[:at]
             if "\n" in fill:  # one line joined so: the one-line rules decide
                 lines = text[at + len(needle) :].split("\n")[:-1]  # complete lines
                 following = next((line.strip() for line in lines if line.strip()), None)
                 # Nothing after the suffix's first line: what it wrote after it goes.
-                agrees = not self.next_suffix_line or following == self.next_suffix_line
-                if agrees and fits(fill):
-                    return fill
+                if not self.next_suffix_line or following == self.next_suffix_line:
+                    parses += 1
+                    if fits(fill):
+                        return fill
             at = text.find(needle, at + 1)
         return None
 
