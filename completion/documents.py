@@ -35,6 +35,12 @@ def scrub(text: str) -> str:
     return text
 
 
+def file_name(uri: str) -> str:
+    """What logs call a document: the last segment of its URI (``file:///a/b.py`` ->
+    ``b.py``), never its text."""
+    return uri.rsplit("/", 1)[-1]
+
+
 @dataclass(frozen=True, slots=True)
 class Position:
     """Zero-based line and UTF-16 character offset, as in LSP."""

@@ -50,6 +50,7 @@ from kode.completion.documents import (
     DocumentStore,
     Position,
     Range,
+    file_name,
     scrub,
     with_selected,
 )
@@ -344,8 +345,10 @@ class CompletionEngine:
             self._evaluated_retrieval[uri] = retrieved
             return full, False
         allowed = max(allowed, 16)
-        if self._to_evaluate(uri, full, backend) <= allowed:
+        left = self._to_evaluate(uri, full, backend)
+        if left <= allowed:
             self._evaluated_retrieval[uri] = retrieved
+            _log_window(uri, "full", left, allowed)
             return full, False
         if previous is not None and previous != retrieved:
             # The project context changed at this keystroke (a name typed on the line
@@ -353,13 +356,18 @@ class CompletionEngine:
             # again. Answer with the snippets the window was prepared with; background
             # preparation evaluates the new ones for the next keystrokes.
             kept = self._full_context(uri, doc, offset, backend, previous)
-            if self._to_evaluate(uri, kept, backend) <= allowed:
+            kept_left = self._to_evaluate(uri, kept, backend)
+            if kept_left <= allowed:
                 self.kept_snippets += count
+                _log_window(uri, "full, prepared snippets", kept_left, allowed)
                 return kept, False
         self.short_answers += count
         for ctx in self._known_windows(uri, doc, offset, backend):
-            if self._to_evaluate(uri, ctx, backend) <= allowed:
+            known_left = self._to_evaluate(uri, ctx, backend)
+            if known_left <= allowed:
+                _log_window(uri, "short, remembered", known_left, allowed, full=left)
                 return ctx, True
+        _log_window(uri, "short, new", allowed, allowed, full=left)
         return self._short_context(uri, doc, offset, backend, allowed), True
 
     def _heal(self, ctx: ctxmod.CompletionContext, backend: Backend) -> str:
@@ -897,13 +905,25 @@ class CompletionEngine:
                 retrieved = await self.retrieve(uri, doc.text, offset, backend)
                 ctx = self._next_to_prepare(uri, doc, offset, backend, retrieved)
                 if ctx is None:
+                    log.debug("prepared %s: its full window is evaluated", file_name(uri))
                     await self._suggest_at_cursor(uri, doc, offset, backend)
                     return
                 if self._prep is not None:
                     return  # a read-ahead is running
+                if log.isEnabledFor(logging.DEBUG):
+                    cached, total = backend.cached_prefix(
+                        self._prompt(uri, ctx, self._heal(ctx, backend))
+                    )
+                    log.debug(
+                        "preparing %s: %d of a %d-token window to evaluate",
+                        file_name(uri),
+                        total - cached,
+                        total,
+                    )
                 live = await self._launch(uri, doc, offset, backend, ctx, 1, background=True)
                 await self._finish_prep(live)
                 if live.generation.stats.finish_reason is FinishReason.CANCELLED:
+                    log.debug("preparing %s: stopped by a request or an edit", file_name(uri))
                     return  # a request or an edit came; it schedules the next round
                 self.prepared += 1
                 # A window a keystroke here would now answer from is ready: make that
@@ -1108,6 +1128,20 @@ class _Live:
         await self.generation.cancel()
         if self.task is not None:
             await self.task
+
+
+def _log_window(uri: str, kind: str, left: int, allowed: int, *, full: int = 0) -> None:
+    """Which window a keystroke answers from, in sizes only (``kode -vv lsp``)."""
+    if log.isEnabledFor(logging.DEBUG):
+        also = f"; the full window would evaluate {full}" if full else ""
+        log.debug(
+            "window for %s: %s, %d prompt tokens to evaluate, %d fit firstAnswerMs%s",
+            file_name(uri),
+            kind,
+            left,
+            allowed,
+            also,
+        )
 
 
 def _describe(exc: BaseException) -> str:

@@ -34,7 +34,7 @@ from kode.backends.base import Backend, EngineReport, KvMemoryReport
 from kode.backends.errors import DocumentError, describe
 from kode.completion import settings as settings_mod
 from kode.completion.backend_factory import load_backend
-from kode.completion.documents import Position, Range
+from kode.completion.documents import Position, Range, file_name
 from kode.completion.engine import (
     BackendFactory,
     BackendPool,
@@ -257,7 +257,7 @@ class KodeServer(LanguageServer):
         self.window_show_message(
             types.ShowMessageParams(
                 type=types.MessageType.Warning,
-                message=f"Kode: an edit to {_short(uri)} could not be read; completions "
+                message=f"Kode: an edit to {file_name(uri)} could not be read; completions "
                 "stop there until the file is closed and reopened",
             )
         )
@@ -429,7 +429,7 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
             item = types.InlineCompletionItem(insert_text=info.text + result.text, range=info.range)
         log.info(
             "completion %s v%s: %d tokens, ttft %.0f ms, %.1f ms/token, total %.0f ms",
-            _short(params.text_document.uri),
+            file_name(params.text_document.uri),
             result.version,
             result.stats.completion_tokens,
             result.stats.ttft_ms,
@@ -629,7 +629,3 @@ def _watch_files(server: KodeServer) -> None:
         register_options=options,
     )
     server.client_register_capability(types.RegistrationParams(registrations=[registration]))
-
-
-def _short(uri: str) -> str:
-    return uri.rsplit("/", 1)[-1]

@@ -5,7 +5,9 @@ background, and any request cancels that background work."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
+import pytest
 from kode.backends.base import GenerationRequest, PromptCache
 from kode.completion.documents import Position, Range
 from kode.completion.engine import CompletionEngine, PrefillRate
@@ -120,6 +122,27 @@ async def test_the_cursor_notification_prepares_a_short_then_the_full_window() -
     assert engine.short_answers == 0
     assert backend.requests[-1].max_tokens > 1  # a real generation, not the prepared one
     await engine.aclose()
+
+
+async def test_the_debug_log_says_which_window_in_sizes_only(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="kode.completion")
+    backend = CachingBackend([" + 1"])
+    engine = engine_for(backend, 100.0, firstAnswerMs=1000)
+    engine.documents.open(URI, DOC, 1)
+    engine.cursor_moved(URI, Position(390, 10))
+    await until(lambda: engine.prepared >= 2 and not engine.preparing)
+    await engine.complete(URI, Position(390, 10))
+    await engine.complete(URI, Position(100, 10))  # a cold place: a new short window
+    await engine.aclose()
+    name = URI.rsplit("/", 1)[-1]
+    assert f"preparing {name}: " in caplog.text and "-token window to evaluate" in caplog.text
+    assert f"prepared {name}: its full window is evaluated" in caplog.text
+    assert f"window for {name}: full, 0 prompt tokens to evaluate" in caplog.text
+    assert f"window for {name}: short, new, 100 prompt tokens to evaluate" in caplog.text
+    assert "the full window would evaluate" in caplog.text
+    assert "compute" not in caplog.text and "value_" not in caplog.text  # no code
 
 
 async def test_a_request_cancels_background_preparation() -> None:
