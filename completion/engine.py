@@ -127,6 +127,7 @@ class CompletionEngine:
         self._last_activity = 0.0
         self._prepare_task: asyncio.Task[None] | None = None
         self._calibration: Generation | None = None
+        self._timing = asyncio.Lock()  # the start-up timing of the prefill speed
         self._prep: _Live | None = None  # the background preparation running, if any
         self.prepared = 0  # background preparations that finished
         self.short_answers = 0  # requests answered from a shorter window (budget)
@@ -888,6 +889,7 @@ class CompletionEngine:
         full window cannot), then the full one. Each step is a one-token background
         generation that any request or edit cancels; what it evaluated stays cached
         (``kvMemoryMb``), so the next quiet moment goes on from there."""
+        timed = False  # whether this round already tried to learn the prefill speed
         try:
             while True:
                 await self._quiet()
@@ -902,6 +904,13 @@ class CompletionEngine:
                 backend = await self.backend()
                 if not isinstance(backend, PromptCache) or self._busy():
                     return
+                if self.rate.value is None and self._settings.first_answer_ms and not timed:
+                    # The first place after start-up: without the speed the full window
+                    # would be chosen, and a keystroke before it is ready answers from
+                    # a short one, losing that work. Learn the speed first.
+                    timed = True
+                    await self.warm_up()  # or waits for the timing under way
+                    continue
                 retrieved = await self.retrieve(uri, doc.text, offset, backend)
                 ctx = self._next_to_prepare(uri, doc, offset, backend, retrieved)
                 if ctx is None:
@@ -997,26 +1006,27 @@ class CompletionEngine:
             return
         if not self._settings.first_answer_ms:
             return  # nothing needs the speed
-        if self._busy() or self._calibration is not None:
-            return
-        request = GenerationRequest(
-            prompt=PREFILL_PROBE,
-            max_tokens=1,
-            speculation=SpeculationMethod.NONE,
-            background=True,
-        )
-        self._generation_started()  # the index build waits: it would slow the timing
-        try:
-            self._calibration = generation = await backend.generate(request)
+        async with self._timing:  # one timing at a time; a second caller waits for it
+            if self.rate.value is not None or self._busy():
+                return
+            request = GenerationRequest(
+                prompt=PREFILL_PROBE,
+                max_tokens=1,
+                speculation=SpeculationMethod.NONE,
+                background=True,
+            )
+            self._generation_started()  # the index build waits: it would slow the timing
             try:
-                async for _ in generation:
-                    pass
+                self._calibration = generation = await backend.generate(request)
+                try:
+                    async for _ in generation:
+                        pass
+                finally:
+                    self._calibration = None
+                    await generation.cancel()
             finally:
-                self._calibration = None
-                await generation.cancel()
-        finally:
-            self._generation_ended()
-        self.rate.observe(generation.stats)
+                self._generation_ended()
+            self.rate.observe(generation.stats)
 
 
 class _Live:

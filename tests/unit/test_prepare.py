@@ -8,7 +8,7 @@ import asyncio
 import logging
 
 import pytest
-from kode.backends.base import GenerationRequest, PromptCache
+from kode.backends.base import PREFILL_PROBE, GenerationRequest, PromptCache
 from kode.completion.documents import Position, Range
 from kode.completion.engine import CompletionEngine, PrefillRate
 from kode.completion.settings import parse
@@ -143,6 +143,40 @@ async def test_the_debug_log_says_which_window_in_sizes_only(
     assert f"window for {name}: short, new, 100 prompt tokens to evaluate" in caplog.text
     assert "the full window would evaluate" in caplog.text
     assert "compute" not in caplog.text and "value_" not in caplog.text  # no code
+
+
+class TimedBackend(CachingBackend):
+    """Every generation reports 200 prompt tokens evaluated in 2 s: 100 tokens/s."""
+
+    async def generate(self, request: GenerationRequest) -> ScriptedGeneration:
+        generation = await super().generate(request)
+        generation.stats.evaluated_prompt_tokens = 200
+        generation.stats.prefill_ms = 2000.0
+        return generation
+
+
+async def test_the_first_place_after_start_up_learns_the_speed_before_its_window() -> None:
+    # Seen through `kode -vv lsp`: a cursor announced right after start-up was prepared
+    # with the full window (the speed still unknown), and the keystroke 4 s later
+    # answered from a new short one, its evaluated work lost.
+    backend = TimedBackend(["x"])
+
+    async def factory(_settings: object) -> TimedBackend:
+        return backend
+
+    parsed, _ = parse({"snippetTokens": 0, "readAhead": False, "firstAnswerMs": 1000})
+    engine = CompletionEngine(factory, parsed)  # type: ignore[arg-type]
+    assert engine.rate.value is None
+    engine.documents.open(URI, DOC, 1)
+    engine.cursor_moved(URI, Position(390, 10))
+    await until(lambda: engine.prepared >= 1)
+    assert len(backend.requests) >= 2, [len(r.prompt.split()) for r in backend.requests]
+    probe, first = backend.requests[0], backend.requests[1]
+    assert probe.prompt == PREFILL_PROBE  # timed first, once
+    assert sum(r.prompt == PREFILL_PROBE for r in backend.requests) == 1
+    assert engine.rate.value == 100.0
+    assert len(first.prompt.split()) <= 250 + 10  # a window ready within the pause
+    await engine.aclose()
 
 
 async def test_a_request_cancels_background_preparation() -> None:
