@@ -189,7 +189,7 @@ class StopRules:
         the fill is ``max_depth)\n    else:\n        depth -=``.
         """
         rest = self.line_suffix.rstrip()
-        if fits is None or not rest.strip():
+        if fits is None or not rest:
             return None
         needle = rest + "\n"
         at, parses = text.find(needle), 0

@@ -323,14 +323,16 @@ async def test_the_index_build_waits_while_the_model_generates(tmp_path: Path) -
     while not backend.generations:
         await asyncio.sleep(0.01)
     engine.open_workspace([tmp_path])
-    index = engine.workspace
-    assert index is not None
-    await asyncio.sleep(0.5)
-    assert len(index) == 0 and not index.stats.complete  # the model is generating
-    await request
-    async with asyncio.timeout(30):
-        while not index.stats.complete:
-            await asyncio.sleep(0.02)
-    assert len(index) == 50
-    assert index.stats.paused_s >= 0.4, index.stats
-    await engine.aclose()
+    try:  # aclose ends the index's parsing child, also when an assertion fails
+        index = engine.workspace
+        assert index is not None
+        await asyncio.sleep(0.5)
+        assert len(index) == 0 and not index.stats.complete  # the model is generating
+        await request
+        async with asyncio.timeout(30):
+            while not index.stats.complete:
+                await asyncio.sleep(0.02)
+        assert len(index) == 50
+        assert index.stats.paused_s >= 0.4, index.stats
+    finally:
+        await engine.aclose()

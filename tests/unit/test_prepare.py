@@ -9,7 +9,7 @@ import logging
 
 import pytest
 from kode.backends.base import PREFILL_PROBE, GenerationRequest, PromptCache
-from kode.completion.documents import Position, Range
+from kode.completion.documents import Position, Range, file_name
 from kode.completion.engine import CompletionEngine, PrefillRate
 from kode.completion.settings import parse
 from test_engine import URI, ScriptedBackend, ScriptedGeneration
@@ -136,7 +136,7 @@ async def test_the_debug_log_says_which_window_in_sizes_only(
     await engine.complete(URI, Position(390, 10))
     await engine.complete(URI, Position(100, 10))  # a cold place: a new short window
     await engine.aclose()
-    name = URI.rsplit("/", 1)[-1]
+    name = file_name(URI)
     assert f"preparing {name}: " in caplog.text and "-token window to evaluate" in caplog.text
     assert f"prepared {name}: its full window is evaluated" in caplog.text
     assert f"window for {name}: full, 0 prompt tokens to evaluate" in caplog.text
