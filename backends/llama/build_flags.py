@@ -9,10 +9,10 @@ on some virtual machines (ours among them) that includes AMX tiles the kernel do
 enable: the first decode dies with SIGILL. A build for AVX2 alone runs on any x86-64 CPU
 since 2013 but leaves AVX-512 unused where the CPU has it, and with it llama.cpp's
 AVX-512 kernels for repacked Q4_K weights: measured on the 2-core development machine
-(Sapphire Rapids class), the 1.5B's prompt evaluation ran 1.45x faster (64 -> 95 tokens/s)
-and decoding at the same speed (docs/benchmarks.md). So the flags name each instruction set
-this CPU lists, never AMX, and nothing the CPU lacks (a build is for the machine it is built
-on; a wheel copied to an older CPU would die with SIGILL).
+(Sapphire Rapids class), the 1.5B's prompt evaluation ran 1.4-1.5x faster (63-67 -> 94-97
+tokens/s) and decoding at the same speed (docs/benchmarks.md). So the flags name each
+instruction set this CPU lists, never AMX, and nothing the CPU lacks (a build is for the
+machine it is built on; a wheel copied to an older CPU would die with SIGILL).
 
 Outside x86-64 Linux nothing is printed: llama.cpp's own defaults apply there.
 """
@@ -60,9 +60,13 @@ def cmake_args(flags: Iterable[str]) -> list[str]:
     return [*BASE, *extra]
 
 
+def _x86_linux() -> bool:
+    return sys.platform == "linux" and platform.machine().lower() in ("x86_64", "amd64")
+
+
 def cpu_flags_here() -> frozenset[str] | None:
     """This machine's CPU flags; None outside x86-64 Linux or without /proc/cpuinfo."""
-    if sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64"):
+    if not _x86_linux():
         return None
     try:
         return cpu_flags(Path("/proc/cpuinfo").read_text(errors="replace"))
@@ -71,32 +75,23 @@ def cpu_flags_here() -> frozenset[str] | None:
 
 
 def unused(system_info: str, flags: Iterable[str]) -> list[str]:
-    """The optional instruction sets a CPU with ``flags`` has that a llama.cpp build does
-    not use, named as its system info names them (``llama_print_system_info``:
-    ``"CPU : AVX2 = 1 | AVX512 = 1 | ..."``)."""
+    """The optional instruction sets ``cmake_args`` would build for a CPU with ``flags``
+    that a llama.cpp build does not use, named as its system info names them
+    (``llama_print_system_info``: ``"CPU : AVX2 = 1 | AVX512 = 1 | ..."``)."""
     built = set()
     for part in system_info.replace(":", "|").split("|"):
         name, _, value = part.partition("=")
         if value.strip() == "1":
             built.add(name.strip())
-    have = frozenset(flags)
-    if not {"avx2", "fma", "f16c"} <= have:
-        return []
-    return [
-        option.removeprefix("GGML_")
-        for option, needs in OPTIONAL
-        if set(needs) <= have and option.removeprefix("GGML_") not in built
-    ]
+    wanted = (a.removeprefix("-DGGML_").removesuffix("=ON") for a in cmake_args(flags)[len(BASE) :])
+    return [name for name in wanted if name not in built]
 
 
 def for_this_machine() -> list[str]:
-    if sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64"):
+    if not _x86_linux():
         return []
-    try:
-        text = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        return list(BASE)
-    return cmake_args(cpu_flags(text))
+    flags = cpu_flags_here()
+    return list(BASE) if flags is None else cmake_args(flags)  # unreadable: the baseline
 
 
 def main() -> None:

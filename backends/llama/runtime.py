@@ -72,7 +72,7 @@ def _say_unused_instructions() -> None:
     if missing:
         gain = ""
         if "AVX512" in missing:
-            gain = " (AVX-512 made prompt evaluation 1.45x faster on Kode's development machine)"
+            gain = " (AVX-512 made prompt evaluation 1.4-1.5x faster on Kode's development machine)"
         _log.warning(
             "llama.cpp was built without %s, which this CPU has%s; to rebuild it for this"
             ' machine: CMAKE_ARGS="$(%s -m kode.backends.llama.build_flags)" %s -m pip'
