@@ -243,10 +243,15 @@ export class KodeServer implements vscode.Disposable {
   }
 
   /**
-   * Ctrl+Right while Kode's suggestion shows over the suggest widget's item: accept its
-   * next word, then ask again. The suggestion lived with the widget (VS Code had stopped
-   * its other inline suggestions, see `closeSuggestWidget`), and the word's edit closed
-   * the widget, so the rest of the suggestion went with it.
+   * Ctrl+Right while a suggestion shows: accept its next word, then ask again. VS Code's
+   * own word-accept lost the rest of Kode's suggestion twice:
+   * - over the suggest widget's item, the suggestion lived with the widget (VS Code had
+   *   stopped its other inline suggestions, see `closeSuggestWidget`), and the word's
+   *   edit closed the widget;
+   * - when the word was all of a streamed partial (`<` of `< 2:`, the rest still being
+   *   generated), VS Code (1.139, `InlineCompletionsModel._acceptNext`) accepted the
+   *   item whole and stopped, asking for nothing more.
+   * The ask is answered at once from the generation the suggestion came from.
    */
   async acceptNextWord(): Promise<void> {
     await vscode.commands.executeCommand("editor.action.inlineSuggest.acceptNextWord");

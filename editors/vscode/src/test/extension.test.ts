@@ -208,21 +208,22 @@ describe("the extension in a fake VS Code", { timeout: 5 * STEP_MS }, () => {
     assert.equal(item?.range?.start.character ?? position.character, position.character, JSON.stringify(item));
   });
 
-  it("asks again after a word is accepted with the suggest widget open", async () => {
-    // The suggestion over the widget's item went with the widget when the word's edit
-    // closed it, VS Code having stopped its other inline suggestions (see above).
-    const word = boundCommand(
-      "ctrl+right",
-      new Set(["suggestWidgetVisible", "inlineSuggestionVisible", "editorTextFocus", "config.kode.enabled"]),
-    );
+  it("asks again after a word is accepted, with the suggest widget open or not", async () => {
+    // Over the widget's item, the suggestion went with the widget when the word's edit
+    // closed it, VS Code having stopped its other inline suggestions (see above). Without
+    // the widget, a word that was all of a streamed partial made VS Code accept the item
+    // whole and ask nothing more, so the rest of the suggestion never showed.
+    const shown = ["inlineSuggestionVisible", "editorTextFocus", "config.kode.enabled"];
+    const word = boundCommand("ctrl+right", new Set(["suggestWidgetVisible", ...shown]));
     assert.ok(word, "no Ctrl+Right binding for a suggestion over the suggest widget");
+    assert.equal(boundCommand("ctrl+right", new Set(shown)), word, "no Ctrl+Right binding without the widget");
     const from = recorded.executed.length;
     await vscode.commands.executeCommand(word);
     assert.deepEqual(recorded.executed.slice(from + 1), [
       "editor.action.inlineSuggest.acceptNextWord",
       "editor.action.inlineSuggest.trigger",
     ]);
-    // Without the widget, VS Code's own word-accept keeps the rest: not Kode's business.
+    // Completions turned off: VS Code's own word-accept.
     assert.equal(boundCommand("ctrl+right", new Set(["inlineSuggestionVisible", "editorTextFocus"])), undefined);
   });
 
