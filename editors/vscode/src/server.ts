@@ -251,7 +251,7 @@ export class KodeServer implements vscode.Disposable {
    * - when the word was all of a streamed partial (`<` of `< 2:`, the rest still being
    *   generated), VS Code (1.139, `InlineCompletionsModel._acceptNext`) accepted the
    *   item whole and stopped, asking for nothing more.
-   * The ask is answered at once from the generation the suggestion came from.
+   * The ask is answered from the generation the suggestion came from (typed-ahead).
    */
   async acceptNextWord(): Promise<void> {
     await vscode.commands.executeCommand("editor.action.inlineSuggest.acceptNextWord");
