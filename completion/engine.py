@@ -438,7 +438,9 @@ class CompletionEngine:
             before=before,
             after=after,
             rules=rules,
-            fits=syntax.checker(doc.language_id, before, after) if rules.mid_line else None,
+            fits=(syntax.checker if rules.mid_line else syntax.lazy_checker)(
+                doc.language_id, before, after
+            ),
             generation=generation,
             model=backend.model_name,
             backend=backend.name,

@@ -17,6 +17,11 @@
 - Multi-line mode: it ends at the end of the block (a line indented less than the
   cursor's block), after two blank lines, after ``max_lines``, or when a generated
   line repeats the next line of the suffix (the model ran into the existing code).
+  One exception: a dedented line that opens a block (``while n > 1:``) at an indent
+  where the suffix's next line of code would be its body (the suffix continues deeper
+  than that line) may be the hole's own code. Generation goes on; the fill is kept
+  whole only when the model ends it itself (or it runs into the suffix) and the
+  document parses with it, else it is cut at that dedent as before.
 - Finally, a one-line fill that duplicates what already follows the cursor is trimmed,
   and so are its trailing blanks, unless a word follows the cursor (they separate it).
 """
@@ -62,6 +67,9 @@ class Cut:
     keep: int
     stop: bool
     joined: bool = False  # cut where the text began repeating the suffix
+    # Where the fill is cut unless the model ends it (a dedent that opened a block the
+    # suffix continues in; see the module doc); None: no such dedent.
+    fallback: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +83,7 @@ class StopRules:
     max_lines: int = 64
     mid_line: bool = False  # multi-line only if the model ends the fill (see the module doc)
     suffix_head: str = ""  # mid-line: the rest of the cursor line, its break and the next line
+    suffix_indent: int | None = None  # indent of the suffix's next line of code; None: none
 
     @classmethod
     def build(
@@ -99,7 +108,8 @@ class StopRules:
         head = ""
         if mid_line and rest and rest[0].strip():
             head = line_suffix + "\n" + rest[0]
-        next_line = next((line.strip() for line in rest if line.strip()), "")
+        code = next((line for line in rest if line.strip()), None)
+        next_line = "" if code is None else code.strip()
         base = indent_width(line_prefix)
         if line_prefix.rstrip().endswith((":", "{", "(", "[")):
             base += 1  # the cursor opens a block: its body is deeper
@@ -113,6 +123,7 @@ class StopRules:
             max_lines=max_lines,
             mid_line=mid_line,
             suffix_head=head,
+            suffix_indent=None if code is None else indent_width(code),
         )
 
     def scan(self, text: str) -> Cut:
@@ -135,30 +146,48 @@ class StopRules:
             base = indent_width(self.line_prefix + lines[0])
         offset = len(lines[0]) + 1
         blank_run, blank_start = 0, 0
+        fallback: int | None = None
         for number, line in enumerate(lines[1:], start=1):
             complete = number < len(lines) - 1  # a line break follows it
             stripped = line.strip()
             if stripped:
                 blank_run = 0
-                if indent_width(line) < base:
-                    return Cut(offset - 1, True)  # dedent: the block ended
+                width = indent_width(line)
+                if width < base:
+                    if fallback is None and self._opens_suffix_block(line, complete):
+                        fallback, base = offset - 1, width
+                    elif fallback is None and not complete and self._may_open(width):
+                        return Cut(offset - 1, False)  # not yet known: wait for the line
+                    else:
+                        return Cut(offset - 1, True, fallback=fallback)  # the block ended
                 if complete and self._runs_into_suffix(stripped):
-                    return Cut(offset - 1, True)
+                    return Cut(offset - 1, True, joined=True, fallback=fallback)
             elif complete:
                 blank_run += 1
                 if blank_run == 1:
                     blank_start = offset
                 elif blank_run >= 2:
-                    return Cut(blank_start - 1, True)
+                    return Cut(blank_start - 1, True, fallback=fallback)
             if number >= self.max_lines:
-                return Cut(offset - 1, True)
+                return Cut(offset - 1, True, fallback=fallback)
             offset += len(line) + 1
-        return Cut(keep, stop)
+        return Cut(keep, stop, fallback=fallback)
+
+    def _may_open(self, width: int) -> bool:
+        """A dedent to ``width`` could open a block the suffix continues in."""
+        return self.suffix_indent is not None and 0 < width < self.suffix_indent
+
+    def _opens_suffix_block(self, line: str, complete: bool) -> bool:
+        """``line``, indented less than the block, opens a block whose body the suffix's
+        next line of code would be (see the module doc). Not at column 0: a new
+        top-level definition there is the model writing on past the hole."""
+        return complete and self._may_open(indent_width(line)) and line.rstrip().endswith(":")
 
     def provisional(self, text: str) -> str:
         """What of ``text`` may be shown while the model is still generating: a mid-line
         fill's later lines wait for the model to end it (``finish``)."""
-        text = text[: self.scan(text).keep]
+        cut = self.scan(text)
+        text = text[: cut.keep if cut.fallback is None else cut.fallback]
         if self.mid_line and "\n" in text:
             return text[: text.index("\n")]
         return text
@@ -219,6 +248,13 @@ class StopRules:
         than its first line alone.
         """
         cut = self.scan(text)
+        if cut.fallback is not None:
+            whole = text[: cut.keep]
+            if (cut.joined or (ended and not cut.stop)) and fits is not None:
+                for fill in (whole, _seam_without_indent(whole)):
+                    if fits(fill):
+                        return fill.rstrip()
+            text = text[: cut.fallback]
         text = text[: cut.keep]
         if self.mid_line and "\n" in text:
             first = text[: text.index("\n")]

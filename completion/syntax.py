@@ -54,6 +54,22 @@ def checker(language_id: str, before: str, after: str) -> FillCheck | None:
     return parses
 
 
+def lazy_checker(language_id: str, before: str, after: str) -> FillCheck | None:
+    """``checker``, built on its first use: for rules that seldom need a parse (a
+    multi-line fill that opened a block the suffix continues in, ``completion.stops``)."""
+    if language_id not in _PYTHON:
+        return None
+    made: list[FillCheck | None] = []
+
+    def parses(fill: str) -> bool:
+        if not made:
+            made.append(checker(language_id, before, after))
+        check = made[0]
+        return check is not None and check(fill)
+
+    return parses
+
+
 def python_parses(text: str) -> bool:
     """``python_parses("if x:\\n    y = 1\\n") is True``; a stray indent is not."""
     try:

@@ -249,3 +249,68 @@ def test_a_blank_that_separates_the_fill_from_the_next_word_is_kept() -> None:
     assert r.finish("   for e in ", ended=True) == "   for e in "
     assert rules("x = ", "").finish("1  ") == "1"  # end of line: trailing blanks go
     assert rules("f(", ")").finish("a ") == "a"  # punctuation follows: they go too
+
+
+# HumanEval/123 as a random span: the cursor ends a line of an ``else`` body, and the
+# hole holds that line's end and a whole ``while`` loop one level out; the suffix goes on
+# inside the loop's body.
+COLLATZ_BEFORE = "def f(n):\n    if n % 2 == 0:\n        odd = []\n    else:\n        odd ="
+COLLATZ_AFTER = "\n        if n % 2 == 1:\n            odd.append(n)\n    return odd\n"
+COLLATZ_FILL = " [n]\n    while n > 1:\n        n = n // 2\n   "
+
+
+def collatz_rules() -> StopRules:
+    return rules("        odd =", "", COLLATZ_AFTER)
+
+
+def collatz_fits() -> syntax.FillCheck:
+    fits = syntax.lazy_checker("python", COLLATZ_BEFORE, COLLATZ_AFTER)
+    assert fits is not None
+    return fits
+
+
+def test_a_dedent_that_opens_the_suffixs_block_goes_on_but_shows_only_its_first_part() -> None:
+    r = collatz_rules()
+    assert r.suffix_indent == 8 and not r.mid_line
+    for end in range(len(" [n]\n"), len(COLLATZ_FILL) + 1):
+        cut = r.scan(COLLATZ_FILL[:end])
+        assert not cut.stop, end  # the dedent may be the hole's own code
+        assert r.provisional(COLLATZ_FILL[:end]).rstrip() == " [n]"
+
+
+def test_the_model_ending_such_a_fill_keeps_it_whole_if_the_document_parses() -> None:
+    r, fits = collatz_rules(), collatz_fits()
+    whole = COLLATZ_FILL.rstrip()
+    assert r.finish(COLLATZ_FILL, ended=True, fits=fits) == whole
+    assert fits(whole)
+    # Not ended by the model (max_tokens, a cancel): cut at the dedent, as before.
+    assert r.finish(COLLATZ_FILL, ended=False, fits=fits) == " [n]"
+    # No parser for the language: cut at the dedent.
+    assert r.finish(COLLATZ_FILL, ended=True, fits=None) == " [n]"
+    # Ended, but the document does not parse with it.
+    broken = " [n]\n    while n > 1:\n        n = (n // 2\n"
+    assert r.finish(broken, ended=True, fits=fits) == " [n]"
+
+
+def test_such_a_fill_that_runs_into_the_suffix_is_cut_where_it_starts() -> None:
+    r = collatz_rules()
+    text = COLLATZ_FILL.rstrip() + "\n        if n % 2 == 1:\n            odd.append(n)\n"
+    cut = r.scan(text)
+    assert cut.stop and cut.joined and cut.fallback == len(" [n]")
+    assert r.finish(text, fits=collatz_fits()) == COLLATZ_FILL.rstrip()
+
+
+def test_other_dedents_still_end_the_block_at_once() -> None:
+    r = collatz_rules()
+    # A new top-level definition is the model writing on past the hole.
+    assert r.scan(" [n]\ndef g():\n").stop
+    # A dedented line that opens no block.
+    assert r.scan(" [n]\n    n = 1\n").stop
+    # The suffix's next line is not deeper than the dedent: the block ended.
+    flat = rules("        odd =", "", "\n    return odd\n")
+    assert flat.scan(" [n]\n    while n > 1:\n").stop
+    # A second dedent below the opened block ends it; the first cut is kept.
+    past = " [n]\n    while n > 1:\n        n -= 1\nx = 1\n"
+    cut = r.scan(past)
+    assert cut.stop and cut.fallback == len(" [n]")
+    assert r.finish(past, ended=True, fits=collatz_fits()) == " [n]"
