@@ -154,7 +154,7 @@ class StopRules:
                 blank_run = 0
                 width = indent_width(line)
                 if width < base:
-                    if fallback is None and self._opens_suffix_block(line, complete):
+                    if fallback is None and complete and self._opens_suffix_block(line, width):
                         fallback, base = offset - 1, width
                     elif fallback is None and not complete and self._may_open(width):
                         return Cut(offset - 1, False)  # not yet known: wait for the line
@@ -177,11 +177,11 @@ class StopRules:
         """A dedent to ``width`` could open a block the suffix continues in."""
         return self.suffix_indent is not None and 0 < width < self.suffix_indent
 
-    def _opens_suffix_block(self, line: str, complete: bool) -> bool:
-        """``line``, indented less than the block, opens a block whose body the suffix's
-        next line of code would be (see the module doc). Not at column 0: a new
-        top-level definition there is the model writing on past the hole."""
-        return complete and self._may_open(indent_width(line)) and line.rstrip().endswith(":")
+    def _opens_suffix_block(self, line: str, width: int) -> bool:
+        """``line`` (a whole line, indented ``width``, less than the block) opens a block
+        whose body the suffix's next line of code would be (see the module doc). Not at
+        column 0: a new top-level definition there is the model writing on past the hole."""
+        return self._may_open(width) and line.rstrip().endswith(":")
 
     def provisional(self, text: str) -> str:
         """What of ``text`` may be shown while the model is still generating: a mid-line
@@ -251,11 +251,11 @@ class StopRules:
         if cut.fallback is not None:
             whole = text[: cut.keep]
             if (cut.joined or (ended and not cut.stop)) and fits is not None:
-                for fill in (whole, _seam_without_indent(whole)):
+                # dict.fromkeys: one parse when the seam has no blanks to drop
+                for fill in dict.fromkeys((whole, _seam_without_indent(whole))):
                     if fits(fill):
                         return fill.rstrip()
-            text = text[: cut.fallback]
-        text = text[: cut.keep]
+        text = text[: cut.keep if cut.fallback is None else cut.fallback]
         if self.mid_line and "\n" in text:
             first = text[: text.index("\n")]
             if cut.joined or (ended and not cut.stop):
