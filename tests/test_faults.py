@@ -343,7 +343,10 @@ async def test_router_falls_back_to_local(fake: FakeUpstream, fault: str, reason
     # turn their "failed" into "timed out".
     budget = 300 if fault == "hang" else 3000
     router = RoutingBackend(
-        factory, SGLangBackend(fake.url, timeout_ms=1000), BackendKind.AUTO, latency_budget_ms=budget
+        factory,
+        SGLangBackend(fake.url, timeout_ms=1000),
+        BackendKind.AUTO,
+        latency_budget_ms=budget,
     )
     error: Exception | None = None
     text = ""
