@@ -139,13 +139,17 @@ def file_span_tasks(
     before_lines: int = 40,
     after_lines: int = 20,
     max_span_lines: int = 3,
+    line_start: bool = False,
 ) -> list[HumanEvalTask]:
     """``n`` holes cut from real files, round-robin over ``files``: each starts at a
     random character inside a line with code on both sides of it (a mid-line cursor)
     and ends at a random character of that line or of one of the next
-    ``max_span_lines`` lines. The document keeps ``before_lines`` lines before the
-    cursor line and ``after_lines`` after the hole's last line (prefill is slow here).
-    Judged ``EXACT``."""
+    ``max_span_lines`` lines. With ``line_start``, each starts after a line's
+    indentation instead (nothing after the cursor on its line: the editor's most common
+    cursor, where multi-line fills are allowed) and ends at the end of that line or of
+    one of the next ``max_span_lines`` lines. The document keeps ``before_lines`` lines
+    before the cursor line and ``after_lines`` after the hole's last line (prefill is
+    slow here). Judged ``EXACT``."""
     rng = random.Random(seed)
     texts: list[tuple[str, list[str]]] = []
     for path in files:
@@ -165,18 +169,21 @@ def file_span_tasks(
         if len(body) < 12 or body.startswith(("#", '"', "'")):
             continue
         indent = len(line) - len(line.lstrip())
-        start = rng.randrange(indent + 1, len(line))
+        start = indent if line_start else rng.randrange(indent + 1, len(line))
         if not line[start:].strip():
             continue
         last = min(len(lines) - 1, row + rng.randrange(max_span_lines + 1))
         begin = sum(len(x) for x in lines[:row]) + start
         end_line = lines[last].rstrip("\r\n")
         text = "".join(lines)
-        line_start = sum(len(x) for x in lines[:last])
-        low = start + 1 if last == row else 0
-        if low > len(end_line):
-            continue
-        end = line_start + rng.randrange(low, len(end_line) + 1)
+        last_begins = sum(len(x) for x in lines[:last])
+        if line_start:
+            end = last_begins + len(end_line)
+        else:
+            low = start + 1 if last == row else 0
+            if low > len(end_line):
+                continue
+            end = last_begins + rng.randrange(low, len(end_line) + 1)
         hole = text[begin:end]
         if not hole.strip() or "\r" in hole:
             continue

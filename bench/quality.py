@@ -5,7 +5,9 @@ opened as the document ``prompt + "\\n" + suffix``, the hole an empty line, and 
 at the start of that line); ``span`` (random spans: the multi-line tasks' solutions cut at
 two random characters, opened as ``prompt + suffix``, so the hole starts and ends
 mid-line); ``file`` (mid-line holes cut from large standard-library modules, judged by
-whether the fill restores the file). Each is completed by ``CompletionEngine.complete``
+whether the fill restores the file); ``file-lines`` (the same files, each hole the rest
+of one to four whole lines from a line's indentation: a cursor with nothing after it,
+where fills may span lines). Each is completed by ``CompletionEngine.complete``
 with the user's default settings: context window, FIM prompt, stop rules, trimming. The
 program ``prompt + completion + separator + suffix + test + check(entry_point)`` then
 runs in the sandbox (``bench/sandbox.py``); exit status 0 is a pass. Greedy decoding, so
@@ -53,7 +55,7 @@ MODES = ("engine", "raw", "moved", "spm", "heal", "llama-server")
 DEFAULT_MODES = ("engine", "raw", "llama-server")
 MOVED_CHARS = 12  # characters typed between the cached prompt and the measured one
 SETS = ("single", "multi")  # the default sets
-ALL_SETS = ("single", "multi", "span", "file")
+ALL_SETS = ("single", "multi", "span", "file", "file-lines")
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,8 +127,10 @@ def load_set(
     if name == "span":
         source = common.load_humaneval(common.humaneval_path(common.SPAN_SOURCE, folder))
         return [common.random_span(t, seed) for t in common.sample(source, n, seed)]
-    if name == "file":
-        return common.file_span_tasks(common.stdlib_files(), 20 if n is None else n, seed)
+    if name in ("file", "file-lines"):
+        return common.file_span_tasks(
+            common.stdlib_files(), 20 if n is None else n, seed, line_start=name == "file-lines"
+        )
     raise ValueError(f"unknown set {name!r}; known: {', '.join(ALL_SETS)}")
 
 

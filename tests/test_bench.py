@@ -290,6 +290,25 @@ def test_file_spans_cut_real_files_mid_line(tmp_path: Path) -> None:
     assert task.restores("1)  ") and not task.restores("1 )")
 
 
+def test_file_lines_start_after_the_indentation_and_end_at_a_line_end(tmp_path: Path) -> None:
+    lines = [f"    value_{i} = compute(value_{i - 1}, {i})  # step\n" for i in range(120)]
+    path = tmp_path / "big.py"
+    path.write_text("".join(lines), encoding="utf-8")
+    tasks = common.file_span_tasks([path], 8, 0, before_lines=10, after_lines=5, line_start=True)
+    assert len(tasks) == 8
+    text = "".join(lines)
+    for task in tasks:
+        assert task.prompt + task.canonical_solution + task.suffix in text
+        assert task.prompt.endswith("\n    ")  # the cursor: after the indentation only
+        assert task.suffix.startswith("\n")  # nothing after the cursor on its line
+        assert task.canonical_solution.startswith("value_")
+        assert task.restores(task.canonical_solution)
+    assert {t.canonical_solution.count("\n") for t in tasks} != {0}  # some span lines
+    assert [t.task_id for t in quality.load_set("file-lines", 3, 0)] != [
+        t.task_id for t in quality.load_set("file", 3, 0)
+    ]
+
+
 def test_stdlib_files_are_large_modules() -> None:
     files = common.stdlib_files(3)
     assert len(files) == 3
