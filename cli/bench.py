@@ -1,7 +1,7 @@
 """``kode bench``: the benchmarks (speculation, quality, latency); see docs/benchmarks.md.
 
 kode bench speculation [--model M] [--tasks N] [--max-tokens N] [--methods a,b] [--seed S]
-kode bench quality [--model M ... | --models a,b] [--set both|all|single,multi,span,file]
+kode bench quality [--model M ... | --models a,b] [--set both|all|single,multi,span,file,file-lines]
                    [--tasks N | --full]
 kode bench latency [--model M] [--cadence-ms 120] [--files F ...] [--humaneval N]
 kode bench context [--model M] [--holes 24] [--retrieval-tokens 512] [--latency-files 5000]
@@ -79,7 +79,8 @@ def register(subparsers: Any) -> None:
         "--set",
         type=_csv,
         default=("both",),
-        help="comma list of single,multi,span,file; both = single,multi; all = every set",
+        help="comma list of single,multi,span,file,file-lines; both = single,multi; "
+        "all = every set",
     )
     size = quality.add_mutually_exclusive_group()
     size.add_argument("--tasks", type=int, default=8, help="tasks per set (default 8)")
