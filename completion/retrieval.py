@@ -13,9 +13,11 @@ Three sources, best first (``Source``; the best goes nearest the cursor):
 
 Stable between keystrokes: the query is the whole lines before the cursor's line (from a
 first line that moves once every ten lines) plus the names the cursor line resolves, so
-typing inside a line changes the snippets only when a newly typed name resolves. The snippets'
-prompt order is (source, path, line), not score, so a re-ranking with the same set
-leaves the cached prompt as it was.
+typing inside a line changes the snippets only when a newly typed name resolves. The
+snippets' prompt order is their score, the best last, nearest the cursor (ties by path
+and line): the scores come from the same lines as the choice, so an order changes
+where the set does (``kode bench context --keystrokes``: the same keystrokes change the
+snippets as with the order by source and path).
 
 Pure functions over text plus one ``WorkspaceIndex``; the files' text comes from the
 ``read`` callable (the open document's text if open, else the disk).
@@ -114,7 +116,7 @@ _ATTRIBUTE = re.compile(r"\b([A-Za-z_]\w*)\.([A-Za-z_]\w*)")
 
 
 class Source(enum.IntEnum):
-    """Where a snippet comes from; higher is better and sits nearer the cursor."""
+    """Where a snippet comes from; higher is better (``Retrieved.score`` ranks by it)."""
 
     WINDOW = 1
     OUTLINE = 2
@@ -133,8 +135,9 @@ class Retrieved:
     score: float = 0.0
 
     @property
-    def order(self) -> tuple[int, str, int]:
-        return (int(self.source), str(self.file), self.line)
+    def order(self) -> tuple[float, str, int]:
+        """Prompt order: the best last, nearest the cursor (the score, then where)."""
+        return (self.score, str(self.file), self.line)
 
 
 @dataclass(frozen=True, slots=True)
@@ -460,6 +463,29 @@ class Query:
             context="\n".join(lines[first:cursor]), near=lines[cursor], file_text=text, after=after
         )
 
+    def nearness(self) -> dict[str, float]:
+        """Each name of the lines around the cursor's line (not the line itself), weighed
+        by how near they are: a use ``d`` lines away counts ``2 ** (-d / NEAR_LINES)``.
+        So of the modules a file uses, those of the last lines rank first (sympy's
+        ``from . import type_f`` just above the cursor, below six other modules used
+        twice each further up); before, every use counted 1 wherever it was.
+
+        >>> q = Query.at("a.x\\na.y\\nb.z\\n\\n", 12)
+        >>> {k: round(v, 2) for k, v in q.nearness().items() if k in "ab"}
+        {'a': 1.73, 'b': 0.94}
+        """
+        out: dict[str, float] = {}
+        lines = self.context.split("\n")
+        after = self.after.split("\n") if self.after else []
+        for distance, line in [
+            *((len(lines) - i, text) for i, text in enumerate(lines)),
+            *((i + 1, text) for i, text in enumerate(after)),
+        ]:
+            weight = 2.0 ** (-distance / NEAR_LINES)
+            for word in WORD.findall(line):
+                out[word] = out.get(word, 0.0) + weight
+        return out
+
     def relevance(self) -> dict[str, float]:
         """Sub-words (``_subwords``) of the names around the cursor line, the line itself
         left out so that typing in it changes nothing: 1.0 for the last ``NEAR_LINES``
@@ -549,7 +575,7 @@ class Retriever:
         near_text = query.context + "\n" + query.near
         near_words = WORD.findall(near_text)
         used = set(near_words)
-        around = Counter(WORD.findall(query.context + "\n" + query.after))
+        around = query.nearness()
         entry = None if path is None else self.index.entry(path)
         own = entry.definitions if entry is not None else {}
         module = None if entry is None else entry.module
@@ -591,9 +617,10 @@ class Retriever:
                         add_definition(imported, target, definitions[attr], _RANK_IMPORTED)
                     continue
                 # A module: its members compete for the outline, weighted by how often
-                # the code around the cursor (else the file) names it; a module imported
-                # and not used yet still counts: its use may be the line being written.
-                uses = around[name]
+                # and how near the cursor the code around it (else the file) names it; a
+                # module imported and not used yet still counts: its use may be the line
+                # being written.
+                uses = around.get(name, 0.0)
                 weight = uses + 1.0 if uses else 0.01 * file_words[name]
                 lines = {
                     definitions[m].line
@@ -698,8 +725,8 @@ def select(
     candidates: Sequence[Retrieved], budget: int, measure: Measure = CHARS
 ) -> list[Retrieved]:
     """The best-scored candidates that fit ``budget``, without two pieces of the same
-    file at the same line, in prompt order (source, path, line: definitions last,
-    nearest the cursor)."""
+    file at the same line, in prompt order (``Retrieved.order``: the best last, nearest
+    the cursor)."""
     ranked = sorted(candidates, key=lambda r: (-r.score, str(r.file), r.line))
     chosen: list[Retrieved] = []
     places: set[tuple[Path, int]] = set()

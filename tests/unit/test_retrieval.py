@@ -154,8 +154,53 @@ def test_budget_is_respected_and_best_sources_sit_last(project: Path) -> None:
     for budget in (120, 300, 600, 4000):
         got = retriever(project).retrieve(app, text, offset, budget)
         assert sum(len(r.snippet.text) + len(r.snippet.path) + 16 for r in got) <= budget
-        sources = [int(r.source) for r in got]
-        assert sources == sorted(sources)
+        scores = [r.score for r in got]
+        assert scores == sorted(scores)
+        assert got[-1].source is Source.DEFINITION  # the named member, nearest the cursor
+
+
+def test_the_best_piece_sits_nearest_the_cursor(tmp_path: Path) -> None:
+    """Prompt order is the pieces' score, the best last: a definition found only by name
+    (a guess) comes before the outline of a module the code imports, and the outline of
+    the module used most before the others'. Before, every definition came after every
+    outline, and outlines came in path order."""
+    write(tmp_path, "pkg/__init__.py", "")
+    write(tmp_path, "pkg/aaa.py", "def first_helper_quill(x):\n    return x\nclass Spare:\n    pass\n")
+    write(tmp_path, "pkg/zzz.py", "def parse_pattern_quill(text):\n    return text\nclass State:\n    pass\n")
+    write(tmp_path, "pkg/consts.py", "MAXREPEAT_LIMIT = 9\n")
+    text = (
+        "from . import aaa, zzz\n\n\ndef compile_pattern(pattern):\n"
+        "    limit = MAXREPEAT_LIMIT\n    aaa.first_helper_quill(pattern)\n"
+        "    pattern = zzz.parse_pattern_quill(pattern)\n    pattern = zzz.\n"
+    )
+    main = write(tmp_path, "pkg/main.py", text)
+    got = retriever(tmp_path).retrieve(main, text, len(text), 4000)
+    assert [r.score for r in got] == sorted(r.score for r in got)
+    kinds = [(r.source.name, r.file.name) for r in got]
+    assert kinds.index(("DEFINITION", "consts.py")) < kinds.index(("OUTLINE", "aaa.py"))
+    assert kinds.index(("OUTLINE", "aaa.py")) < kinds.index(("OUTLINE", "zzz.py"))
+
+
+def test_a_module_used_just_above_the_cursor_joins_the_outline(tmp_path: Path) -> None:
+    """Of more imported modules than the outline takes, those the last lines use rank
+    first: ``from . import type_f`` on the line above the cursor, six other modules each
+    used three times further up (sympy's ``cartan_type.py``). Before, every use counted
+    the same wherever it was, and ``type_f``, used once, was left out."""
+    write(tmp_path, "pkg/__init__.py", "")
+    for k in "abcdefg":
+        text = f"class Type{k.upper()}Quill:\n    pass\n\n\nclass Helper{k.upper()}:\n    pass\n"
+        write(tmp_path, f"pkg/type_{k}.py", text)
+    head = "from . import type_a, type_b, type_c, type_d, type_e, type_g\n\n\ndef kind(n, k):\n"
+    uses = "".join(
+        f"    if k == '{k}':\n        return type_{k}.Type{k.upper()}Quill(n), type_{k}\n"
+        for k in "abcdeg"
+    )
+    filler = "    n = n + 1\n" * 18
+    text = head + uses + filler + "    if k == 'f':\n        from . import type_f\n        return "
+    main = write(tmp_path, "pkg/cartan.py", text)
+    got = retriever(tmp_path).retrieve(main, text, len(text), 4000)
+    outlined = {r.file.name for r in got if r.source is Source.OUTLINE}
+    assert "type_f.py" in outlined and len(outlined) == 6
 
 
 def test_snippets_stay_the_same_while_a_line_is_typed(project: Path) -> None:
