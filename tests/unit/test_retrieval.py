@@ -165,8 +165,9 @@ def test_the_best_piece_sits_nearest_the_cursor(tmp_path: Path) -> None:
     the module used most before the others'. Before, every definition came after every
     outline, and outlines came in path order."""
     write(tmp_path, "pkg/__init__.py", "")
-    write(tmp_path, "pkg/aaa.py", "def first_helper_quill(x):\n    return x\nclass Spare:\n    pass\n")
-    write(tmp_path, "pkg/zzz.py", "def parse_pattern_quill(text):\n    return text\nclass State:\n    pass\n")
+    spare = "class Spare:\n    pass\n"
+    write(tmp_path, "pkg/aaa.py", "def first_helper_quill(x):\n    return x\n" + spare)
+    write(tmp_path, "pkg/zzz.py", "def parse_pattern_quill(text):\n    return text\n" + spare)
     write(tmp_path, "pkg/consts.py", "MAXREPEAT_LIMIT = 9\n")
     text = (
         "from . import aaa, zzz\n\n\ndef compile_pattern(pattern):\n"
