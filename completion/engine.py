@@ -158,6 +158,7 @@ class CompletionEngine:
         self._model_idle = threading.Event()
         self._model_idle.set()
         self._reindex: dict[str, int] = {}  # uri -> document version awaiting re-index
+        self._requests = 0  # requests (``complete``) not answered yet
 
     @property
     def settings(self) -> Settings:
@@ -219,33 +220,40 @@ class CompletionEngine:
         self._touch(uri, version, offset)
         if selected is not None:
             doc, offset = with_selected(doc, position, *selected)
-        await self._cancel_background()
-        await self._leave_others(uri)
-        if self._tickets.get(uri) is not ticket:
-            raise Superseded(uri)
-        live = self._live.get(uri)
-        if live is not None:
-            live.wake()  # older requests waiting on it re-check their ticket
-            typed = live.typed_into(doc.text)
-            if typed is not None and offset == live.start + len(typed):
-                answer = await self._answer(live, doc, ticket, version, typed, on_partial, started)
-                if answer is not None:
-                    self.typed_ahead_hits += 1
-                    return answer
-                # Typed past what the suggestion had so far, and it went another way.
-            await self._drop(uri)
-        backend = await self.backend()
-        if self._tickets.get(uri) is not ticket:
-            raise Superseded(uri)
-        live = await self._start(uri, doc, offset, backend, max_tokens)
-        if self._tickets.get(uri) is not ticket:
-            await self._drop(uri)
-            raise Superseded(uri)
+        self._requests += 1  # background preparation waits until it is answered
         try:
+            # What this keystroke makes obsolete is told to stop, never waited for: the
+            # backend runs the next generation once it has stopped (in-process: its one
+            # worker; shared engine: its scheduler starts a document's next generation in
+            # the slot the previous one leaves), so the keystroke's own generation is
+            # queued at once instead of after a round trip to the engine and its step.
+            self._stop_background()
+            self._leave_others(uri)
+            live = self._live.get(uri)
+            if live is not None:
+                live.wake()  # older requests waiting on it re-check their ticket
+                typed = live.typed_into(doc.text)
+                if typed is not None and offset == live.start + len(typed):
+                    answer = await self._answer(
+                        live, doc, ticket, version, typed, on_partial, started
+                    )
+                    if answer is not None:
+                        self.typed_ahead_hits += 1
+                        return answer
+                    # Typed past what the suggestion had so far, and it went another way.
+                self._retire(uri)
+            backend = await self.backend()
+            if self._tickets.get(uri) is not ticket:
+                raise Superseded(uri)
+            live = await self._start(uri, doc, offset, backend, max_tokens)
+            if self._tickets.get(uri) is not ticket:
+                self._retire(uri)
+                raise Superseded(uri)
             answer = await self._answer(live, doc, ticket, version, "", on_partial, started)
             assert answer is not None  # nothing typed: nothing to disagree with
             return answer
         finally:
+            self._requests -= 1
             self._schedule_prepare()  # the full window for the next keystroke, when quiet
 
     async def _start(
@@ -434,6 +442,7 @@ class CompletionEngine:
         generation = await backend.generate(request)
         before, after = doc.text[:offset], doc.text[offset:]
         live = _Live(
+            uri=uri,
             start=offset,
             before=before,
             after=after,
@@ -589,7 +598,7 @@ class CompletionEngine:
         """
         doc = self.documents.get(uri)
         self._touch(uri, None, None)
-        self._spawn(self._cancel_background())
+        self._stop_background()
         self._schedule_reindex(uri)
         live = self._live.get(uri)
         if live is None:
@@ -775,13 +784,24 @@ class CompletionEngine:
             live.wake()
             await live.cancel()
 
+    def _retire(self, uri: str) -> None:
+        """``_drop`` without waiting: the suggestion is forgotten now and its generation
+        told to stop; it ends in the background (``aclose`` waits for it)."""
+        live = self._live.pop(uri, None)
+        if live is not None:
+            live.wake()
+            self._spawn(live.cancel())
+
     async def cancel(self, uri: str) -> None:
         """Abandon the in-flight completion of ``uri`` (if any)."""
         self._tickets.pop(uri, None)
         await self._drop(uri)
 
     def document_closed(self, uri: str) -> None:
-        """Forget what was kept for ``uri`` (its KV states age out of the backend)."""
+        """Forget what was kept for ``uri`` (its KV states age out of the backend), and
+        stop preparing it: nothing will be asked there."""
+        if self._prep is not None and self._prep.uri == uri:
+            self._stop_background()
         self._anchors.pop(uri, None)
         self._short.pop(uri, None)
         self._evaluated_retrieval.pop(uri, None)
@@ -819,8 +839,9 @@ class CompletionEngine:
         return self._prepare_task is not None and not self._prepare_task.done()
 
     def _busy(self) -> bool:
-        """Whether a suggestion (not background work) is being generated."""
-        return any(not live.done.is_set() for live in self._live.values())
+        """Whether a request is being answered or a suggestion (not background work)
+        is being generated."""
+        return self._requests > 0 or any(not live.done.is_set() for live in self._live.values())
 
     async def _finish_prep(self, live: _Live) -> None:
         """Wait for a background preparation to end, then forget it."""
@@ -836,6 +857,14 @@ class CompletionEngine:
         if prep is not None:
             await prep.cancel()
 
+    def _stop_background(self) -> None:
+        """``_cancel_background`` without waiting for the work to end."""
+        if self._calibration is not None:
+            self._spawn(self._calibration.cancel())
+        prep, self._prep = self._prep, None
+        if prep is not None:
+            self._spawn(prep.cancel())
+
     def cursor_moved(self, uri: str, position: Position) -> None:
         """The cursor settled at ``position`` (``kode/didMoveCursor``): stop suggestions
         still being made elsewhere, and prepare the prompt a keystroke there will need,
@@ -850,10 +879,10 @@ class CompletionEngine:
             return
         self._cursor[uri] = (doc.version, offset)
         self._active = uri
-        self._spawn(self._leave_others(uri, doc.text, offset))
+        self._leave_others(uri, doc.text, offset)
         self._schedule_prepare()
 
-    async def _leave_others(self, uri: str, text: str | None = None, offset: int = 0) -> None:
+    def _leave_others(self, uri: str, text: str | None = None, offset: int = 0) -> None:
         """The user works in ``uri`` now (at ``offset`` of ``text``, if given): stop the
         suggestions still being generated for other documents, or for another place of
         this one, that no request waits for. The engine runs one generation at a time,
@@ -870,7 +899,7 @@ class CompletionEngine:
                     # with the editor's selected completion item (``with_selected``).
                     continue
             if self._live.get(other) is live:
-                await self._drop(other)
+                self._retire(other)
 
     def _schedule_prepare(self) -> None:
         if not self._settings.enabled or self._settings.backend is not BackendKind.LOCAL:
@@ -1041,6 +1070,7 @@ class _Live:
     def __init__(
         self,
         *,
+        uri: str,
         start: int,
         before: str,
         after: str,
@@ -1051,6 +1081,7 @@ class _Live:
         fits: FillCheck | None = None,
         heal: str = "",
     ) -> None:
+        self.uri = uri
         self.start, self.before, self.after = start, before, after
         self.heal = heal  # the generation begins by spelling this again (token healing)
         self.generated = ""

@@ -19,7 +19,10 @@ background work alone; what matters is who runs and who waits. The rule, in full
    and each pause costs the next keystroke a stop and a swap of KV states. A running
    foreground request is never interrupted by another window's.
 4. Latest wins per document: a request replaces the waiting and running requests of
-   the same window and document (a foreground one replaces background work too).
+   the same window and document (a foreground one replaces background work too). It
+   starts once the one it replaced has stopped (within one decode step), never beside
+   it: that one's KV slot holds the document's evaluated prompt, which the new request
+   reuses; in another slot it would evaluate it again.
 5. A window that disconnects loses everything it asked for: its waiting requests are
    dropped and its running ones are stopped.
 
@@ -152,6 +155,15 @@ class Scheduler:
             job.abandoned = True
         return self._next(now, stop=tuple(stop))
 
+    def _follows(self, job: Job) -> bool:
+        """Whether a generation of ``job``'s window and document is still stopping
+        (rule 4: ``job`` starts in the slot it leaves)."""
+        return bool(job.document) and any(
+            running.id in self._stopping
+            and (running.window, running.document) == (job.window, job.document)
+            for running in self.running
+        )
+
     @staticmethod
     def _replaces(new: Job, old: Job) -> bool:
         if not new.document or (new.window, new.document) != (old.window, old.document):
@@ -164,8 +176,11 @@ class Scheduler:
         it has been quiet for ``quiet_s``."""
         start: list[Job] = []
         wake_at = None
-        while self.waiting:
-            best = max(self.waiting, key=lambda job: (not job.background, job.seq))
+        while True:
+            ready = [job for job in self.waiting if not self._follows(job)]
+            if not ready:
+                break
+            best = max(ready, key=lambda job: (not job.background, job.seq))
             if best.background:
                 if self.running:
                     break

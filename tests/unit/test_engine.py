@@ -378,3 +378,61 @@ async def test_closing_ends_the_start_up_timing_as_cancelled() -> None:
         await engine.aclose()
         await warm  # ends quietly: no error to tell
     assert backend.requests[0].background and backend.generations[0].cancelled
+
+
+class SlowToStopBackend(ScriptedBackend):
+    """A backend whose generations take until ``stopped`` is set to end once cancelled
+    (a shared engine's round trip and its decode step)."""
+
+    def __init__(self, pieces: list[str]) -> None:
+        super().__init__(pieces, delay=0.01)
+        self.stopped = asyncio.Event()
+        self.events: list[str] = []
+
+    async def generate(self, request: GenerationRequest) -> ScriptedGeneration:
+        self.events.append(f"generate {len(self.requests)}")
+        generation = await super().generate(request)
+        backend = self
+
+        async def cancel() -> None:
+            generation._cancelled.set()
+            await backend.stopped.wait()
+            backend.events.append("stopped")
+
+        generation.cancel = cancel  # type: ignore[method-assign]
+        return generation
+
+
+async def test_a_key_that_contradicts_the_suggestion_does_not_wait_for_it_to_stop() -> None:
+    """The next generation is asked for at once; the contradicted one stops meanwhile."""
+    backend = SlowToStopBackend(["abc"] * 40)
+    engine = engine_for(backend, multiline="always")
+    engine.documents.open(URI, "x = ", 1)
+    first = asyncio.ensure_future(engine.complete(URI, Position(0, 4)))
+    while not backend.generations or not engine._live:
+        await asyncio.sleep(0)
+    type_text(engine, 2, Position(0, 4), "z")  # not what the suggestion says
+    second = asyncio.ensure_future(engine.complete(URI, Position(0, 5)))
+
+    async def asked_twice() -> None:
+        while len(backend.requests) < 2:
+            await asyncio.sleep(0.001)
+
+    await asyncio.wait_for(asked_twice(), 10)  # before: waited for "stopped", forever
+    assert backend.events == ["generate 0", "generate 1"]  # not stopped yet
+    backend.stopped.set()
+    with pytest.raises(Superseded):
+        await first
+    assert (await second).text.startswith("abc")
+    await engine.aclose()
+    assert backend.events.count("stopped") >= 1
+
+
+async def test_background_preparation_waits_while_a_request_is_answered() -> None:
+    """Busy from a request's start, not only once its generation runs: between the
+    contradicted suggestion and the new one, preparation must not take the model."""
+    engine = engine_for(ScriptedBackend(["a"]))
+    engine._requests = 1
+    assert engine._busy()
+    engine._requests = 0
+    assert not engine._busy()

@@ -331,6 +331,19 @@ def test_latest_wins_per_document() -> None:
     assert s.finished(1, now=0).start != ()
 
 
+def test_a_replacing_request_starts_in_the_slot_the_replaced_one_leaves() -> None:
+    """Room for two, yet a document's next keystroke waits for its previous generation
+    to stop (that one's slot holds the document's prompt); another window's does not."""
+    s = Scheduler(width=2)
+    s.submit(Job(1, window=1, background=False, document="x"), now=0)
+    plan = s.submit(Job(2, window=1, background=False, document="x"), now=0.1)
+    assert [j.id for j in plan.stop] == [1] and plan.start == ()
+    assert [
+        j.id for j in s.submit(Job(3, window=2, background=False, document="x"), now=0.1).start
+    ] == [3]
+    assert [j.id for j in s.finished(1, now=0.15).start] == [2]
+
+
 def test_disconnect_drops_everything_of_the_window() -> None:
     s = Scheduler(width=2)
     running = Job(1, window=1, background=False, document="a")
@@ -375,10 +388,11 @@ OPS = st.lists(
 def test_scheduler_rules_hold_for_any_sequence(ops: list[tuple[object, ...]], width: int) -> None:
     """Whatever happens: at most ``width`` jobs run, and background work only alone; a
     keystroke never waits while there is room for it (fewer than ``width`` run and no
-    background work), background work waits only within the quiet time (and then a
-    wake-up is asked for); the started jobs are the best waiting ones, in order
-    (keystrokes first, newest first); a keystroke never waits behind background work
-    that was not told to pause; a gone window has nothing waiting."""
+    background work) unless its document's previous generation still stops; background
+    work waits only within the quiet time (and then a wake-up is asked for); the started
+    jobs are the best waiting ones, in order (keystrokes first, newest first); a keystroke
+    never waits behind background work that was not told to pause; a gone window has
+    nothing waiting."""
     quiet = 0.25
     s = Scheduler(quiet_s=quiet, width=width)
     ids = iter(range(1, 1000))
@@ -387,7 +401,8 @@ def test_scheduler_rules_hold_for_any_sequence(ops: list[tuple[object, ...]], wi
     now = 0.0
 
     def check(plan: Plan, before: list[Job]) -> None:
-        pool = list(before)
+        # A job of a document whose previous generation still stops waits for its slot.
+        pool = [j for j in before if not s._follows(j)]
         for job in plan.start:
             best = max(pool, key=lambda j: (not j.background, j.seq))
             assert job is best
@@ -401,7 +416,7 @@ def test_scheduler_rules_hold_for_any_sequence(ops: list[tuple[object, ...]], wi
         assert len(running) <= width
         assert not any(j.background for j in running) or len(running) == 1
         background = any(j.background for j in running)
-        if any(not j.background for j in s.waiting):
+        if any(not j.background and not s._follows(j) for j in s.waiting):
             assert background or len(running) == width
         if not running and s.waiting:
             assert all(j.background for j in s.waiting)

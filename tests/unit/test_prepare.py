@@ -194,6 +194,19 @@ async def test_a_request_cancels_background_preparation() -> None:
     await engine.aclose()
 
 
+async def test_closing_the_document_stops_its_preparation() -> None:
+    backend = CachingBackend(["x"] * 100, delay=0.05)  # preparation that would take 5 s
+    engine = engine_for(backend, 100_000.0, firstAnswerMs=1000)
+    engine.documents.open(URI, DOC, 1)
+    engine.cursor_moved(URI, Position(390, 10))
+    await until(lambda: len(backend.generations) == 1)
+    await engine.cancel(URI)
+    engine.documents.close(URI)
+    engine.document_closed(URI)
+    await until(lambda: backend.generations[0].cancelled)
+    await engine.aclose()
+
+
 async def test_a_tab_opened_meanwhile_is_not_read_ahead_over_the_active_file() -> None:
     backend = CachingBackend([" + 1"])
     engine = engine_for(backend, 100_000.0, readAhead=True)
