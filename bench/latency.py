@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import functools
 import math
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -57,6 +58,9 @@ class Options:
     word_pause_ms: float = 0.0
     startup_s: float = 600.0  # first request: the model loads (and may be assembled)
     workspace: Path | None = None  # the workspace folder given to the server (rootUri)
+    # The server's debug log (``kode -vv lsp``: which window answered each key, in sizes).
+    debug_log: bool = False
+    environ: tuple[tuple[str, str], ...] = ()  # more environment for the server process
 
 
 @dataclass(slots=True)
@@ -329,10 +333,12 @@ class Replay:
             sys.executable,
             "-m",
             "kode.cli.main",
+            *(["-vv"] if self.options.debug_log else []),
             "lsp",
             "--log-file",
             str((out / "lsp.log").resolve()),
             cwd=str(common.REPO_ROOT),
+            env={**os.environ, **dict(self.options.environ)},
         )
         # The default shared engine, gone when this replay's window closes (its idle
         # time 0), so that no benchmark leaves an engine running.

@@ -200,7 +200,9 @@ async def _one_mode(
     places: Sequence[Place],
     notify: bool,
 ) -> tuple[list[Segment], dict[str, Any]]:
-    replay = PlacesReplay(replace(options, out=options.out / ("notify" if notify else "plain")))
+    engine = dict(options.settings).get("engine")
+    sub = ("notify" if notify else "plain") + ("" if engine is None else f"-{engine}")
+    replay = PlacesReplay(replace(options, out=options.out / sub))
     common.prepare_out(replay.options.out)
     try:
         await replay.start()
@@ -307,15 +309,25 @@ def chart(results: dict[str, list[Segment]], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def mode_label(notify: bool, engine: str | None) -> str:
+    label = "with kode/didMoveCursor" if notify else "without"
+    return label if engine is None else f"{engine}, {label}"
+
+
 async def measure(
-    options: Options, files: Sequence[Path], rounds: int
+    options: Options, files: Sequence[Path], rounds: int, engines: Sequence[str] | None = None
 ) -> tuple[dict[str, list[Segment]], dict[str, Any]]:
+    """Each round's places in each mode (with and without the cursor notification), for
+    each of ``engines`` (None: the default engine, unlabelled), then the peer."""
     texts = [f.read_text(encoding="utf-8") for f in files]
     from kode.backends import models
     from kode.bench import llama_server, llama_vim
 
     binary = llama_server.find_binary()
-    results: dict[str, list[Segment]] = {"with kode/didMoveCursor": [], "without": []}
+    kinds: list[str | None] = list(engines) if engines else [None]
+    results: dict[str, list[Segment]] = {
+        mode_label(notify, engine): [] for engine in kinds for notify in (True, False)
+    }
     if binary is not None:
         results[PEER] = []
     facts: dict[str, Any] = {
@@ -326,10 +338,15 @@ async def measure(
     for r in range(rounds):
         places = plan_places(texts, options.seed + r, options.max_chars)
         # Alternate which mode goes first, so neither always meets a warmer machine.
-        order = [True, False] if r % 2 == 0 else [False, True]
-        for notify in order:
-            label = "with kode/didMoveCursor" if notify else "without"
-            segments, final = await _one_mode(options, files, texts, places, notify)
+        runs = [(engine, notify) for engine in kinds for notify in (True, False)]
+        for engine, notify in runs if r % 2 == 0 else runs[::-1]:
+            label = mode_label(notify, engine)
+            run_options = (
+                options
+                if engine is None
+                else replace(options, settings=(*options.settings, ("engine", engine)))
+            )
+            segments, final = await _one_mode(run_options, files, texts, places, notify)
             results[label] += segments
             facts["stats"][f"{label} round {r}"] = final.get("engine")
         if binary is not None:
@@ -352,11 +369,16 @@ async def measure(
     return results, facts
 
 
-def main(options: Options, files: Sequence[Path] | None, rounds: int) -> int:
+def main(
+    options: Options,
+    files: Sequence[Path] | None,
+    rounds: int,
+    engines: Sequence[str] | None = None,
+) -> int:
     chosen = tuple(files) if files else DEFAULT_FILES
     if len(chosen) < 2:
         raise SystemExit("kode bench latency --scenario places: give two files (--files A B)")
-    results, facts = asyncio.run(measure(options, chosen, rounds))
+    results, facts = asyncio.run(measure(options, chosen, rounds, engines))
     out = common.prepare_out(options.out)
     header = [
         "mode",

@@ -139,13 +139,29 @@ def register(subparsers: Any) -> None:
     )
     latency.add_argument(
         "--scenario",
-        choices=["regions", "places", "windows"],
+        choices=["regions", "places", "windows", "typing"],
         default="regions",
         help="regions: retype lines of small files (examples/, HumanEval); places: large real "
         "files (default: argparse.py and tarfile.py of the standard library) as a person "
         "works: open, jump 200+ lines, switch file and back, with and without "
-        "kode/didMoveCursor, after --place-pause seconds (use 3)",
+        "kode/didMoveCursor, after --place-pause seconds (use 3); typing: fresh places of "
+        "large standard-library files (argparse, imaplib, tarfile, http.client), one cold "
+        "request then --keys keys of the real line, per engine and for a generic client",
     )
+    latency.add_argument(
+        "--engine",
+        type=_csv,
+        default=None,
+        help="places, typing: the engines to run side by side, e.g. inProcess,shared "
+        "(default: places the default engine; typing both)",
+    )
+    latency.add_argument("--places", type=int, default=8, help="typing: places (default 8)")
+    latency.add_argument(
+        "--debug-log",
+        action="store_true",
+        help="the server's debug log in OUT/.../lsp.log (kode -vv lsp: sizes, never code)",
+    )
+    latency.add_argument("--keys", type=int, default=8, help="typing: keys a place (default 8)")
     latency.add_argument("--rounds", type=int, default=2, help="places: rounds of 4 places")
     latency.add_argument(
         "--workspace",
@@ -339,13 +355,20 @@ def run(args: argparse.Namespace) -> int:
             word_pause_ms=args.word_pause,
             settings=tuple(_setting(item) for item in args.setting),
             workspace=args.workspace,
+            debug_log=args.debug_log,
         )
         if args.word_pause and args.scenario != "places":
             raise SystemExit("kode bench latency: --word-pause is for --scenario places")
         if args.scenario == "places":
             from kode.bench import places
 
-            return places.main(options, args.files, args.rounds)
+            return places.main(options, args.files, args.rounds, args.engine)
+        if args.scenario == "typing":
+            from kode.bench import typing_replay as typing_bench
+
+            return typing_bench.main(
+                options, args.files, args.engine or typing_bench.ENGINES, args.places, args.keys
+            )
         if args.scenario == "windows":
             from kode.bench import places
 
