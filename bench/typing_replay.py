@@ -200,28 +200,35 @@ class TypingReplay(Replay):
 class Config:
     engine: str
     kode_client: bool
+    settings: tuple[tuple[str, Any], ...] = ()  # a variant's own settings
 
     @property
     def label(self) -> str:
         client = "kode client" if self.kode_client else "generic client"
-        return f"{client}, {self.engine}"
+        extra = "".join(f", {k}={v}" for k, v in self.settings)
+        return f"{client}, {self.engine}{extra}"
 
 
-def configs(engines: Sequence[str]) -> list[Config]:
-    """Kode's client on each engine, then a generic client on the default engine (the
-    first named, when the default is not among them)."""
+def configs(
+    engines: Sequence[str], variants: Sequence[tuple[tuple[str, Any], ...]] = ()
+) -> list[Config]:
+    """Kode's client on each engine, a generic client on the default engine (the first
+    named, when the default is not among them), then Kode's client on that engine with
+    each variant's settings (rules compared side by side, e.g. ``firstAnswerMs``)."""
     out = [Config(e, True) for e in engines]
     default = "shared" if "shared" in engines else engines[0]
     out.append(Config(default, False))
+    out += [Config(default, True, variant) for variant in variants]
     return out
 
 
 async def _start(options: Options, config: Config, runtime: Path) -> TypingReplay:
     """``kode lsp`` for ``config``; a shared engine of its own (its own runtime folder),
     so that no configuration is answered from another's evaluated prompts."""
-    slug = config.label.replace(", ", "-").replace(" ", "-")
+    slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in config.label)
     settings = (
         *options.settings,
+        *config.settings,
         ("engine", config.engine),
         ("partialCompletions", config.kode_client),
     )
@@ -343,7 +350,12 @@ def default_files() -> list[Path]:
 
 
 async def measure(
-    options: Options, files: Sequence[Path], engines: Sequence[str], places: int, keys: int
+    options: Options,
+    files: Sequence[Path],
+    engines: Sequence[str],
+    places: int,
+    keys: int,
+    variants: Sequence[tuple[tuple[str, Any], ...]] = (),
 ) -> tuple[dict[str, list[PlaceResult]], dict[str, Any], list[Place]]:
     """Every configuration's server up at once (each idle while another types), the
     places typed in turn by each, the order rotated from place to place, so that a
@@ -351,7 +363,7 @@ async def measure(
     texts = [f.read_text(encoding="utf-8") for f in files]
     chosen = plan(texts, places, options.seed, keys, options.max_chars)
     facts: dict[str, Any] = {"machine_before": common.machine_note(), "stats": {}}
-    kinds = configs(engines)
+    kinds = configs(engines, variants)
     results: dict[str, list[PlaceResult]] = {c.label: [] for c in kinds}
     replays: dict[str, TypingReplay] = {}
     with tempfile.TemporaryDirectory(prefix="kode-typing-") as runtime:
@@ -387,6 +399,7 @@ def main(
     engines: Sequence[str],
     places: int,
     keys: int,
+    variants: Sequence[tuple[tuple[str, Any], ...]] = (),
 ) -> int:
     chosen = list(files) if files else default_files()
     short = [f for f in chosen if len(f.read_text(encoding="utf-8").splitlines()) < MIN_LINES]
@@ -398,7 +411,7 @@ def main(
     for engine in engines:
         if engine not in ENGINES:
             raise SystemExit(f"kode bench latency: unknown engine {engine!r}; known: {ENGINES}")
-    results, facts, planned = asyncio.run(measure(options, chosen, engines, places, keys))
+    results, facts, planned = asyncio.run(measure(options, chosen, engines, places, keys, variants))
     out = common.prepare_out(options.out)
     table = markdown_table(HEADER, [row(label, figures(r)) for label, r in results.items()])
     text = (

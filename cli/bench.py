@@ -162,6 +162,14 @@ def register(subparsers: Any) -> None:
         help="the server's debug log in OUT/.../lsp.log (kode -vv lsp: sizes, never code)",
     )
     latency.add_argument("--keys", type=int, default=8, help="typing: keys a place (default 8)")
+    latency.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="KEY=JSON[,KEY=JSON]",
+        help="typing: one more configuration, Kode's client on the default engine with these "
+        "settings, e.g. firstAnswerMs=3000 (repeatable: rules side by side)",
+    )
     latency.add_argument("--rounds", type=int, default=2, help="places: rounds of 4 places")
     latency.add_argument(
         "--workspace",
@@ -367,7 +375,12 @@ def run(args: argparse.Namespace) -> int:
             from kode.bench import typing_replay as typing_bench
 
             return typing_bench.main(
-                options, args.files, args.engine or typing_bench.ENGINES, args.places, args.keys
+                options,
+                args.files,
+                args.engine or typing_bench.ENGINES,
+                args.places,
+                args.keys,
+                [tuple(_setting(item) for item in v.split(",")) for v in args.variant],
             )
         if args.scenario == "windows":
             from kode.bench import places
