@@ -528,8 +528,8 @@ async def _one_hole(
 
 
 async def measure(options: Options) -> tuple[list[Result], dict[str, str]]:
-    from kode.completion.backend_factory import load_backend
-    from kode.completion.engine import BackendPool, CompletionEngine
+    from kode.completion.backend_factory import BackendPool, load_backend
+    from kode.completion.engine import CompletionEngine
     from kode.completion.settings import parse
 
     facts = {"machine_before": common.machine_note()}

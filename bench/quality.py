@@ -270,8 +270,8 @@ async def _one_model(
     bar: Any,
     results: list[Result],
 ) -> None:
-    from kode.completion.backend_factory import load_backend
-    from kode.completion.engine import BackendPool, CompletionEngine
+    from kode.completion.backend_factory import BackendPool, load_backend
+    from kode.completion.engine import CompletionEngine
     from kode.completion.settings import parse
 
     # firstAnswerMs 0: pass@1 of the full window. With the latency budget on, once the

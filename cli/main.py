@@ -144,9 +144,9 @@ def _read_source(path: Path) -> tuple[str, str]:
 
 
 async def _complete(args: argparse.Namespace, text: str, uri: str) -> int:
-    from kode.completion.backend_factory import load_backend
+    from kode.completion.backend_factory import BackendPool, load_backend
     from kode.completion.documents import Position
-    from kode.completion.engine import BackendPool, CompletionEngine
+    from kode.completion.engine import CompletionEngine
     from kode.completion.settings import parse
 
     path: Path = args.file

@@ -12,13 +12,21 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from kode.backends.base import Backend, SpeculationMethod
 from kode.backends.errors import BackendError, EngineSetupError, SettingsError
 from kode.backends.remote.clients import OpenAIBackend, RemoteBackend, SGLangBackend
 from kode.backends.router import RoutingBackend
-from kode.completion.settings import BackendKind, EngineMode, LocalEngine, RemoteApi, Settings
+from kode.completion.settings import (
+    BackendKind,
+    EngineMode,
+    LocalEngine,
+    RemoteApi,
+    RemoteSettings,
+    Settings,
+)
 from kode.completion.templates import TEMPLATES
 
 log = logging.getLogger("kode.completion")
@@ -26,28 +34,98 @@ log = logging.getLogger("kode.completion")
 Notify = Callable[[str], None]
 
 
-async def load_backend(settings: Settings, notify: Notify | None = None) -> Backend:
+@dataclass(frozen=True, slots=True)
+class BackendKey:
+    """Exactly the settings a backend is built from: the loader reads nothing else, and
+    the pool (``BackendPool``) builds a new backend when, and only when, one of them
+    changes (``draft_model`` is None unless ``speculation`` is ``draft``)."""
+
+    backend: BackendKind
+    local_engine: LocalEngine
+    engine: EngineMode
+    engine_idle_minutes: int
+    model: str
+    draft_model: str | None
+    context_size: int
+    threads: int
+    kv_memory_mb: int
+    remote: RemoteSettings
+    template: str
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> BackendKey:
+        draft = settings.speculation is SpeculationMethod.DRAFT
+        return cls(
+            backend=settings.backend,
+            local_engine=settings.local_engine,
+            engine=settings.engine,
+            engine_idle_minutes=settings.engine_idle_minutes,
+            model=settings.model,
+            draft_model=settings.draft_model if draft else None,
+            context_size=settings.context_size,
+            threads=settings.threads,
+            kv_memory_mb=settings.kv_memory_mb,
+            remote=settings.remote,
+            template=settings.template,
+        )
+
+
+async def load_backend(settings: Settings | BackendKey, notify: Notify | None = None) -> Backend:
     """The backend ``settings`` name; ``notify`` tells the user something once (the LSP
     server shows it with ``window/showMessage``), e.g. that the shared engine is not
     available and this window loads its own model."""
-    if settings.backend is BackendKind.LOCAL:
-        return await load_local(settings, notify)
-    remote = build_remote(settings)
-    if settings.backend is BackendKind.REMOTE:
+    key = settings if isinstance(settings, BackendKey) else BackendKey.from_settings(settings)
+    if key.backend is BackendKind.LOCAL:
+        return await load_local(key, notify)
+    remote = build_remote(key)
+    if key.backend is BackendKind.REMOTE:
         return remote
 
     async def local() -> Backend:
-        return await load_local(settings, notify)
+        return await load_local(key, notify)
 
     return RoutingBackend(
         local,
         remote,
         BackendKind.AUTO,
-        latency_budget_ms=settings.remote.latency_budget_ms,
+        latency_budget_ms=key.remote.latency_budget_ms,
     )
 
 
-async def load_local(settings: Settings, notify: Notify | None = None) -> Backend:
+class BackendPool:
+    """Builds the backend a settings object asks for, once, and swaps it when its
+    ``BackendKey`` changes."""
+
+    def __init__(self, loader: Callable[[BackendKey], Awaitable[Backend]]) -> None:
+        self._loader = loader
+        self._key: BackendKey | None = None
+        self._backend: Backend | None = None
+        self._lock = asyncio.Lock()
+
+    async def get(self, settings: Settings) -> Backend:
+        key = BackendKey.from_settings(settings)
+        async with self._lock:
+            if self._backend is not None and key == self._key:
+                return self._backend
+            if self._backend is not None:
+                await self._backend.aclose()
+                self._backend = None
+            self._backend = await self._loader(key)
+            self._key = key
+            return self._backend
+
+    @property
+    def current(self) -> Backend | None:
+        return self._backend
+
+    async def aclose(self) -> None:
+        async with self._lock:
+            if self._backend is not None:
+                await self._backend.aclose()
+                self._backend = None
+
+
+async def load_local(settings: BackendKey, notify: Notify | None = None) -> Backend:
     """The local backend for ``settings.model``: llama.cpp (through the shared engine
     unless ``engine`` is ``inProcess``), or torch if asked for."""
     if settings.local_engine is LocalEngine.TORCH:
@@ -58,12 +136,9 @@ async def load_local(settings: Settings, notify: Notify | None = None) -> Backen
                 f'localEngine "torch" needs PyTorch and transformers: pip install '
                 f"'kode[torch]' ({exc})"
             ) from exc
-        draft_name = (
-            settings.draft_model if settings.speculation is SpeculationMethod.DRAFT else None
-        )
         return await load_torch_backend(
             settings.model,
-            draft_name,
+            settings.draft_model,
             n_ctx=settings.context_size,
             n_threads=settings.threads or None,
         )
@@ -72,7 +147,7 @@ async def load_local(settings: Settings, notify: Notify | None = None) -> Backen
 
     path = await asyncio.to_thread(models.resolve, settings.model)
     draft = None
-    if settings.speculation is SpeculationMethod.DRAFT:
+    if settings.draft_model is not None:
         draft = await asyncio.to_thread(models.resolve, settings.draft_model)
 
     async def in_process() -> Backend:
@@ -90,7 +165,7 @@ async def load_local(settings: Settings, notify: Notify | None = None) -> Backen
 
 
 async def load_shared(
-    settings: Settings,
+    settings: BackendKey,
     path: Path,
     draft: Path | None,
     in_process: Callable[[], Awaitable[Backend]],
@@ -131,7 +206,7 @@ def _log_notice(message: str) -> None:
     log.warning("%s", message)
 
 
-def build_remote(settings: Settings) -> RemoteBackend:
+def build_remote(settings: Settings | BackendKey) -> RemoteBackend:
     """The remote backend ``settings.remote`` describes (no connection is made yet)."""
     remote = settings.remote
     if not remote.url:

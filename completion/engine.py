@@ -15,7 +15,6 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,6 @@ from kode.backends.base import (
     FinishReason,
     Generation,
     GenerationRequest,
-    GenerationStats,
     PrefillRate,
     PrefillSpeed,
     PromptCache,
@@ -37,11 +35,8 @@ from kode.backends.base import (
     TokenHealing,
 )
 from kode.backends.errors import (
-    BackendError,
     DocumentError,
-    KodeError,
     SettingsError,
-    describe,
 )
 from kode.completion import context as ctxmod
 from kode.completion import healing, syntax
@@ -58,7 +53,12 @@ from kode.completion.partials import PartialPacer
 from kode.completion.retrieval import Measure, Retrieved, Retriever
 from kode.completion.settings import DEFAULT, BackendKind, Settings
 from kode.completion.stops import StopRules
-from kode.completion.syntax import FillCheck
+from kode.completion.suggestion import (
+    Completion,
+    PartialCallback,
+    Suggestion,
+    describe_failure,
+)
 from kode.completion.templates import TEMPLATES, FimTemplate, render
 from kode.completion.workspace import IndexLimits, WorkspaceIndex, read_text
 
@@ -85,23 +85,6 @@ _POLL_IDLE_S = 0.25
 # Characters of retrieved text asked for per token of ``retrievalTokens`` when no
 # tokenizer is at hand (the engine otherwise chooses by the backend's own tokens).
 _CHARS_PER_TOKEN = 4
-PartialCallback = Callable[[str], None]
-
-
-@dataclass(frozen=True, slots=True)
-class Completion:
-    """A finished completion, valid for ``uri`` at ``version``."""
-
-    text: str
-    uri: str
-    version: int
-    position: Position
-    stats: GenerationStats
-    model: str
-    backend: str
-    total_ms: float
-    single_line: bool
-    from_cache: bool = False  # answered from a suggestion started by an earlier request
 
 
 class Superseded(Exception):
@@ -128,7 +111,7 @@ class CompletionEngine:
         self._prepare_task: asyncio.Task[None] | None = None
         self._calibration: Generation | None = None
         self._timing = asyncio.Lock()  # the start-up timing of the prefill speed
-        self._prep: _Live | None = None  # the background preparation running, if any
+        self._prep: Suggestion | None = None  # the background preparation running, if any
         self.prepared = 0  # background preparations that finished
         self.short_answers = 0  # requests answered from a shorter window (budget)
         # Requests that kept the project context their window was prepared with, because
@@ -139,7 +122,7 @@ class CompletionEngine:
         self._factory = backend_factory
         self._settings = settings
         self._anchors: dict[str, int] = {}
-        self._live: dict[str, _Live] = {}
+        self._live: dict[str, Suggestion] = {}
         self._tickets: dict[str, object] = {}
         self.typed_ahead_hits = 0
         # The last non-empty answer (`kode/stats` `lastCompletion`, the status bars): the
@@ -265,7 +248,7 @@ class CompletionEngine:
         max_tokens: int | None,
         *,
         yields: bool = False,
-    ) -> _Live:
+    ) -> Suggestion:
         retrieved = await self.retrieve(uri, doc.text, offset, backend)
         ctx, short = self._request_context(uri, doc, offset, backend, retrieved, count=not yields)
         live = await self._launch(uri, doc, offset, backend, ctx, max_tokens, yields=yields)
@@ -410,7 +393,7 @@ class CompletionEngine:
         *,
         background: bool = False,
         yields: bool = False,
-    ) -> _Live:
+    ) -> Suggestion:
         """Start a generation: a document's suggestion, or ``background`` preparation
         (never shown). ``yields``: a suggestion no one asked for yet (a prefetch), which a
         shared engine runs after other windows' keystrokes, like background work."""
@@ -441,7 +424,7 @@ class CompletionEngine:
         )
         generation = await backend.generate(request)
         before, after = doc.text[:offset], doc.text[offset:]
-        live = _Live(
+        live = Suggestion(
             uri=uri,
             start=offset,
             before=before,
@@ -467,7 +450,7 @@ class CompletionEngine:
 
     async def _answer(
         self,
-        live: _Live,
+        live: Suggestion,
         doc: Document,
         ticket: object,
         version: int,
@@ -588,7 +571,7 @@ class CompletionEngine:
             self.read_aheads += 1
             await self._finish_prep(live)
         except Exception as exc:  # best effort; the first request will do the work
-            log.debug("read-ahead failed: %s", _describe(exc))
+            log.debug("read-ahead failed: %s", describe_failure(exc))
 
     def document_changed(self, uri: str) -> None:
         """After an edit: keep the live suggestion if the user typed into it, else stop it.
@@ -752,7 +735,7 @@ class CompletionEngine:
             log.debug("retrieval failed: %s", type(exc).__name__)
             return ()
 
-    async def _drop_if_abandoned(self, uri: str, live: _Live) -> None:
+    async def _drop_if_abandoned(self, uri: str, live: Suggestion) -> None:
         await asyncio.sleep(_CANCEL_GRACE_S)
         if self._live.get(uri) is not live or live.done.is_set() or live.waiters:
             return
@@ -771,7 +754,7 @@ class CompletionEngine:
             await self._start(uri, doc, offset, await self.backend(), None, yields=True)
             self.prefetches += 1
         except Exception as exc:  # a prefetch is best effort; the next request will retry
-            log.debug("prefetch failed: %s", _describe(exc))
+            log.debug("prefetch failed: %s", describe_failure(exc))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -843,7 +826,7 @@ class CompletionEngine:
         is being generated."""
         return self._requests > 0 or any(not live.done.is_set() for live in self._live.values())
 
-    async def _finish_prep(self, live: _Live) -> None:
+    async def _finish_prep(self, live: Suggestion) -> None:
         """Wait for a background preparation to end, then forget it."""
         await live.done.wait()
         if self._prep is live:
@@ -1060,119 +1043,6 @@ class CompletionEngine:
             self.rate.observe(generation.stats)
 
 
-class _Live:
-    """One suggestion for a document: generated by a background pump, read by requests.
-
-    ``before`` + ``after`` is the document text when it started, the suggestion goes
-    between them at ``start``.
-    """
-
-    def __init__(
-        self,
-        *,
-        uri: str,
-        start: int,
-        before: str,
-        after: str,
-        rules: StopRules,
-        generation: Generation,
-        model: str,
-        backend: str,
-        fits: FillCheck | None = None,
-        heal: str = "",
-    ) -> None:
-        self.uri = uri
-        self.start, self.before, self.after = start, before, after
-        self.heal = heal  # the generation begins by spelling this again (token healing)
-        self.generated = ""
-        self.rules = rules
-        self.fits = fits
-        self._final: str | None = None
-        self.generation = generation
-        self.model, self.backend = model, backend
-        self.raw = ""
-        self.waiters = 0  # requests waiting on this suggestion now
-        self.created = time.perf_counter()
-        self.done = asyncio.Event()
-        self._changed = asyncio.Event()
-        self.task: asyncio.Future[None] | None = None
-        self.error: KodeError | None = None  # why the generation failed, for the request
-        self.short = False  # made from a shorter window than the full one (firstAnswerMs)
-        self.answered = False  # a request was answered from it (the editor may show it)
-        self.line = before.count("\n")  # the line it starts on
-
-    async def pump(self) -> None:
-        try:
-            async for chunk in self.generation:
-                self.generated += chunk.text
-                self.raw = healing.after_heal(self.generated, self.heal)
-                self.wake()
-                if self.rules.scan(self.raw).stop:
-                    break
-        except Exception as exc:  # kept for the request waiting on it (``_answer``)
-            self.error = exc if isinstance(exc, KodeError) else BackendError(_describe(exc))
-            log.warning("generation failed: %s", self.error)
-        finally:
-            await self.generation.cancel()
-            self.done.set()
-            self.wake()
-
-    def wake(self) -> None:
-        self._changed.set()
-
-    def arm(self) -> None:
-        """Forget earlier wake-ups; call before reading the state ``wait_change`` guards."""
-        self._changed.clear()
-
-    async def wait_change(self, seconds: float | None) -> None:
-        """Until the text grows, the generation ends, a newer request arrives, or ``seconds``."""
-        if self.done.is_set():
-            return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), seconds)
-
-    def visible(self) -> str:
-        return self.rules.provisional(self.raw)
-
-    def final(self) -> str:
-        """The shown text once ``done`` (computed once: it may parse the document)."""
-        if self._final is None:
-            ended = self.generation.stats.finish_reason is FinishReason.END
-            self._final = self.rules.finish(self.raw, ended=ended, fits=self.fits)
-        return self._final
-
-    def typed_into(self, text: str) -> str | None:
-        """What the user typed into this suggestion, if ``text`` is consistent with it."""
-        if len(text) < len(self.before) + len(self.after):
-            return None
-        if not (text.startswith(self.before) and text.endswith(self.after)):
-            return None
-        typed = text[len(self.before) : len(text) - len(self.after)]
-        shown = self.final() if self.done.is_set() else self.visible()
-        if shown.startswith(typed):
-            return typed
-        if not self.done.is_set() and typed.startswith(shown):
-            return typed  # typed past what is generated so far; it may still match
-        return None
-
-    def on_line_of(self, text: str, offset: int) -> bool:
-        """Whether it starts on the line of ``offset`` in ``text`` (also when it was made
-        for a copy with the editor's selected completion item in it)."""
-        return self.line == text.count("\n", 0, offset)
-
-    def kept_alive(self, text: str) -> bool:
-        typed = self.typed_into(text)
-        return bool(typed) and not self.done.is_set()
-
-    def started_before(self, when: float) -> bool:
-        return self.created < when - 0.001
-
-    async def cancel(self) -> None:
-        await self.generation.cancel()
-        if self.task is not None:
-            await self.task
-
-
 def _log_window(uri: str, kind: str, left: int, allowed: int, *, full: int = 0) -> None:
     """Which window a keystroke answers from, in sizes only (``kode -vv lsp``)."""
     if log.isEnabledFor(logging.DEBUG):
@@ -1185,13 +1055,6 @@ def _log_window(uri: str, kind: str, left: int, allowed: int, *, full: int = 0) 
             allowed,
             also,
         )
-
-
-def _describe(exc: BaseException) -> str:
-    """``errors.describe``, said as a failed generation when it is not Kode's own error."""
-    if isinstance(exc, KodeError):
-        return str(exc)
-    return f"the generation failed unexpectedly ({describe(exc)})"
 
 
 # Tokens of the FIM template itself (special tokens, the file path, the repo name) and
@@ -1230,46 +1093,3 @@ def _repo_name(uri: str) -> str:
     """The repository name shown to the model: the folder holding the file."""
     parent = Path(ctxmod.uri_to_path(uri)).parent.name
     return parent or "workspace"
-
-
-class BackendPool:
-    """Loads the local backend a settings object asks for, once, and swaps it on change."""
-
-    def __init__(self, loader: Callable[[Settings], Awaitable[Backend]]) -> None:
-        self._loader = loader
-        self._key: tuple[object, ...] | None = None
-        self._backend: Backend | None = None
-        self._lock = asyncio.Lock()
-
-    async def get(self, settings: Settings) -> Backend:
-        key = (
-            settings.backend,
-            settings.local_engine,
-            settings.engine,
-            settings.model,
-            settings.draft_model if settings.speculation is SpeculationMethod.DRAFT else None,
-            settings.context_size,
-            settings.threads,
-            settings.kv_memory_mb,
-            settings.remote,
-            settings.template,
-        )
-        async with self._lock:
-            if self._backend is not None and key == self._key:
-                return self._backend
-            if self._backend is not None:
-                await self._backend.aclose()
-                self._backend = None
-            self._backend = await self._loader(settings)
-            self._key = key
-            return self._backend
-
-    @property
-    def current(self) -> Backend | None:
-        return self._backend
-
-    async def aclose(self) -> None:
-        async with self._lock:
-            if self._backend is not None:
-                await self._backend.aclose()
-                self._backend = None

@@ -33,16 +33,10 @@ import msgspec
 from kode.backends.base import Backend, EngineReport, KvMemoryReport
 from kode.backends.errors import DocumentError, describe
 from kode.completion import settings as settings_mod
-from kode.completion.backend_factory import load_backend
+from kode.completion.backend_factory import BackendPool, load_backend
 from kode.completion.documents import Position, Range, file_name
-from kode.completion.engine import (
-    BackendFactory,
-    BackendPool,
-    Completion,
-    CompletionEngine,
-    PartialCallback,
-    Superseded,
-)
+from kode.completion.engine import BackendFactory, CompletionEngine, Superseded
+from kode.completion.suggestion import Completion, PartialCallback
 from kode.lsp import framing
 from kode.lsp.errors import to_lsp_error
 from lsprotocol import types
