@@ -503,7 +503,7 @@ async def _one_hole(
         docs = [] if condition == "in-file" else list(opened)
         if condition == "oracle":
             docs.append((prepared.root / prepared.hole.defining, prepared.defining_excerpt))
-        engine.workspace = index if condition == "retrieval" else None
+        engine.project.index = index if condition == "retrieval" else None
         started = time.perf_counter()
         retrieval_ms = 0.0
         if condition == "retrieval":
@@ -524,7 +524,7 @@ async def _one_hole(
         results.append(result)
         await asyncio.to_thread(_append, options.out / "partial.jsonl", asdict(result))
         bar.update(1)
-    engine.workspace = None
+    engine.project.index = None
 
 
 async def measure(options: Options) -> tuple[list[Result], dict[str, str]]:

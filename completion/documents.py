@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 from kode.backends.errors import DocumentError
 
@@ -39,6 +42,18 @@ def file_name(uri: str) -> str:
     """What logs call a document: the last segment of its URI (``file:///a/b.py`` ->
     ``b.py``), never its text."""
     return uri.rsplit("/", 1)[-1]
+
+
+def file_path(uri: str) -> Path | None:
+    """The local path of a ``file:`` URI (None for other schemes).
+
+    >>> file_path("file:///home/me/my%20proj/a.py"), file_path("untitled:Untitled-1")
+    (PosixPath('/home/me/my proj/a.py'), None)
+    """
+    parsed = urlparse(uri)
+    if parsed.scheme != "file":
+        return None
+    return Path(url2pathname(parsed.path))
 
 
 @dataclass(frozen=True, slots=True)

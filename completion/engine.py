@@ -10,16 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
-import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
-from urllib.request import url2pathname
 
 from kode.backends.base import (
     PREFILL_PROBE,
@@ -40,6 +36,7 @@ from kode.backends.errors import (
 )
 from kode.completion import context as ctxmod
 from kode.completion import healing, syntax
+from kode.completion.clock import Clock, SystemClock
 from kode.completion.documents import (
     Document,
     DocumentStore,
@@ -50,7 +47,8 @@ from kode.completion.documents import (
     with_selected,
 )
 from kode.completion.partials import PartialPacer
-from kode.completion.retrieval import Measure, Retrieved, Retriever
+from kode.completion.project import ProjectContext
+from kode.completion.retrieval import Retrieved
 from kode.completion.settings import DEFAULT, BackendKind, Settings
 from kode.completion.stops import StopRules
 from kode.completion.suggestion import (
@@ -60,7 +58,7 @@ from kode.completion.suggestion import (
     describe_failure,
 )
 from kode.completion.templates import TEMPLATES, FimTemplate, render
-from kode.completion.workspace import IndexLimits, WorkspaceIndex, read_text
+from kode.completion.workspace import WorkspaceIndex
 
 log = logging.getLogger("kode.completion")
 
@@ -78,13 +76,6 @@ _PREPARE_QUIET_S = 0.25
 _PREPARE_HORIZON_S = 2.5
 # Short windows remembered per document (their KV states are kept by the backend).
 _SHORT_WINDOWS = 3
-# An edited document is re-indexed once the user pauses this long (not per keystroke).
-_REINDEX_DELAY_S = 1.0
-# How often the index build, waiting for the model to be idle, looks at its cancel.
-_POLL_IDLE_S = 0.25
-# Characters of retrieved text asked for per token of ``retrievalTokens`` when no
-# tokenizer is at hand (the engine otherwise chooses by the backend's own tokens).
-_CHARS_PER_TOKEN = 4
 
 
 class Superseded(Exception):
@@ -100,6 +91,7 @@ class CompletionEngine:
         settings: Settings = DEFAULT,
         documents: DocumentStore | None = None,
         prefill_rate: PrefillRate | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.documents = documents if documents is not None else DocumentStore()
         self.rate = prefill_rate if prefill_rate is not None else PrefillRate()
@@ -133,14 +125,10 @@ class CompletionEngine:
         self._counter: Callable[[str], int] | None = None
         self._counter_owner: Backend | None = None
         self._background: set[asyncio.Future[None]] = set()
-        self.workspace: WorkspaceIndex | None = None
-        self._index_cancel: threading.Event | None = None
-        # Generations of this window under way (suggestions and background work), and
-        # an event for the index build's thread, set while there are none.
-        self._generating = 0
-        self._model_idle = threading.Event()
-        self._model_idle.set()
-        self._reindex: dict[str, int] = {}  # uri -> document version awaiting re-index
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        self.project = ProjectContext(
+            lambda: self._settings, self.documents, self._spawn, self.clock
+        )
         self._requests = 0  # requests (``complete``) not answered yet
 
     @property
@@ -440,8 +428,8 @@ class CompletionEngine:
         )
         live.task = asyncio.ensure_future(live.pump())
         live.task.add_done_callback(lambda _t: self.rate.observe(generation.stats))
-        self._generation_started()
-        live.task.add_done_callback(self._generation_ended)
+        self.project.generation_started()
+        live.task.add_done_callback(self.project.generation_ended)
         if background:
             self._prep = live  # never a document's suggestion: typed-ahead keeps its own
         else:
@@ -582,7 +570,7 @@ class CompletionEngine:
         doc = self.documents.get(uri)
         self._touch(uri, None, None)
         self._stop_background()
-        self._schedule_reindex(uri)
+        self.project.document_edited(uri)
         live = self._live.get(uri)
         if live is None:
             return
@@ -595,145 +583,23 @@ class CompletionEngine:
         if live.done.is_set() and typed and typed == live.final() and self._settings.prefetch:
             self._spawn(self._prefetch(uri, live.start + len(typed)))
 
-    # -- the workspace index (project context) -------------------------------------------
+    # -- project context ---------------------------------------------------------------
+
+    @property
+    def workspace(self) -> WorkspaceIndex | None:
+        return self.project.index
 
     def open_workspace(self, roots: list[Path]) -> None:
-        """Index ``roots`` in a worker thread (setting ``workspaceIndex``); a keystroke
-        never waits for it: retrieval uses whatever is indexed so far."""
-        settings = self._settings
-        if not settings.workspace_index or not roots:
-            return
-        self._close_workspace()
-        limits = IndexLimits(settings.index_max_files, settings.index_max_file_bytes)
-        index = WorkspaceIndex(roots, limits)
-        self.workspace = index
-        self._index_cancel = cancel = threading.Event()
-        self._spawn(self._build_index(index, cancel))
-
-    def _generation_started(self) -> None:
-        self._generating += 1
-        self._model_idle.clear()
-
-    def _generation_ended(self, _task: asyncio.Future[None] | None = None) -> None:
-        self._generating -= 1
-        if self._generating == 0:
-            self._model_idle.set()
-
-    def _wait_model_idle(self, cancel: threading.Event) -> float:
-        """In the index build's thread: wait while this window's model generates (or
-        until the build is cancelled); the seconds waited."""
-        if self._model_idle.is_set():
-            return 0.0
-        started = time.perf_counter()
-        while not self._model_idle.wait(_POLL_IDLE_S) and not cancel.is_set():
-            pass
-        return time.perf_counter() - started
-
-    def _close_workspace(self) -> None:
-        """Stop the index's build and its parsing child (the index stays readable)."""
-        if self._index_cancel is not None:
-            self._index_cancel.set()
-        if self.workspace is not None:
-            self.workspace.close()
-
-    async def _build_index(self, index: WorkspaceIndex, cancel: threading.Event) -> None:
-        try:
-            pause = functools.partial(self._wait_model_idle, cancel)
-            stats = await asyncio.to_thread(index.build, cancel, pause)
-        except Exception as exc:  # an unreadable tree must not take the server down
-            log.error("workspace index failed: %s", exc)
-            return
-        if stats.truncated:
-            end = " (a limit stopped it)"
-        else:
-            end = "" if stats.complete else " (stopped before the end)"
-        log.info(
-            "workspace index: %d files, %d words, ~%.1f MB, %.1f s (%.1f s of it waiting "
-            "for the model)%s",
-            stats.files,
-            stats.words,
-            stats.approx_bytes / 1e6,
-            stats.build_s,
-            stats.paused_s,
-            end,
-        )
+        self.project.open(roots)
 
     def files_changed(self, changes: list[tuple[str, bool]]) -> None:
-        """Saved, created, changed (``False``) or deleted (``True``) files, by URI."""
-        index = self.workspace
-        if index is None:
-            return
-        for uri, deleted in changes:
-            path = _file_path(uri)
-            if path is None:
-                continue
-            text = None if deleted or uri not in self.documents else self.documents.get(uri).text
-            if deleted:
-                self._spawn(asyncio.to_thread(index.remove, path))
-            else:
-                self._spawn(self._update_index(index, path, text))
-
-    async def _update_index(self, index: WorkspaceIndex, path: Path, text: str | None) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            await asyncio.to_thread(index.update, path, text)
-
-    def _schedule_reindex(self, uri: str) -> None:
-        if self.workspace is None or uri not in self.documents:
-            return
-        pending = uri in self._reindex
-        self._reindex[uri] = self.documents.get(uri).version
-        if not pending:
-            self._spawn(self._reindex_when_idle(uri))
-
-    async def _reindex_when_idle(self, uri: str) -> None:
-        """Re-index an edited document once its version stops changing."""
-        while True:
-            version = self._reindex.get(uri)
-            await asyncio.sleep(_REINDEX_DELAY_S)
-            if uri not in self.documents:
-                self._reindex.pop(uri, None)
-                return
-            if self._reindex.get(uri) == version:
-                break
-        self._reindex.pop(uri, None)
-        self.files_changed([(uri, False)])
+        self.project.files_changed(changes)
 
     async def retrieve(
         self, uri: str, text: str, offset: int, backend: Backend | None = None
     ) -> tuple[Retrieved, ...]:
-        """Project context for a cursor (setting ``retrievalTokens``), chosen in a worker
-        thread by ``backend``'s tokens (characters without one, 4 a token); () without a
-        workspace index."""
-        index = self.workspace
-        tokens = self._settings.retrieval_tokens
-        if index is None or tokens == 0 or len(index) == 0:
-            return ()
-        open_texts: dict[Path, str] = {}
-        for other in self.documents.others(uri):
-            path = _file_path(other.uri)
-            if path is not None:
-                open_texts[path] = other.text
-        limit = index.limits.max_file_bytes
         counter = None if backend is None else self._count_tokens(backend)
-
-        def read(path: Path) -> str | None:
-            found = open_texts.get(path)
-            return found if found is not None else read_text(path, limit)
-
-        def work() -> tuple[Retrieved, ...]:
-            path = _file_path(uri)
-            resolved = None if path is None else path.resolve()
-            retriever = Retriever(index, read)
-            if counter is None:
-                return tuple(retriever.retrieve(resolved, text, offset, tokens * _CHARS_PER_TOKEN))
-            measure = Measure.tokens(counter)
-            return tuple(retriever.retrieve(resolved, text, offset, tokens, measure=measure))
-
-        try:
-            return await asyncio.to_thread(work)
-        except Exception as exc:  # best effort: complete without project context
-            log.debug("retrieval failed: %s", type(exc).__name__)
-            return ()
+        return await self.project.retrieve(uri, text, offset, counter)
 
     async def _drop_if_abandoned(self, uri: str, live: Suggestion) -> None:
         await asyncio.sleep(_CANCEL_GRACE_S)
@@ -796,7 +662,7 @@ class CompletionEngine:
         # The start-up timing and any preparation end as cancelled, not cut off by the
         # backend closing under them (which a shared engine's window reports as a failure).
         # The index build stops too (it was awaited to its end) and its child exits.
-        self._close_workspace()
+        self.project.close()
         await self._cancel_background()
         if self._prepare_task is not None:
             self._prepare_task.cancel()
@@ -1029,7 +895,7 @@ class CompletionEngine:
                 speculation=SpeculationMethod.NONE,
                 background=True,
             )
-            self._generation_started()  # the index build waits: it would slow the timing
+            self.project.generation_started()  # the index build waits: it would slow it
             try:
                 self._calibration = generation = await backend.generate(request)
                 try:
@@ -1039,7 +905,7 @@ class CompletionEngine:
                     self._calibration = None
                     await generation.cancel()
             finally:
-                self._generation_ended()
+                self.project.generation_ended()
             self.rate.observe(generation.stats)
 
 
@@ -1079,14 +945,6 @@ def prompt_budget(settings: Settings, max_tokens: int) -> ctxmod.Budget:
     scale = min(1.0, max(room, 1) / sum(parts))
     prefix, suffix, snippets, retrieval = (int(n * scale) for n in parts)
     return ctxmod.Budget(max(1, prefix), suffix, snippets, retrieval)
-
-
-def _file_path(uri: str) -> Path | None:
-    """The local path of a ``file:`` URI (None for other schemes)."""
-    parsed = urlparse(uri)
-    if parsed.scheme != "file":
-        return None
-    return Path(url2pathname(parsed.path))
 
 
 def _repo_name(uri: str) -> str:

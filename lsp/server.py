@@ -26,15 +26,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from threading import Event
 from typing import Any, BinaryIO, ClassVar
-from urllib.parse import urlparse
-from urllib.request import url2pathname
 
 import msgspec
 from kode.backends.base import Backend, EngineReport, KvMemoryReport
 from kode.backends.errors import DocumentError, describe
 from kode.completion import settings as settings_mod
 from kode.completion.backend_factory import BackendPool, load_backend
-from kode.completion.documents import Position, Range, file_name
+from kode.completion.documents import Position, Range, file_name, file_path
 from kode.completion.engine import BackendFactory, CompletionEngine, Superseded
 from kode.completion.suggestion import Completion, PartialCallback
 from kode.lsp import framing
@@ -316,9 +314,9 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
     @server.feature(types.WORKSPACE_DID_CHANGE_WORKSPACE_FOLDERS)
     def did_change_workspace_folders(params: types.DidChangeWorkspaceFoldersParams) -> None:
         event = params.event
-        removed = {_uri_path(f.uri) for f in event.removed}
+        removed = {file_path(f.uri) for f in event.removed}
         roots = [r for r in server.workspace_roots if r not in removed]
-        roots += [p for f in event.added if (p := _uri_path(f.uri)) is not None]
+        roots += [p for f in event.added if (p := file_path(f.uri)) is not None]
         server.workspace_roots = roots
         server.engine.open_workspace(roots)
 
@@ -592,18 +590,13 @@ def _index_stats(server: KodeServer) -> dict[str, Any] | None:
     }
 
 
-def _uri_path(uri: str) -> Path | None:
-    parsed = urlparse(uri)
-    return Path(url2pathname(parsed.path)) if parsed.scheme == "file" else None
-
-
 def _workspace_roots(params: types.InitializeParams) -> list[Path]:
     """The workspace folders, else the (deprecated) root URI, else the root path."""
     if params.workspace_folders:
-        found = [_uri_path(f.uri) for f in params.workspace_folders]
+        found = [file_path(f.uri) for f in params.workspace_folders]
         return [p for p in found if p is not None]
     if params.root_uri:
-        root = _uri_path(params.root_uri)
+        root = file_path(params.root_uri)
         return [] if root is None else [root]
     return [Path(params.root_path)] if params.root_path else []
 

@@ -11,22 +11,25 @@ import time
 from pathlib import Path
 
 import pytest
-from kode.completion import engine as engine_mod
+from kode.completion.clock import ManualClock
 from kode.completion.documents import Position
 from kode.completion.engine import CompletionEngine
+from kode.completion.project import REINDEX_DELAY_S
 from kode.completion.settings import parse
 from kode.completion.workspace import WorkspaceIndex
 from test_engine import ScriptedBackend  # the scripted backend of the engine's tests
 from test_workspace import wait_gone
 
 
-def engine_for(backend: ScriptedBackend, **settings: object) -> CompletionEngine:
+def engine_for(
+    backend: ScriptedBackend, clock: ManualClock | None = None, **settings: object
+) -> CompletionEngine:
     async def factory(_settings: object) -> ScriptedBackend:
         return backend
 
     parsed, problems = parse({"readAhead": False, **settings})
     assert problems == []
-    return CompletionEngine(factory, parsed)  # type: ignore[arg-type]
+    return CompletionEngine(factory, parsed, clock=clock)  # type: ignore[arg-type]
 
 
 async def built(engine: CompletionEngine, root: Path) -> None:
@@ -119,25 +122,25 @@ async def test_save_and_delete_update_what_is_retrieved(project: Path) -> None:
     await engine.aclose()
 
 
-async def test_edits_reindex_once_the_user_pauses(
-    project: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(engine_mod, "_REINDEX_DELAY_S", 0.05)
-    backend = ScriptedBackend(["x"])
-    engine = engine_for(backend)
+async def test_edits_reindex_once_the_user_pauses(project: Path) -> None:
+    clock = ManualClock()
+    engine = engine_for(ScriptedBackend(["x"]), clock=clock)
     await built(engine, project)
     uri = (project / "pkg" / "geometry.py").as_uri()
     engine.documents.open(uri, "def old(): pass\n", 1, "python")
+    index = engine.workspace
+    assert index is not None
     for version in range(2, 6):  # typing: no re-index per keystroke
         engine.documents.change(uri, version, [(f"def typed_name_{version}(): pass\n", None)])
         engine.document_changed(uri)
-        await asyncio.sleep(0.01)
-    index = engine.workspace
-    assert index is not None
+        await clock.advance(REINDEX_DELAY_S / 2)
     assert index.find_definitions("typed_name_5") == []
+    # The pause: the version is the same at two checks one delay apart; re-indexed once.
+    await clock.advance(REINDEX_DELAY_S)
+    await clock.advance(REINDEX_DELAY_S)
     async with asyncio.timeout(5):
         while not index.find_definitions("typed_name_5"):
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.01)
     assert index.find_definitions("typed_name_2") == []
     await engine.aclose()
 

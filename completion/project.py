@@ -1,0 +1,204 @@
+"""Project context: the workspace index a window builds, keeps up to date and retrieves
+from (``workspace.py`` indexes, ``retrieval.py`` chooses; this room runs them).
+
+The index is built in a worker thread that waits while the window's model generates
+(``generation_started`` / ``generation_ended``), updated when files are saved, created
+or deleted, and for an edited open document once the user pauses (``REINDEX_DELAY_S``).
+A keystroke never waits for any of it: retrieval uses whatever is indexed so far.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from kode.completion.clock import Clock
+from kode.completion.documents import DocumentStore, file_path
+from kode.completion.retrieval import Measure, Retrieved, Retriever
+from kode.completion.settings import Settings
+from kode.completion.workspace import IndexLimits, WorkspaceIndex, read_text
+
+log = logging.getLogger("kode.completion")
+
+# An edited document is re-indexed once the user pauses this long (not per keystroke).
+REINDEX_DELAY_S = 1.0
+# How often the index build, waiting for the model to be idle, looks at its cancel.
+_POLL_IDLE_S = 0.25
+# Characters of retrieved text asked for per token of ``retrievalTokens`` when no
+# tokenizer is at hand (the engine otherwise chooses by the backend's own tokens).
+_CHARS_PER_TOKEN = 4
+
+Spawn = Callable[[Coroutine[Any, Any, None]], None]
+
+
+class ProjectContext:
+    """The workspace index of one window, and retrieval from it."""
+
+    def __init__(
+        self,
+        settings: Callable[[], Settings],
+        documents: DocumentStore,
+        spawn: Spawn,
+        clock: Clock,
+    ) -> None:
+        self._settings = settings
+        self.documents = documents
+        self._spawn = spawn
+        self._clock = clock
+        self.index: WorkspaceIndex | None = None
+        self._cancel: threading.Event | None = None
+        # Generations of this window under way (suggestions and background work), and
+        # an event for the index build's thread, set while there are none.
+        self._generating = 0
+        self._model_idle = threading.Event()
+        self._model_idle.set()
+        self._reindex: dict[str, int] = {}  # uri -> document version awaiting re-index
+
+    def open(self, roots: list[Path]) -> None:
+        """Index ``roots`` in a worker thread (setting ``workspaceIndex``)."""
+        settings = self._settings()
+        if not settings.workspace_index or not roots:
+            return
+        self.close()
+        limits = IndexLimits(settings.index_max_files, settings.index_max_file_bytes)
+        index = WorkspaceIndex(roots, limits)
+        self.index = index
+        self._cancel = cancel = threading.Event()
+        self._spawn(self._build(index, cancel))
+
+    def close(self) -> None:
+        """Stop the index's build and its parsing child (the index stays readable)."""
+        if self._cancel is not None:
+            self._cancel.set()
+        if self.index is not None:
+            self.index.close()
+
+    # -- the model's turns ---------------------------------------------------------------
+
+    def generation_started(self) -> None:
+        self._generating += 1
+        self._model_idle.clear()
+
+    def generation_ended(self, _task: asyncio.Future[None] | None = None) -> None:
+        self._generating -= 1
+        if self._generating == 0:
+            self._model_idle.set()
+
+    def _wait_model_idle(self, cancel: threading.Event) -> float:
+        """In the index build's thread: wait while this window's model generates (or
+        until the build is cancelled); the seconds waited."""
+        if self._model_idle.is_set():
+            return 0.0
+        started = time.perf_counter()
+        while not self._model_idle.wait(_POLL_IDLE_S) and not cancel.is_set():
+            pass
+        return time.perf_counter() - started
+
+    async def _build(self, index: WorkspaceIndex, cancel: threading.Event) -> None:
+        try:
+            pause = functools.partial(self._wait_model_idle, cancel)
+            stats = await asyncio.to_thread(index.build, cancel, pause)
+        except Exception as exc:  # an unreadable tree must not take the server down
+            log.error("workspace index failed: %s", exc)
+            return
+        if stats.truncated:
+            end = " (a limit stopped it)"
+        else:
+            end = "" if stats.complete else " (stopped before the end)"
+        log.info(
+            "workspace index: %d files, %d words, ~%.1f MB, %.1f s (%.1f s of it waiting "
+            "for the model)%s",
+            stats.files,
+            stats.words,
+            stats.approx_bytes / 1e6,
+            stats.build_s,
+            stats.paused_s,
+            end,
+        )
+
+    # -- keeping it up to date -----------------------------------------------------------
+
+    def files_changed(self, changes: list[tuple[str, bool]]) -> None:
+        """Saved, created, changed (``False``) or deleted (``True``) files, by URI."""
+        index = self.index
+        if index is None:
+            return
+        for uri, deleted in changes:
+            path = file_path(uri)
+            if path is None:
+                continue
+            text = None if deleted or uri not in self.documents else self.documents.get(uri).text
+            if deleted:
+                self._spawn(asyncio.to_thread(index.remove, path))
+            else:
+                self._spawn(self._update(index, path, text))
+
+    async def _update(self, index: WorkspaceIndex, path: Path, text: str | None) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            await asyncio.to_thread(index.update, path, text)
+
+    def document_edited(self, uri: str) -> None:
+        """Re-index an edited open document once its version stops changing."""
+        if self.index is None or uri not in self.documents:
+            return
+        pending = uri in self._reindex
+        self._reindex[uri] = self.documents.get(uri).version
+        if not pending:
+            self._spawn(self._reindex_when_idle(uri))
+
+    async def _reindex_when_idle(self, uri: str) -> None:
+        while True:
+            version = self._reindex.get(uri)
+            await self._clock.sleep(REINDEX_DELAY_S)
+            if uri not in self.documents:
+                self._reindex.pop(uri, None)
+                return
+            if self._reindex.get(uri) == version:
+                break
+        self._reindex.pop(uri, None)
+        self.files_changed([(uri, False)])
+
+    # -- retrieval -----------------------------------------------------------------------
+
+    async def retrieve(
+        self, uri: str, text: str, offset: int, counter: Callable[[str], int] | None = None
+    ) -> tuple[Retrieved, ...]:
+        """Project context for a cursor (setting ``retrievalTokens``), chosen in a worker
+        thread by the model's token ``counter`` (characters without one, 4 a token); ()
+        without a workspace index."""
+        index = self.index
+        tokens = self._settings().retrieval_tokens
+        if index is None or tokens == 0 or len(index) == 0:
+            return ()
+        open_texts: dict[Path, str] = {}
+        for other in self.documents.others(uri):
+            path = file_path(other.uri)
+            if path is not None:
+                open_texts[path] = other.text
+        limit = index.limits.max_file_bytes
+
+        def read(path: Path) -> str | None:
+            found = open_texts.get(path)
+            return found if found is not None else read_text(path, limit)
+
+        def work() -> tuple[Retrieved, ...]:
+            path = file_path(uri)
+            resolved = None if path is None else path.resolve()
+            retriever = Retriever(index, read)
+            if counter is None:
+                return tuple(retriever.retrieve(resolved, text, offset, tokens * _CHARS_PER_TOKEN))
+            measure = Measure.tokens(counter)
+            return tuple(retriever.retrieve(resolved, text, offset, tokens, measure=measure))
+
+        try:
+            return await asyncio.to_thread(work)
+        except Exception as exc:  # best effort: complete without project context
+            log.debug("retrieval failed: %s", type(exc).__name__)
+            return ()
