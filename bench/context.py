@@ -677,9 +677,9 @@ def measure_fitted(options: Options) -> dict[str, Any]:
     renamed name reach it, and what the retrieved part holds."""
     from kode.completion import context as ctxmod
     from kode.completion.documents import Document
-    from kode.completion.engine import prompt_budget
     from kode.completion.retrieval import Source
     from kode.completion.settings import parse
+    from kode.completion.windows import prompt_budget
 
     count = token_counter(options.model)
     if count is None:

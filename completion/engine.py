@@ -13,7 +13,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +27,12 @@ from kode.backends.base import (
     PromptCache,
     Sampling,
     SpeculationMethod,
-    TokenHealing,
 )
 from kode.backends.errors import (
     DocumentError,
-    SettingsError,
 )
 from kode.completion import context as ctxmod
-from kode.completion import healing, syntax
+from kode.completion import syntax
 from kode.completion.clock import Clock, SystemClock
 from kode.completion.documents import (
     Document,
@@ -43,7 +40,6 @@ from kode.completion.documents import (
     Position,
     Range,
     file_name,
-    scrub,
     with_selected,
 )
 from kode.completion.partials import PartialPacer
@@ -57,7 +53,8 @@ from kode.completion.suggestion import (
     Suggestion,
     describe_failure,
 )
-from kode.completion.templates import TEMPLATES, FimTemplate, render
+from kode.completion.templates import FimTemplate
+from kode.completion.windows import Windows
 from kode.completion.workspace import WorkspaceIndex
 
 log = logging.getLogger("kode.completion")
@@ -95,8 +92,6 @@ class CompletionEngine:
     ) -> None:
         self.documents = documents if documents is not None else DocumentStore()
         self.rate = prefill_rate if prefill_rate is not None else PrefillRate()
-        # Per document: shorter windows (anchor line, budget) answered or prepared lately.
-        self._short: dict[str, list[tuple[int, ctxmod.Budget]]] = {}
         self._cursor: dict[str, tuple[int, int]] = {}  # uri -> (version, offset) to prepare
         self._active: str | None = None  # the document the user works in
         self._last_activity = 0.0
@@ -109,11 +104,9 @@ class CompletionEngine:
         # Requests that kept the project context their window was prepared with, because
         # the newly retrieved one would have to be evaluated again at the keystroke.
         self.kept_snippets = 0
-        self._evaluated_retrieval: dict[str, tuple[Retrieved, ...]] = {}
         self.cursor_moves = 0  # `kode/didMoveCursor` notifications received
         self._factory = backend_factory
         self._settings = settings
-        self._anchors: dict[str, int] = {}
         self._live: dict[str, Suggestion] = {}
         self._tickets: dict[str, object] = {}
         self.typed_ahead_hits = 0
@@ -122,10 +115,9 @@ class CompletionEngine:
         self.last_answer: Completion | None = None
         self.prefetches = 0
         self.read_aheads = 0
-        self._counter: Callable[[str], int] | None = None
-        self._counter_owner: Backend | None = None
         self._background: set[asyncio.Future[None]] = set()
         self.clock: Clock = clock if clock is not None else SystemClock()
+        self.windows = Windows(lambda: self._settings, self.documents, self.rate)
         self.project = ProjectContext(
             lambda: self._settings, self.documents, self._spawn, self.clock
         )
@@ -141,20 +133,8 @@ class CompletionEngine:
     async def backend(self) -> Backend:
         return await self._factory(self._settings)
 
-    def _count_tokens(self, backend: Backend) -> Callable[[str], int]:
-        """Token counts of context lines, cached: per keystroke only one line changes."""
-        if self._counter is None or self._counter_owner is not backend:
-            self._counter = lru_cache(maxsize=16384)(backend.count_tokens)
-            self._counter_owner = backend
-        return self._counter
-
     def template(self) -> FimTemplate:
-        try:
-            return TEMPLATES[self._settings.template]
-        except KeyError:
-            raise SettingsError(
-                f"unknown template {self._settings.template!r}; known: {', '.join(TEMPLATES)}"
-            ) from None
+        return self.windows.template()
 
     async def complete(
         self,
@@ -238,137 +218,13 @@ class CompletionEngine:
         yields: bool = False,
     ) -> Suggestion:
         retrieved = await self.retrieve(uri, doc.text, offset, backend)
-        ctx, short = self._request_context(uri, doc, offset, backend, retrieved, count=not yields)
-        live = await self._launch(uri, doc, offset, backend, ctx, max_tokens, yields=yields)
-        live.short = short
+        choice = self.windows.for_request(uri, doc, offset, backend, retrieved)
+        if not yields:  # a keystroke's window, not a prefetch's
+            self.short_answers += choice.short
+            self.kept_snippets += choice.kind == "full, prepared snippets"
+        live = await self._launch(uri, doc, offset, backend, choice.ctx, max_tokens, yields=yields)
+        live.short = choice.short
         return live
-
-    # -- which window: the latency budget ------------------------------------------------
-
-    def _full_context(
-        self,
-        uri: str,
-        doc: Document,
-        offset: int,
-        backend: Backend,
-        retrieved: tuple[Retrieved, ...] = (),
-    ) -> ctxmod.CompletionContext:
-        settings = self._settings
-        budget = prompt_budget(settings, settings.max_tokens)
-        ctx = ctxmod.gather(
-            doc,
-            offset,
-            self._count_tokens(backend),
-            budget,
-            others=self.documents.others(uri) if settings.snippet_tokens else (),
-            anchor=self._anchors.get(uri),
-            retrieved=retrieved,
-        )
-        self._anchors[uri] = ctx.prefix_start_line
-        return ctx
-
-    def _short_context(
-        self, uri: str, doc: Document, offset: int, backend: Backend, tokens: int
-    ) -> ctxmod.CompletionContext:
-        """A window of about ``tokens`` prompt tokens around the cursor, no other files;
-        remembered for this document so the next keystrokes reuse its cache."""
-        budget = ctxmod.Budget(
-            prefix_tokens=max(16, tokens * 4 // 5),
-            suffix_tokens=min(self._settings.suffix_tokens, tokens // 5),
-            snippet_tokens=0,
-        )
-        ctx = ctxmod.gather(doc, offset, self._count_tokens(backend), budget, anchor=None)
-        kept = [w for w in self._short.get(uri, []) if w[1] != budget]
-        self._short[uri] = [(ctx.prefix_start_line, budget), *kept][:_SHORT_WINDOWS]
-        return ctx
-
-    def _known_windows(
-        self, uri: str, doc: Document, offset: int, backend: Backend
-    ) -> list[ctxmod.CompletionContext]:
-        """This document's remembered short windows that still hold the cursor, largest
-        first."""
-        found = []
-        for anchor, budget in self._short.get(uri, []):
-            ctx = ctxmod.gather(doc, offset, self._count_tokens(backend), budget, anchor=anchor)
-            if ctx.prefix_start_line == anchor:
-                found.append((budget.prefix_tokens, ctx))
-        return [ctx for _, ctx in sorted(found, key=lambda f: -f[0])]
-
-    def _to_evaluate(self, uri: str, ctx: ctxmod.CompletionContext, backend: Backend) -> int:
-        """Prompt tokens a generation from ``ctx`` would still evaluate (0 if unknown)."""
-        if not isinstance(backend, PromptCache):
-            return 0
-        cached, total = backend.cached_prefix(self._prompt(uri, ctx, self._heal(ctx, backend)))
-        return total - cached
-
-    def _request_context(
-        self,
-        uri: str,
-        doc: Document,
-        offset: int,
-        backend: Backend,
-        retrieved: tuple[Retrieved, ...] = (),
-        *,
-        count: bool = True,
-    ) -> tuple[ctxmod.CompletionContext, bool]:
-        """The full window, unless evaluating what it still needs would take longer than
-        ``firstAnswerMs`` at the measured prefill speed: then the largest remembered
-        shorter window that fits, else a new one sized to fit. Background preparation
-        (``cursor_moved``) then works towards the full window for the next keystroke.
-        Also says whether the window is a short one. ``count``: a keystroke's window
-        (the counters ``shortAnswers`` and ``keptSnippets``), not a prefetch's."""
-        previous = self._evaluated_retrieval.get(uri)
-        full = self._full_context(uri, doc, offset, backend, retrieved)
-        budget_ms = self._settings.first_answer_ms
-        allowed = self.rate.tokens_within(budget_ms) if budget_ms else None
-        if allowed is None or not isinstance(backend, PromptCache):
-            self._evaluated_retrieval[uri] = retrieved
-            return full, False
-        allowed = max(allowed, 16)
-        left = self._to_evaluate(uri, full, backend)
-        if left <= allowed:
-            self._evaluated_retrieval[uri] = retrieved
-            _log_window(uri, "full", left, allowed)
-            return full, False
-        if previous is not None and previous != retrieved:
-            # The project context changed at this keystroke (a name typed on the line
-            # resolved): everything after the first changed snippet would be evaluated
-            # again. Answer with the snippets the window was prepared with; background
-            # preparation evaluates the new ones for the next keystrokes.
-            kept = self._full_context(uri, doc, offset, backend, previous)
-            kept_left = self._to_evaluate(uri, kept, backend)
-            if kept_left <= allowed:
-                self.kept_snippets += count
-                _log_window(uri, "full, prepared snippets", kept_left, allowed)
-                return kept, False
-        self.short_answers += count
-        for ctx in self._known_windows(uri, doc, offset, backend):
-            known_left = self._to_evaluate(uri, ctx, backend)
-            if known_left <= allowed:
-                _log_window(uri, "short, remembered", known_left, allowed, full=left)
-                return ctx, True
-        _log_window(uri, "short, new", allowed, allowed, full=left)
-        return self._short_context(uri, doc, offset, backend, allowed), True
-
-    def _heal(self, ctx: ctxmod.CompletionContext, backend: Backend) -> str:
-        """The end of the prefix to heal (``completion/healing.py``), if any."""
-        if not self._settings.token_healing or not isinstance(backend, TokenHealing):
-            return ""
-        return healing.heal_text(ctx.line_prefix, backend.last_token_chars)
-
-    def _prompt(self, uri: str, ctx: ctxmod.CompletionContext, heal: str = "") -> str:
-        """The prompt for ``ctx``, its prefix without the ``heal`` text at its end."""
-        # Document text is scrubbed when stored; the URI (path, repo name) is not.
-        return scrub(
-            render(
-                self.template(),
-                ctx.prefix[: len(ctx.prefix) - len(heal)],
-                ctx.suffix,
-                path=ctx.path,
-                repo=_repo_name(uri),
-                snippets=ctx.snippets,
-            )
-        )
 
     async def _launch(
         self,
@@ -387,8 +243,8 @@ class CompletionEngine:
         shared engine runs after other windows' keystrokes, like background work."""
         settings = self._settings
         template = self.template()
-        heal = self._heal(ctx, backend)
-        prompt = self._prompt(uri, ctx, heal)
+        heal = self.windows.heal(ctx, backend)
+        prompt = self.windows.prompt(uri, ctx, heal)
         if settings.log_prompts:
             log.debug("prompt for %s:%s:\n%s", uri, doc.version, prompt)
         rules = StopRules.build(
@@ -548,13 +404,13 @@ class CompletionEngine:
                 return
             if uri in self._tickets or (self._active is not None and self._active != uri):
                 return
-            counter = self._count_tokens(backend)
+            counter = self.windows.count_tokens(backend)
             budget = ctxmod.Budget(self._settings.prefix_tokens, 0, 0)
             ctx = ctxmod.gather(doc, len(doc.text), counter, budget, anchor=None)
             if ctx.prefix_start_line != 0:
                 return
             retrieved = await self.retrieve(uri, doc.text, len(doc.text), backend)
-            full = self._full_context(uri, doc, len(doc.text), backend, retrieved)
+            full = self.windows.full(uri, doc, len(doc.text), backend, retrieved)
             live = await self._launch(uri, doc, len(doc.text), backend, full, 1, background=True)
             self.read_aheads += 1
             await self._finish_prep(live)
@@ -598,7 +454,7 @@ class CompletionEngine:
     async def retrieve(
         self, uri: str, text: str, offset: int, backend: Backend | None = None
     ) -> tuple[Retrieved, ...]:
-        counter = None if backend is None else self._count_tokens(backend)
+        counter = None if backend is None else self.windows.count_tokens(backend)
         return await self.project.retrieve(uri, text, offset, counter)
 
     async def _drop_if_abandoned(self, uri: str, live: Suggestion) -> None:
@@ -651,9 +507,7 @@ class CompletionEngine:
         stop preparing it: nothing will be asked there."""
         if self._prep is not None and self._prep.uri == uri:
             self._stop_background()
-        self._anchors.pop(uri, None)
-        self._short.pop(uri, None)
-        self._evaluated_retrieval.pop(uri, None)
+        self.windows.forget(uri)
         self._cursor.pop(uri, None)
         if self._active == uri:
             self._active = None
@@ -792,7 +646,7 @@ class CompletionEngine:
                     await self.warm_up()  # or waits for the timing under way
                     continue
                 retrieved = await self.retrieve(uri, doc.text, offset, backend)
-                ctx = self._next_to_prepare(uri, doc, offset, backend, retrieved)
+                ctx = self.windows.to_prepare(uri, doc, offset, backend, retrieved)
                 if ctx is None:
                     log.debug("prepared %s: its full window is evaluated", file_name(uri))
                     await self._suggest_at_cursor(uri, doc, offset, backend)
@@ -801,7 +655,7 @@ class CompletionEngine:
                     return  # a read-ahead is running
                 if log.isEnabledFor(logging.DEBUG):
                     cached, total = backend.cached_prefix(
-                        self._prompt(uri, ctx, self._heal(ctx, backend))
+                        self.windows.prompt(uri, ctx, self.windows.heal(ctx, backend))
                     )
                     log.debug(
                         "preparing %s: %d of a %d-token window to evaluate",
@@ -849,29 +703,6 @@ class CompletionEngine:
             return
         await self._start(uri, doc, offset, backend, None, yields=True)
         self.prefetches += 1
-
-    def _next_to_prepare(
-        self,
-        uri: str,
-        doc: Document,
-        offset: int,
-        backend: Backend,
-        retrieved: tuple[Retrieved, ...],
-    ) -> ctxmod.CompletionContext | None:
-        full = self._full_context(uri, doc, offset, backend, retrieved)
-        left = self._to_evaluate(uri, full, backend)
-        if left <= 1:
-            self._evaluated_retrieval[uri] = retrieved
-            return None
-        horizon = self.rate.tokens_within(_PREPARE_HORIZON_S * 1000)
-        if horizon is None or not self._settings.first_answer_ms or left <= horizon:
-            self._evaluated_retrieval[uri] = retrieved
-            return full
-        for ctx in self._known_windows(uri, doc, offset, backend):
-            if self._to_evaluate(uri, ctx, backend) <= 1:
-                self._evaluated_retrieval[uri] = retrieved
-                return full  # a short window is ready: go on with the full one
-        return self._short_context(uri, doc, offset, backend, horizon)
 
     async def warm_up(self) -> None:
         """Load the model, then time a synthetic prompt (no user code) to learn this
@@ -926,28 +757,3 @@ def _log_window(uri: str, kind: str, left: int, allowed: int, *, full: int = 0) 
 # Tokens of the FIM template itself (special tokens, the file path, the repo name) and
 # slack for line-wise counting, which can undercount the joined prompt by a few tokens.
 _PROMPT_OVERHEAD = 64
-
-
-def prompt_budget(settings: Settings, max_tokens: int) -> ctxmod.Budget:
-    """The context budget, shrunk in proportion so that prompt plus ``max_tokens`` fits
-    ``contextSize``: otherwise every long file answers "context overflow".
-
-    >>> prompt_budget(Settings(context_size=1024), 128)
-    Budget(prefix_tokens=403, suffix_tokens=25, snippet_tokens=201, retrieval_tokens=201)
-    """
-    parts = (
-        settings.prefix_tokens,
-        settings.suffix_tokens,
-        settings.snippet_tokens,
-        settings.retrieval_tokens,
-    )
-    room = settings.context_size - max_tokens - _PROMPT_OVERHEAD
-    scale = min(1.0, max(room, 1) / sum(parts))
-    prefix, suffix, snippets, retrieval = (int(n * scale) for n in parts)
-    return ctxmod.Budget(max(1, prefix), suffix, snippets, retrieval)
-
-
-def _repo_name(uri: str) -> str:
-    """The repository name shown to the model: the folder holding the file."""
-    parent = Path(ctxmod.uri_to_path(uri)).parent.name
-    return parent or "workspace"

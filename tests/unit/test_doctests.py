@@ -1,0 +1,23 @@
+"""The worked examples in the docstrings of Kode's pure modules run, and hold."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = [
+    "kode.backends.daemon.scheduler",
+    "kode.backends.kv_reuse",
+    "kode.completion.clock",
+    "kode.completion.documents",
+    "kode.completion.windows",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_doctests(name: str) -> None:
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.attempted > 0
+    assert result.failed == 0
