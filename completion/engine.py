@@ -9,50 +9,25 @@ for an older document version is dropped rather than drawn over newer text.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from kode.backends.base import (
-    PREFILL_PROBE,
-    Backend,
-    FinishReason,
-    Generation,
-    GenerationRequest,
-    PrefillRate,
-    PrefillSpeed,
-    PromptCache,
-    Sampling,
-    SpeculationMethod,
-)
-from kode.backends.errors import (
-    DocumentError,
-)
+from kode.backends.base import Backend, GenerationRequest, PrefillRate, Sampling
+from kode.backends.errors import DocumentError
 from kode.completion import context as ctxmod
 from kode.completion import syntax
 from kode.completion.clock import Clock, SystemClock
-from kode.completion.documents import (
-    Document,
-    DocumentStore,
-    Position,
-    Range,
-    file_name,
-    with_selected,
-)
+from kode.completion.documents import Document, DocumentStore, Position, Range, with_selected
 from kode.completion.partials import PartialPacer
+from kode.completion.preparation import Preparation
 from kode.completion.project import ProjectContext
 from kode.completion.retrieval import Retrieved
 from kode.completion.settings import DEFAULT, BackendKind, Settings
 from kode.completion.stops import StopRules
-from kode.completion.suggestion import (
-    Completion,
-    PartialCallback,
-    Suggestion,
-    describe_failure,
-)
+from kode.completion.suggestion import Completion, PartialCallback, Suggestion, describe_failure
 from kode.completion.templates import FimTemplate
 from kode.completion.windows import Windows
 from kode.completion.workspace import WorkspaceIndex
@@ -64,15 +39,6 @@ BackendFactory = Callable[[Settings], Awaitable[Backend]]
 # After a request is cancelled, how long to wait for the edit (or new request) that
 # may keep its suggestion alive before stopping the generation.
 _CANCEL_GRACE_S = 0.1
-# A document opened and left within this long (tabs flicked past) is not read ahead.
-_READ_AHEAD_DELAY_S = 0.3
-# Background preparation starts only after this long without a request or an edit.
-_PREPARE_QUIET_S = 0.25
-# What a person reading before typing gives the machine: a prepared window is sized to be
-# evaluated within this (3 s of reading buys ~300 tokens of the 1.5B on 2 cores).
-_PREPARE_HORIZON_S = 2.5
-# Short windows remembered per document (their KV states are kept by the backend).
-_SHORT_WINDOWS = 3
 
 
 class Superseded(Exception):
@@ -92,14 +58,6 @@ class CompletionEngine:
     ) -> None:
         self.documents = documents if documents is not None else DocumentStore()
         self.rate = prefill_rate if prefill_rate is not None else PrefillRate()
-        self._cursor: dict[str, tuple[int, int]] = {}  # uri -> (version, offset) to prepare
-        self._active: str | None = None  # the document the user works in
-        self._last_activity = 0.0
-        self._prepare_task: asyncio.Task[None] | None = None
-        self._calibration: Generation | None = None
-        self._timing = asyncio.Lock()  # the start-up timing of the prefill speed
-        self._prep: Suggestion | None = None  # the background preparation running, if any
-        self.prepared = 0  # background preparations that finished
         self.short_answers = 0  # requests answered from a shorter window (budget)
         # Requests that kept the project context their window was prepared with, because
         # the newly retrieved one would have to be evaluated again at the keystroke.
@@ -113,11 +71,10 @@ class CompletionEngine:
         # The last non-empty answer (`kode/stats` `lastCompletion`, the status bars): the
         # backend's own last generation is often a one-token background one.
         self.last_answer: Completion | None = None
-        self.prefetches = 0
-        self.read_aheads = 0
         self._background: set[asyncio.Future[None]] = set()
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.windows = Windows(lambda: self._settings, self.documents, self.rate)
+        self.preparation = Preparation(self)
         self.project = ProjectContext(
             lambda: self._settings, self.documents, self._spawn, self.clock
         )
@@ -168,7 +125,7 @@ class CompletionEngine:
         version = doc.version
         ticket = object()
         self._tickets[uri] = ticket
-        self._touch(uri, version, offset)
+        self.preparation.touch(uri, version, offset)
         if selected is not None:
             doc, offset = with_selected(doc, position, *selected)
         self._requests += 1  # background preparation waits until it is answered
@@ -178,7 +135,7 @@ class CompletionEngine:
             # worker; shared engine: its scheduler starts a document's next generation in
             # the slot the previous one leaves), so the keystroke's own generation is
             # queued at once instead of after a round trip to the engine and its step.
-            self._stop_background()
+            self.preparation.stop()
             self._leave_others(uri)
             live = self._live.get(uri)
             if live is not None:
@@ -205,7 +162,7 @@ class CompletionEngine:
             return answer
         finally:
             self._requests -= 1
-            self._schedule_prepare()  # the full window for the next keystroke, when quiet
+            self.preparation.schedule()  # the full window for the next keystroke, when quiet
 
     async def _start(
         self,
@@ -286,9 +243,7 @@ class CompletionEngine:
         live.task.add_done_callback(lambda _t: self.rate.observe(generation.stats))
         self.project.generation_started()
         live.task.add_done_callback(self.project.generation_ended)
-        if background:
-            self._prep = live  # never a document's suggestion: typed-ahead keeps its own
-        else:
+        if not background:  # a background one is never a document's suggestion
             self._live[uri] = live
         return live
 
@@ -382,40 +337,7 @@ class CompletionEngine:
         after the cursor instead of the whole file (seconds on a small CPU)."""
         if not self._settings.read_ahead or self._settings.backend is not BackendKind.LOCAL:
             return
-        self._spawn(self._read_ahead(uri, self.documents.get(uri).version))
-
-    async def _read_ahead(self, uri: str, version: int) -> None:
-        """Start a one-token suggestion at the end of the document, as its own live
-        suggestion: the first request or edit elsewhere cancels it, and the prompt
-        entries it evaluated by then stay in the cache for that request. Only when the
-        whole document fits the prefix window (its anchor is then line 0, right for any
-        cursor); never while another suggestion is being generated."""
-        await asyncio.sleep(_READ_AHEAD_DELAY_S)
-        if uri not in self.documents or uri in self._live or uri in self._tickets:
-            return
-        doc = self.documents.get(uri)
-        if doc.version != version:
-            return
-        try:
-            backend = await self.backend()
-            # Checked after the (possibly long) model load: never take the engine from a
-            # suggestion that started meanwhile, nor from the document the user works in.
-            if self._busy() or self._prep is not None or uri in self._live:
-                return
-            if uri in self._tickets or (self._active is not None and self._active != uri):
-                return
-            counter = self.windows.count_tokens(backend)
-            budget = ctxmod.Budget(self._settings.prefix_tokens, 0, 0)
-            ctx = ctxmod.gather(doc, len(doc.text), counter, budget, anchor=None)
-            if ctx.prefix_start_line != 0:
-                return
-            retrieved = await self.retrieve(uri, doc.text, len(doc.text), backend)
-            full = self.windows.full(uri, doc, len(doc.text), backend, retrieved)
-            live = await self._launch(uri, doc, len(doc.text), backend, full, 1, background=True)
-            self.read_aheads += 1
-            await self._finish_prep(live)
-        except Exception as exc:  # best effort; the first request will do the work
-            log.debug("read-ahead failed: %s", describe_failure(exc))
+        self._spawn(self.preparation.read_ahead(uri, self.documents.get(uri).version))
 
     def document_changed(self, uri: str) -> None:
         """After an edit: keep the live suggestion if the user typed into it, else stop it.
@@ -424,8 +346,8 @@ class CompletionEngine:
         completion at the new cursor.
         """
         doc = self.documents.get(uri)
-        self._touch(uri, None, None)
-        self._stop_background()
+        self.preparation.touch(uri, None, None)
+        self.preparation.stop()
         self.project.document_edited(uri)
         live = self._live.get(uri)
         if live is None:
@@ -458,7 +380,7 @@ class CompletionEngine:
         return await self.project.retrieve(uri, text, offset, counter)
 
     async def _drop_if_abandoned(self, uri: str, live: Suggestion) -> None:
-        await asyncio.sleep(_CANCEL_GRACE_S)
+        await self.clock.sleep(_CANCEL_GRACE_S)
         if self._live.get(uri) is not live or live.done.is_set() or live.waiters:
             return
         if uri in self.documents and live.kept_alive(self.documents.get(uri).text):
@@ -474,7 +396,7 @@ class CompletionEngine:
             return
         try:
             await self._start(uri, doc, offset, await self.backend(), None, yields=True)
-            self.prefetches += 1
+            self.preparation.prefetches += 1
         except Exception as exc:  # a prefetch is best effort; the next request will retry
             log.debug("prefetch failed: %s", describe_failure(exc))
 
@@ -505,68 +427,26 @@ class CompletionEngine:
     def document_closed(self, uri: str) -> None:
         """Forget what was kept for ``uri`` (its KV states age out of the backend), and
         stop preparing it: nothing will be asked there."""
-        if self._prep is not None and self._prep.uri == uri:
-            self._stop_background()
+        self.preparation.forget(uri)
         self.windows.forget(uri)
-        self._cursor.pop(uri, None)
-        if self._active == uri:
-            self._active = None
 
     async def aclose(self) -> None:
         # The start-up timing and any preparation end as cancelled, not cut off by the
         # backend closing under them (which a shared engine's window reports as a failure).
         # The index build stops too (it was awaited to its end) and its child exits.
         self.project.close()
-        await self._cancel_background()
-        if self._prepare_task is not None:
-            self._prepare_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._prepare_task
+        await self.preparation.aclose()
         for uri in list(self._live):
             await self.cancel(uri)
         for task in list(self._background):
             await task
 
-    # -- background preparation -----------------------------------------------------------
-
-    def _touch(self, uri: str, version: int | None, offset: int | None) -> None:
-        """A request or an edit: background work waits for the next quiet moment."""
-        self._last_activity = time.monotonic()
-        if version is not None and offset is not None:
-            self._cursor[uri] = (version, offset)
-            self._active = uri
-
-    @property
-    def preparing(self) -> bool:
-        """Whether background preparation has work under way or scheduled."""
-        return self._prepare_task is not None and not self._prepare_task.done()
+    # -- background work ---------------------------------------------------------------
 
     def _busy(self) -> bool:
         """Whether a request is being answered or a suggestion (not background work)
         is being generated."""
         return self._requests > 0 or any(not live.done.is_set() for live in self._live.values())
-
-    async def _finish_prep(self, live: Suggestion) -> None:
-        """Wait for a background preparation to end, then forget it."""
-        await live.done.wait()
-        if self._prep is live:
-            self._prep = None
-
-    async def _cancel_background(self) -> None:
-        """Stop the start-up timing and any preparation (what they evaluated stays)."""
-        if self._calibration is not None:
-            await self._calibration.cancel()
-        prep, self._prep = self._prep, None
-        if prep is not None:
-            await prep.cancel()
-
-    def _stop_background(self) -> None:
-        """``_cancel_background`` without waiting for the work to end."""
-        if self._calibration is not None:
-            self._spawn(self._calibration.cancel())
-        prep, self._prep = self._prep, None
-        if prep is not None:
-            self._spawn(prep.cancel())
 
     def cursor_moved(self, uri: str, position: Position) -> None:
         """The cursor settled at ``position`` (``kode/didMoveCursor``): stop suggestions
@@ -580,10 +460,10 @@ class CompletionEngine:
             offset = doc.offset_at(position)
         except DocumentError:
             return
-        self._cursor[uri] = (doc.version, offset)
-        self._active = uri
+        self.preparation.cursor[uri] = (doc.version, offset)
+        self.preparation.active = uri
         self._leave_others(uri, doc.text, offset)
-        self._schedule_prepare()
+        self.preparation.schedule()
 
     def _leave_others(self, uri: str, text: str | None = None, offset: int = 0) -> None:
         """The user works in ``uri`` now (at ``offset`` of ``text``, if given): stop the
@@ -604,156 +484,6 @@ class CompletionEngine:
             if self._live.get(other) is live:
                 self._retire(other)
 
-    def _schedule_prepare(self) -> None:
-        if not self._settings.enabled or self._settings.backend is not BackendKind.LOCAL:
-            return
-        if self._prepare_task is None or self._prepare_task.done():
-            self._prepare_task = asyncio.ensure_future(self._prepare_loop())
-
-    async def _quiet(self) -> None:
-        while True:
-            idle = time.monotonic() - self._last_activity
-            if idle >= _PREPARE_QUIET_S and not self._busy():
-                return
-            await asyncio.sleep(max(0.05, _PREPARE_QUIET_S - idle))
-
-    async def _prepare_loop(self) -> None:
-        """Evaluate, while the user reads, the windows the next keystroke at the active
-        cursor will want: first one that can be ready within a reading pause (when the
-        full window cannot), then the full one. Each step is a one-token background
-        generation that any request or edit cancels; what it evaluated stays cached
-        (``kvMemoryMb``), so the next quiet moment goes on from there."""
-        timed = False  # whether this round already tried to learn the prefill speed
-        try:
-            while True:
-                await self._quiet()
-                uri = self._active
-                target = None if uri is None else self._cursor.get(uri)
-                if uri is None or target is None or uri not in self.documents:
-                    return
-                doc = self.documents.get(uri)
-                version, offset = target
-                if doc.version != version or offset > len(doc.text):
-                    return
-                backend = await self.backend()
-                if not isinstance(backend, PromptCache) or self._busy():
-                    return
-                if self.rate.value is None and self._settings.first_answer_ms and not timed:
-                    # The first place after start-up: without the speed the full window
-                    # would be chosen, and a keystroke before it is ready answers from
-                    # a short one, losing that work. Learn the speed first.
-                    timed = True
-                    await self.warm_up()  # or waits for the timing under way
-                    continue
-                retrieved = await self.retrieve(uri, doc.text, offset, backend)
-                ctx = self.windows.to_prepare(uri, doc, offset, backend, retrieved)
-                if ctx is None:
-                    log.debug("prepared %s: its full window is evaluated", file_name(uri))
-                    await self._suggest_at_cursor(uri, doc, offset, backend)
-                    return
-                if self._prep is not None:
-                    return  # a read-ahead is running
-                if log.isEnabledFor(logging.DEBUG):
-                    cached, total = backend.cached_prefix(
-                        self.windows.prompt(uri, ctx, self.windows.heal(ctx, backend))
-                    )
-                    log.debug(
-                        "preparing %s: %d of a %d-token window to evaluate",
-                        file_name(uri),
-                        total - cached,
-                        total,
-                    )
-                live = await self._launch(uri, doc, offset, backend, ctx, 1, background=True)
-                await self._finish_prep(live)
-                if live.generation.stats.finish_reason is FinishReason.CANCELLED:
-                    log.debug("preparing %s: stopped by a request or an edit", file_name(uri))
-                    return  # a request or an edit came; it schedules the next round
-                self.prepared += 1
-                # A window a keystroke here would now answer from is ready: make that
-                # answer while the user still reads (the full window follows).
-                await self._suggest_at_cursor(uri, doc, offset, backend)
-        except Exception as exc:  # best effort: the request does the work itself
-            log.debug("preparation failed: %s", type(exc).__name__)
-
-    async def _suggest_at_cursor(
-        self, uri: str, doc: Document, offset: int, backend: Backend
-    ) -> None:
-        """Start the suggestion a keystroke at the resting cursor would ask for (setting
-        ``prefetch``), as the document's live suggestion: a key that types into it is
-        answered from it at once (typed-ahead), any other key or edit replaces it. Only
-        at the end of a line's text, where a suggestion shows; once per place, again
-        only to replace one made from a short window that no request was answered from
-        (the editor never showed it) by the full window."""
-        if not self._settings.prefetch or doc.text[offset:].split("\n", 1)[0].strip():
-            return
-        live = self._live.get(uri)
-        if live is not None and live.on_line_of(doc.text, offset):
-            # One on this line: already suggested here, or shown (maybe made with the
-            # editor's selected completion item), or in use. Remade only from a short
-            # window that nothing showed, once the full one is ready.
-            untouched = live.start == offset and live.typed_into(doc.text) == ""
-            if not (untouched and live.short and live.done.is_set()):
-                return
-            if live.answered or live.waiters:
-                return
-            await self._drop(uri)
-        elif live is not None and not live.done.is_set():
-            return  # a suggestion for another place is still being made
-        if self._cursor.get(uri) != (doc.version, offset) or self._active != uri:
-            return
-        await self._start(uri, doc, offset, backend, None, yields=True)
-        self.prefetches += 1
-
     async def warm_up(self) -> None:
-        """Load the model, then time a synthetic prompt (no user code) to learn this
-        machine's prefill speed for ``firstAnswerMs``, unless the backend knows it (a
-        shared engine measured it for an earlier window; there the synthetic prompt would
-        be answered from its cache and time nothing)."""
-        backend = await self.backend()
-        if self.rate.value is not None or not isinstance(backend, PromptCache):
-            return
-        if isinstance(backend, PrefillSpeed) and backend.prefill_tokens_per_s:
-            self.rate.value = backend.prefill_tokens_per_s
-            return
-        if not self._settings.first_answer_ms:
-            return  # nothing needs the speed
-        async with self._timing:  # one timing at a time; a second caller waits for it
-            if self.rate.value is not None or self._busy():
-                return
-            request = GenerationRequest(
-                prompt=PREFILL_PROBE,
-                max_tokens=1,
-                speculation=SpeculationMethod.NONE,
-                background=True,
-            )
-            self.project.generation_started()  # the index build waits: it would slow it
-            try:
-                self._calibration = generation = await backend.generate(request)
-                try:
-                    async for _ in generation:
-                        pass
-                finally:
-                    self._calibration = None
-                    await generation.cancel()
-            finally:
-                self.project.generation_ended()
-            self.rate.observe(generation.stats)
-
-
-def _log_window(uri: str, kind: str, left: int, allowed: int, *, full: int = 0) -> None:
-    """Which window a keystroke answers from, in sizes only (``kode -vv lsp``)."""
-    if log.isEnabledFor(logging.DEBUG):
-        also = f"; the full window would evaluate {full}" if full else ""
-        log.debug(
-            "window for %s: %s, %d prompt tokens to evaluate, %d fit firstAnswerMs%s",
-            file_name(uri),
-            kind,
-            left,
-            allowed,
-            also,
-        )
-
-
-# Tokens of the FIM template itself (special tokens, the file path, the repo name) and
-# slack for line-wise counting, which can undercount the joined prompt by a few tokens.
-_PROMPT_OVERHEAD = 64
+        """Load the model and learn the prefill speed (``Preparation.warm_up``)."""
+        await self.preparation.warm_up()

@@ -77,7 +77,7 @@ class Plan:
 
 
 # Background work waits this long after the last keystroke of any window (the windows'
-# own background preparation waits as long, ``completion.engine._PREPARE_QUIET_S``).
+# own background preparation waits as long, ``completion.preparation.PREPARE_QUIET_S``).
 QUIET_S = 0.25
 
 

@@ -212,10 +212,10 @@ async def test_accepting_a_suggestion_prefetches_the_next() -> None:
     assert result.text == "pass"
     type_text(engine, 2, Position(1, 4), "pass")  # accept
     for _ in range(50):
-        if engine.prefetches:
+        if engine.preparation.prefetches:
             break
         await asyncio.sleep(0.01)
-    assert engine.prefetches == 1
+    assert engine.preparation.prefetches == 1
     assert len(backend.requests) == 2
     nxt = await engine.complete(URI, Position(1, 8))
     assert nxt.from_cache
@@ -275,7 +275,7 @@ async def test_read_ahead_evaluates_a_new_document_and_yields_to_the_first_reque
     engine.documents.open(URI, text, 1)
     engine.document_opened(URI)
     await asyncio.sleep(0.4)
-    assert engine.read_aheads == 1
+    assert engine.preparation.read_aheads == 1
     (warm,) = backend.requests
     assert warm.max_tokens == 1
     assert "def g(b):\n    \n<|fim_suffix|><|fim_middle|>" in warm.prompt  # cursor at the end
@@ -307,7 +307,7 @@ async def test_read_ahead_is_skipped_when_off_too_big_or_already_requested() -> 
     engine.document_opened(URI)
     await engine.complete(URI, Position(1, 4))
     await asyncio.sleep(0.4)
-    assert len(backend.requests) == 1 and engine.read_aheads == 0
+    assert len(backend.requests) == 1 and engine.preparation.read_aheads == 0
 
 
 async def test_partials_grow_by_lines_and_stop_once_the_document_changes() -> None:

@@ -227,7 +227,7 @@ async def test_a_keystroke_keeps_the_prepared_project_context(project: Path) -> 
     uri = app.as_uri()
     engine.documents.open(uri, body + "area = ", 1, "python")
     engine.cursor_moved(uri, Position(302, 7))
-    await until(lambda: engine.prepared >= 2, 10)
+    await until(lambda: engine.preparation.prepared >= 2, 10)
     prepared = backend.requests[-1].prompt
     assert "def circle_area_quill(radius):" in prepared  # the outline
     assert "return 3.14" not in prepared  # no definition: the name is not written yet

@@ -108,7 +108,7 @@ async def test_the_cursor_notification_prepares_a_short_then_the_full_window() -
     engine = engine_for(backend, 100.0, firstAnswerMs=1000)
     engine.documents.open(URI, DOC, 1)
     engine.cursor_moved(URI, Position(390, 10))
-    await until(lambda: engine.prepared >= 2)
+    await until(lambda: engine.preparation.prepared >= 2)
     short, full = backend.requests[0], backend.requests[1]
     assert short.max_tokens == full.max_tokens == 1
     # 2.5 s of reading at 100 tokens/s: about 250 tokens first, then the whole window.
@@ -132,7 +132,7 @@ async def test_the_debug_log_says_which_window_in_sizes_only(
     engine = engine_for(backend, 100.0, firstAnswerMs=1000)
     engine.documents.open(URI, DOC, 1)
     engine.cursor_moved(URI, Position(390, 10))
-    await until(lambda: engine.prepared >= 2 and not engine.preparing)
+    await until(lambda: engine.preparation.prepared >= 2 and not engine.preparation.preparing)
     await engine.complete(URI, Position(390, 10))
     await engine.complete(URI, Position(100, 10))  # a cold place: a new short window
     await engine.aclose()
@@ -169,7 +169,7 @@ async def test_the_first_place_after_start_up_learns_the_speed_before_its_window
     assert engine.rate.value is None
     engine.documents.open(URI, DOC, 1)
     engine.cursor_moved(URI, Position(390, 10))
-    await until(lambda: engine.prepared >= 1)
+    await until(lambda: engine.preparation.prepared >= 1)
     assert len(backend.requests) >= 2, [len(r.prompt.split()) for r in backend.requests]
     probe, first = backend.requests[0], backend.requests[1]
     assert probe.prompt == PREFILL_PROBE  # timed first, once
@@ -216,7 +216,7 @@ async def test_a_tab_opened_meanwhile_is_not_read_ahead_over_the_active_file() -
     engine.documents.open(other, "def g():\n    return 1\n", 1)
     engine.document_opened(other)
     await asyncio.sleep(0.6)  # past the read-ahead delay
-    assert engine.read_aheads == 0
+    assert engine.preparation.read_aheads == 0
     assert all(r.prompt.count("def g") == 0 for r in backend.requests)
     await engine.aclose()
 
@@ -226,7 +226,7 @@ async def test_a_resting_cursor_at_the_end_of_a_line_gets_its_suggestion_before_
     engine = engine_for(backend, 100_000.0, firstAnswerMs=1000, multiline="never")
     engine.documents.open(URI, DOC + "total = ", 1)
     engine.cursor_moved(URI, Position(400, 8))
-    await until(lambda: engine.prefetches == 1)
+    await until(lambda: engine.preparation.prefetches == 1)
     await until(lambda: not engine._busy())
     suggestions = [r for r in backend.requests if r.max_tokens > 1]
     assert len(suggestions) == 1 and suggestions[0].background  # yields to keystrokes
@@ -244,8 +244,8 @@ async def test_the_suggestion_from_a_short_window_is_remade_from_the_full_one() 
     engine = engine_for(backend, 100.0, firstAnswerMs=1000, multiline="never")
     engine.documents.open(URI, DOC + "total = ", 1)
     engine.cursor_moved(URI, Position(400, 8))
-    await until(lambda: engine.prefetches == 2, 10)
-    await until(lambda: not engine.preparing)
+    await until(lambda: engine.preparation.prefetches == 2, 10)
+    await until(lambda: not engine.preparation.preparing)
     kinds = ["prepare" if r.max_tokens == 1 else "suggest" for r in backend.requests]
     assert kinds == ["prepare", "suggest", "prepare", "suggest"]
     short, full = backend.requests[1].prompt.split(), backend.requests[3].prompt.split()
@@ -264,9 +264,9 @@ async def test_no_suggestion_is_made_mid_line_or_with_prefetch_off() -> None:
         engine = engine_for(backend, 100_000.0, firstAnswerMs=1000, **settings)
         engine.documents.open(URI, doc, 1)
         engine.cursor_moved(URI, at)
-        await until(lambda: engine.prepared >= 1)  # noqa: B023 - awaited in the loop
+        await until(lambda: engine.preparation.prepared >= 1)  # noqa: B023 - awaited in the loop
         await asyncio.sleep(0.4)
-        assert engine.prefetches == 0
+        assert engine.preparation.prefetches == 0
         assert all(r.max_tokens == 1 for r in backend.requests)
         await engine.aclose()
 
@@ -284,6 +284,6 @@ async def test_a_suggestion_made_with_the_selected_item_survives_the_cursors_res
     assert result.text.startswith(" < 0:")
     engine.cursor_moved(URI, Position(400, 4))
     await asyncio.sleep(0.6)  # past the quiet moment preparation waits for
-    await until(lambda: not engine.preparing)
-    assert engine.prefetches == 0
+    await until(lambda: not engine.preparation.preparing)
+    assert engine.preparation.prefetches == 0
     assert [r.max_tokens > 1 for r in backend.requests].count(True) == 1

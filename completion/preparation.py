@@ -1,0 +1,358 @@
+"""Background work for the next keystroke: reading a newly opened document ahead,
+learning the prefill speed, preparing the window at the resting cursor, and making the
+suggestion there before it is asked for.
+
+The rules (``next_round`` decides each round of the preparation loop, purely):
+
+1. Work waits for a quiet moment: ``PREPARE_QUIET_S`` without a request or an edit, and
+   no suggestion being generated or request being answered (``busy``).
+2. It prepares only the active document's announced cursor (``kode/didMoveCursor``, or
+   where the last request was), and stops once that document changed or the cursor went.
+3. The first place after start-up learns the prefill speed first (once a round): without
+   it the full window would be chosen, and a keystroke before it is ready would answer
+   from a short one, losing that work.
+4. Then, round by round, the window ``Windows.to_prepare`` names: one a reading pause can
+   evaluate, then the full one. Each is a one-token background generation that any
+   request or edit cancels; what it evaluated stays cached (``kvMemoryMb``).
+5. Once a window a keystroke there would answer from is ready, the suggestion at a cursor
+   resting at the end of a line is made (``prefetch``), again from the full window if the
+   first came from a short one that no request was answered from.
+
+A newly opened document is read ahead (``readAhead``) after ``READ_AHEAD_DELAY_S`` (tabs
+flicked past are not), only when it all fits the prefix window and nothing else runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kode.backends.base import (
+    PREFILL_PROBE,
+    Backend,
+    FinishReason,
+    Generation,
+    GenerationRequest,
+    PrefillSpeed,
+    PromptCache,
+    SpeculationMethod,
+)
+from kode.completion import context as ctxmod
+from kode.completion.documents import Document, file_name
+from kode.completion.settings import BackendKind
+from kode.completion.suggestion import Suggestion, describe_failure
+
+if TYPE_CHECKING:
+    from kode.completion.engine import CompletionEngine
+
+log = logging.getLogger("kode.completion")
+
+# Background preparation starts only after this long without a request or an edit.
+PREPARE_QUIET_S = 0.25
+# A document opened and left within this long (tabs flicked past) is not read ahead.
+READ_AHEAD_DELAY_S = 0.3
+
+
+class Step(enum.Enum):
+    WAIT = "wait"  # not quiet yet: look again after ``Round.wait_s``
+    STOP = "stop"  # nothing to prepare (a request or an edit schedules the next round)
+    TIME = "time"  # learn the prefill speed first
+    PREPARE = "prepare"  # evaluate the next window at the cursor
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    step: Step
+    wait_s: float = 0.0
+
+
+def next_round(
+    *,
+    now: float,
+    last_activity: float,
+    busy: bool,
+    target_current: bool,
+    speed_needed: bool,
+    timed: bool,
+) -> Round:
+    """Rules 1-3 of the module docstring. ``target_current``: the active document is
+    open, at the version and with the cursor it was announced with; ``speed_needed``:
+    the budget is on and the prefill speed unknown; ``timed``: this loop tried already.
+
+    >>> next_round(now=1.0, last_activity=0.9, busy=False, target_current=True,
+    ...            speed_needed=False, timed=False)
+    Round(step=<Step.WAIT: 'wait'>, wait_s=0.15)
+    >>> next_round(now=2.0, last_activity=0.9, busy=False, target_current=True,
+    ...            speed_needed=True, timed=False).step
+    <Step.TIME: 'time'>
+    >>> next_round(now=2.0, last_activity=0.9, busy=False, target_current=False,
+    ...            speed_needed=False, timed=False).step
+    <Step.STOP: 'stop'>
+    """
+    idle = now - last_activity
+    if busy or idle < PREPARE_QUIET_S:
+        return Round(Step.WAIT, round(max(0.05, PREPARE_QUIET_S - idle), 6))
+    if not target_current:
+        return Round(Step.STOP)
+    if speed_needed and not timed:
+        return Round(Step.TIME)
+    return Round(Step.PREPARE)
+
+
+class Preparation:
+    """The background work of one ``CompletionEngine`` (the rules above)."""
+
+    def __init__(self, engine: CompletionEngine) -> None:
+        self.engine = engine
+        self.cursor: dict[str, tuple[int, int]] = {}  # uri -> (version, offset) to prepare
+        self.active: str | None = None  # the document the user works in
+        self.last_activity = float("-inf")
+        self.task: asyncio.Task[None] | None = None
+        self.calibration: Generation | None = None  # the start-up timing, while it runs
+        self._timing = asyncio.Lock()  # one start-up timing at a time
+        self.running: Suggestion | None = None  # the background generation, if any
+        self.prepared = 0  # preparations that finished
+        self.prefetches = 0  # suggestions made before they were asked for
+        self.read_aheads = 0
+
+    @property
+    def preparing(self) -> bool:
+        """Whether preparation has work under way or scheduled."""
+        return self.task is not None and not self.task.done()
+
+    def touch(self, uri: str, version: int | None, offset: int | None) -> None:
+        """A request or an edit: background work waits for the next quiet moment."""
+        self.last_activity = self.engine.clock.now()
+        if version is not None and offset is not None:
+            self.cursor[uri] = (version, offset)
+            self.active = uri
+
+    def forget(self, uri: str) -> None:
+        """``uri`` was closed: stop preparing it."""
+        self.cursor.pop(uri, None)
+        if self.running is not None and self.running.uri == uri:
+            self.stop()
+        if self.active == uri:
+            self.active = None
+
+    def stop(self) -> None:
+        """Stop the start-up timing and any preparation without waiting for them to
+        end (what they evaluated stays)."""
+        if self.calibration is not None:
+            self.engine._spawn(self.calibration.cancel())
+        running, self.running = self.running, None
+        if running is not None:
+            self.engine._spawn(running.cancel())
+
+    async def aclose(self) -> None:
+        """Stop everything and wait for it to end."""
+        if self.calibration is not None:
+            await self.calibration.cancel()
+        running, self.running = self.running, None
+        if running is not None:
+            await running.cancel()
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+
+    async def _finish(self, live: Suggestion) -> None:
+        """Wait for a background generation to end, then forget it."""
+        await live.done.wait()
+        if self.running is live:
+            self.running = None
+
+    # -- the preparation loop ------------------------------------------------------------
+
+    def schedule(self) -> None:
+        settings = self.engine.settings
+        if not settings.enabled or settings.backend is not BackendKind.LOCAL:
+            return
+        if self.task is None or self.task.done():
+            self.task = asyncio.ensure_future(self._loop())
+
+    def _target(self) -> tuple[str, Document, int] | None:
+        uri = self.active
+        target = None if uri is None else self.cursor.get(uri)
+        if uri is None or target is None or uri not in self.engine.documents:
+            return None
+        doc = self.engine.documents.get(uri)
+        version, offset = target
+        if doc.version != version or offset > len(doc.text):
+            return None
+        return uri, doc, offset
+
+    async def _loop(self) -> None:
+        engine, clock = self.engine, self.engine.clock
+        timed = False
+        try:
+            while True:
+                found = self._target()
+                plan = next_round(
+                    now=clock.now(),
+                    last_activity=self.last_activity,
+                    busy=engine._busy(),
+                    target_current=found is not None,
+                    speed_needed=engine.rate.value is None
+                    and bool(engine.settings.first_answer_ms),
+                    timed=timed,
+                )
+                if plan.step is Step.WAIT:
+                    await clock.sleep(plan.wait_s)
+                    continue
+                if plan.step is Step.STOP or found is None:
+                    return
+                uri, doc, offset = found
+                backend = await engine.backend()
+                if not isinstance(backend, PromptCache) or engine._busy():
+                    return
+                if plan.step is Step.TIME:
+                    timed = True
+                    await self.warm_up()  # or waits for the timing under way
+                    continue
+                if not await self._prepare(uri, doc, offset, backend):
+                    return
+        except Exception as exc:  # best effort: the request does the work itself
+            log.debug("preparation failed: %s", type(exc).__name__)
+
+    async def _prepare(self, uri: str, doc: Document, offset: int, backend: Backend) -> bool:
+        """One round of rules 4-5; whether to go on."""
+        engine = self.engine
+        retrieved = await engine.retrieve(uri, doc.text, offset, backend)
+        ctx = engine.windows.to_prepare(uri, doc, offset, backend, retrieved)
+        if ctx is None:
+            log.debug("prepared %s: its full window is evaluated", file_name(uri))
+            await self.suggest_at_cursor(uri, doc, offset, backend)
+            return False
+        if self.running is not None:
+            return False  # a read-ahead is running
+        if log.isEnabledFor(logging.DEBUG) and isinstance(backend, PromptCache):
+            prompt = engine.windows.prompt(uri, ctx, engine.windows.heal(ctx, backend))
+            cached, total = backend.cached_prefix(prompt)
+            log.debug(
+                "preparing %s: %d of a %d-token window to evaluate",
+                file_name(uri),
+                total - cached,
+                total,
+            )
+        live = await engine._launch(uri, doc, offset, backend, ctx, 1, background=True)
+        self.running = live
+        await self._finish(live)
+        if live.generation.stats.finish_reason is FinishReason.CANCELLED:
+            log.debug("preparing %s: stopped by a request or an edit", file_name(uri))
+            return False  # a request or an edit came; it schedules the next round
+        self.prepared += 1
+        # A window a keystroke here would now answer from is ready: make that answer
+        # while the user still reads (the full window follows).
+        await self.suggest_at_cursor(uri, doc, offset, backend)
+        return True
+
+    async def suggest_at_cursor(
+        self, uri: str, doc: Document, offset: int, backend: Backend
+    ) -> None:
+        """Rule 5: start the suggestion a keystroke at the resting cursor would ask for,
+        as the document's live suggestion: a key that types into it is answered from it
+        at once (typed-ahead), any other key or edit replaces it. Only at the end of a
+        line's text, where a suggestion shows; once per place, again only to replace one
+        made from a short window that no request was answered from (the editor never
+        showed it) by the full window."""
+        engine = self.engine
+        if not engine.settings.prefetch or doc.text[offset:].split("\n", 1)[0].strip():
+            return
+        live = engine._live.get(uri)
+        if live is not None and live.on_line_of(doc.text, offset):
+            # One on this line: already suggested here, or shown (maybe made with the
+            # editor's selected completion item), or in use. Remade only from a short
+            # window that nothing showed, once the full one is ready.
+            untouched = live.start == offset and live.typed_into(doc.text) == ""
+            if not (untouched and live.short and live.done.is_set()):
+                return
+            if live.answered or live.waiters:
+                return
+            await engine._drop(uri)
+        elif live is not None and not live.done.is_set():
+            return  # a suggestion for another place is still being made
+        if self.cursor.get(uri) != (doc.version, offset) or self.active != uri:
+            return
+        await engine._start(uri, doc, offset, backend, None, yields=True)
+        self.prefetches += 1
+
+    # -- the prefill speed -----------------------------------------------------------------
+
+    async def warm_up(self) -> None:
+        """Load the model, then time a synthetic prompt (no user code) to learn this
+        machine's prefill speed for ``firstAnswerMs``, unless the backend knows it (a
+        shared engine measured it for an earlier window; there the synthetic prompt would
+        be answered from its cache and time nothing)."""
+        engine = self.engine
+        backend = await engine.backend()
+        if engine.rate.value is not None or not isinstance(backend, PromptCache):
+            return
+        if isinstance(backend, PrefillSpeed) and backend.prefill_tokens_per_s:
+            engine.rate.value = backend.prefill_tokens_per_s
+            return
+        if not engine.settings.first_answer_ms:
+            return  # nothing needs the speed
+        async with self._timing:  # one timing at a time; a second caller waits for it
+            if engine.rate.value is not None or engine._busy():
+                return
+            request = GenerationRequest(
+                prompt=PREFILL_PROBE,
+                max_tokens=1,
+                speculation=SpeculationMethod.NONE,
+                background=True,
+            )
+            engine.project.generation_started()  # the index build waits: it would slow it
+            try:
+                self.calibration = generation = await backend.generate(request)
+                try:
+                    async for _ in generation:
+                        pass
+                finally:
+                    self.calibration = None
+                    await generation.cancel()
+            finally:
+                engine.project.generation_ended()
+            engine.rate.observe(generation.stats)
+
+    # -- reading ahead ---------------------------------------------------------------------
+
+    async def read_ahead(self, uri: str, version: int) -> None:
+        """Start a one-token generation at the end of the document: the first request or
+        edit elsewhere cancels it, and the prompt entries it evaluated by then stay in
+        the cache for that request. Only when the whole document fits the prefix window
+        (its anchor is then line 0, right for any cursor); never while another
+        suggestion is being generated."""
+        engine = self.engine
+        await engine.clock.sleep(READ_AHEAD_DELAY_S)
+        if uri not in engine.documents or uri in engine._live or uri in engine._tickets:
+            return
+        doc = engine.documents.get(uri)
+        if doc.version != version:
+            return
+        try:
+            backend = await engine.backend()
+            # Checked after the (possibly long) model load: never take the engine from a
+            # suggestion that started meanwhile, nor from the document the user works in.
+            if engine._busy() or self.running is not None or uri in engine._live:
+                return
+            if uri in engine._tickets or (self.active is not None and self.active != uri):
+                return
+            counter = engine.windows.count_tokens(backend)
+            budget = ctxmod.Budget(engine.settings.prefix_tokens, 0, 0)
+            ctx = ctxmod.gather(doc, len(doc.text), counter, budget, anchor=None)
+            if ctx.prefix_start_line != 0:
+                return
+            end = len(doc.text)
+            retrieved = await engine.retrieve(uri, doc.text, end, backend)
+            full = engine.windows.full(uri, doc, end, backend, retrieved)
+            live = await engine._launch(uri, doc, end, backend, full, 1, background=True)
+            self.running = live
+            self.read_aheads += 1
+            await self._finish(live)
+        except Exception as exc:  # best effort; the first request will do the work
+            log.debug("read-ahead failed: %s", describe_failure(exc))
