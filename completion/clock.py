@@ -5,6 +5,7 @@ instead of sleeping (``ManualClock``)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Protocol
 
@@ -16,6 +17,10 @@ class Clock(Protocol):
 
     async def sleep(self, seconds: float) -> None: ...
 
+    async def wait(self, event: asyncio.Event, seconds: float | None) -> None:
+        """Until ``event`` is set or ``seconds`` passed (None: no limit)."""
+        ...
+
 
 class SystemClock:
     """The real clock."""
@@ -25,6 +30,10 @@ class SystemClock:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
+
+    async def wait(self, event: asyncio.Event, seconds: float | None) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), seconds)
 
 
 class ManualClock:
@@ -61,6 +70,17 @@ class ManualClock:
         wake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._sleepers.append((self._now + seconds, wake))
         await wake
+
+    async def wait(self, event: asyncio.Event, seconds: float | None) -> None:
+        if seconds is None:
+            await event.wait()
+            return
+        waiters = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(self.sleep(seconds))]
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
 
     async def advance(self, seconds: float) -> None:
         """Move time on, waking the sleepers whose time came, then let every task that

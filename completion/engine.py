@@ -120,6 +120,7 @@ class CompletionEngine:
         outside it (or a selected item whose range does not hold the position).
         """
         started = time.perf_counter()
+        began = self.clock.now()  # the time budget counts from here (``timeBudgetMs``)
         doc = self.documents.get(uri)
         offset = doc.offset_at(position)  # validates the position before any work
         version = doc.version
@@ -143,7 +144,7 @@ class CompletionEngine:
                 typed = live.typed_into(doc.text)
                 if typed is not None and offset == live.start + len(typed):
                     answer = await self._answer(
-                        live, doc, ticket, version, typed, on_partial, started
+                        live, doc, ticket, version, typed, on_partial, started, began
                     )
                     if answer is not None:
                         self.typed_ahead_hits += 1
@@ -157,7 +158,9 @@ class CompletionEngine:
             if self._tickets.get(uri) is not ticket:
                 self._retire(uri)
                 raise Superseded(uri)
-            answer = await self._answer(live, doc, ticket, version, "", on_partial, started)
+            answer = await self._answer(
+                live, doc, ticket, version, "", on_partial, started, began
+            )
             assert answer is not None  # nothing typed: nothing to disagree with
             return answer
         finally:
@@ -256,6 +259,7 @@ class CompletionEngine:
         typed: str,
         on_partial: PartialCallback | None,
         started: float,
+        began: float,
     ) -> Completion | None:
         """Wait for ``live`` to finish (or the time budget), then answer from it; None if
         it finished with text that does not start with ``typed`` (the user typed past
@@ -266,7 +270,7 @@ class CompletionEngine:
         uri = doc.uri
         stored = self.documents.get(uri)
         budget_ms = self._settings.time_budget_ms
-        deadline = None if budget_ms == 0 else started + budget_ms / 1000.0
+        deadline = None if budget_ms == 0 else began + budget_ms / 1000.0
         continuing = bool(typed) or live.started_before(started)
         pacer = (
             None
@@ -290,10 +294,10 @@ class CompletionEngine:
                     partial = pacer.next(visible, time.perf_counter())
                     if partial is not None:
                         on_partial(partial)
-                left = None if deadline is None else deadline - time.perf_counter()
+                left = None if deadline is None else deadline - self.clock.now()
                 if left is not None and left <= 0:
                     break  # answer with what is ready; the generation goes on
-                await live.wait_change(left)
+                await live.wait_change(left, self.clock)
         except asyncio.CancelledError:
             # The client gave up on this request. Clients send the cancel before or after
             # the edit that caused it, so decide a moment later: keep generating only if

@@ -9,7 +9,6 @@ also requests for later keystrokes that typed into it (``typed_into``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from kode.backends.base import FinishReason, Generation, GenerationStats
 from kode.backends.errors import BackendError, KodeError, describe
 from kode.completion import healing
+from kode.completion.clock import Clock
 from kode.completion.documents import Position
 from kode.completion.stops import StopRules
 from kode.completion.syntax import FillCheck
@@ -107,12 +107,11 @@ class Suggestion:
         """Forget earlier wake-ups; call before reading the state ``wait_change`` guards."""
         self._changed.clear()
 
-    async def wait_change(self, seconds: float | None) -> None:
-        """Until the text grows, the generation ends, a newer request arrives, or ``seconds``."""
-        if self.done.is_set():
-            return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), seconds)
+    async def wait_change(self, seconds: float | None, clock: Clock) -> None:
+        """Until the text grows, the generation ends, a newer request arrives, or
+        ``seconds`` of ``clock``."""
+        if not self.done.is_set():
+            await clock.wait(self._changed, seconds)
 
     def visible(self) -> str:
         return self.rules.provisional(self.raw)

@@ -16,6 +16,7 @@ from kode.backends.base import (
 )
 from kode.backends.errors import DocumentError
 from kode.backends.worker import BackendCounters
+from kode.completion.clock import ManualClock
 from kode.completion.documents import Position, Range
 from kode.completion.engine import CompletionEngine, Superseded
 from kode.completion.settings import parse
@@ -87,13 +88,15 @@ class ScriptedBackend:
 URI = "file:///p/m.py"
 
 
-def engine_for(backend: ScriptedBackend, **settings: object) -> CompletionEngine:
+def engine_for(
+    backend: ScriptedBackend, clock: ManualClock | None = None, **settings: object
+) -> CompletionEngine:
     async def factory(_settings: object) -> ScriptedBackend:
         return backend
 
     parsed, problems = parse({"snippetTokens": 0, **settings})
     assert problems == []
-    return CompletionEngine(factory, parsed)  # type: ignore[arg-type]
+    return CompletionEngine(factory, parsed, clock=clock)  # type: ignore[arg-type]
 
 
 def type_text(engine: CompletionEngine, version: int, at: Position, text: str) -> None:
@@ -192,13 +195,61 @@ async def test_typing_into_a_running_suggestion_keeps_it_running() -> None:
     assert backend.generations[0].stats.finish_reason is FinishReason.END
 
 
+class SteppedGeneration(ScriptedGeneration):
+    """Yields its next piece each time ``released`` is released (by the test)."""
+
+    def __init__(self, pieces: list[str], released: asyncio.Semaphore) -> None:
+        super().__init__(pieces, 0.0)
+        self._released = released
+
+    async def __aiter__(self) -> AsyncIterator[TokenChunk]:
+        try:
+            for i, piece in enumerate(self._pieces):
+                await self._released.acquire()
+                if self._cancelled.is_set():
+                    break
+                self.stats.completion_tokens += 1
+                yield TokenChunk(piece, (i,))
+            else:
+                self.stats.finish_reason = FinishReason.END
+        finally:
+            if self.stats.finish_reason is None:
+                self.stats.finish_reason = FinishReason.CANCELLED
+            self._done.set()
+
+
+class SteppedBackend(ScriptedBackend):
+    """Its generations yield the next piece each time the test calls ``release``."""
+
+    def __init__(self, pieces: list[str]) -> None:
+        super().__init__(pieces, delay=0.0)
+        self.released = asyncio.Semaphore(0)
+
+    def release(self) -> None:
+        self.released.release()
+
+    async def generate(self, request: GenerationRequest) -> ScriptedGeneration:
+        self.requests.append(request)
+        generation = SteppedGeneration(list(self.pieces), self.released)
+        self.generations.append(generation)
+        return generation
+
+
 async def test_time_budget_returns_what_is_ready_and_keeps_generating() -> None:
-    backend = ScriptedBackend(["a\n", "b\n", "c\n", "d"], delay=0.1)
-    engine = engine_for(backend, timeBudgetMs=150, multiline="always")
+    backend = SteppedBackend(["a\n", "b\n", "c\n", "d"])
+    clock = ManualClock()
+    engine = engine_for(backend, clock=clock, timeBudgetMs=150, multiline="always")
     engine.documents.open(URI, "", 1)
-    early = await engine.complete(URI, Position(0, 0))
-    assert early.text == "a"
-    await asyncio.sleep(0.5)
+    early = asyncio.ensure_future(engine.complete(URI, Position(0, 0)))
+    async with asyncio.timeout(5):
+        while not backend.requests:  # asked at time 0
+            await asyncio.sleep(0)
+    await clock.advance(0.1)
+    backend.release()  # "a\n" within the budget
+    await clock.advance(0.1)  # 200 ms: past the 150 ms budget
+    assert (await early).text == "a"
+    for _ in range(3):
+        backend.release()  # the generation goes on behind the answer
     later = await engine.complete(URI, Position(0, 0))
     assert later.text == "a\nb\nc\nd"
     assert len(backend.requests) == 1
