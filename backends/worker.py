@@ -111,7 +111,7 @@ class NgramLearning:
     def __init__(self, curve: CostCurve) -> None:
         self.policy = AdaptivePolicy(curve, [SpeculationMethod.NGRAM], max_draft=8)
         self.forced_policy = AdaptivePolicy(curve, [SpeculationMethod.NGRAM], max_draft=8)
-        self.costs = CostTracker(curve.ms_by_rows)
+        self.costs = CostTracker(curve.ms_by_rows, fixed=curve.fixed)
         self.drafter = NgramDrafter(min_n=2, max_n=4)
         self.history: deque[list[int]] = deque(maxlen=16)  # earlier completions (tokens)
 

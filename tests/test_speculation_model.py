@@ -74,7 +74,7 @@ REPETITIVE = (
 async def backend() -> AsyncIterator[LlamaBackend]:
     small = models.resolve("small")
     # A fixed curve keeps the policy's choices independent of machine load in tests.
-    curve = CostCurve({1: 1.0, 2: 1.15, 4: 1.5, 8: 2.6})
+    curve = CostCurve({1: 1.0, 2: 1.15, 4: 1.5, 8: 2.6}, fixed=True)
     b = await LlamaBackend.load(small, n_ctx=2048, draft_path=small, curve=curve)
     yield b
     await b.aclose()

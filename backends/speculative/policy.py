@@ -75,7 +75,10 @@ class CostCurve:
         {1: 30, 2: 30, 4: 40}
     """
 
-    def __init__(self, ms_by_rows: Mapping[int, float]) -> None:
+    def __init__(self, ms_by_rows: Mapping[int, float], *, fixed: bool = False) -> None:
+        """``fixed``: never updated from measurements (``CostTracker``): tests and
+        benchmarks that need choices independent of the machine's load."""
+        self.fixed = fixed
         if 1 not in ms_by_rows:
             raise ValueError("the curve needs the cost of a 1-row batch")
         if any(n < 1 for n in ms_by_rows) or any(ms <= 0 for ms in ms_by_rows.values()):
@@ -265,12 +268,17 @@ class CostTracker:
     steps.
     """
 
-    def __init__(self, calibrated: Mapping[int, float], alpha: float = 0.2) -> None:
+    def __init__(
+        self, calibrated: Mapping[int, float], alpha: float = 0.2, *, fixed: bool = False
+    ) -> None:
         self.ms = dict(calibrated)
         self.alpha = alpha
+        self.fixed = fixed  # the calibrated curve stays as given
         self._dirty = False
 
     def record(self, rows: int, ms: float) -> None:
+        if self.fixed:
+            return
         old = self.ms.get(rows)
         self.ms[rows] = ms if old is None else (1 - self.alpha) * old + self.alpha * ms
         self._dirty = True

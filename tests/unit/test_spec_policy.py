@@ -162,3 +162,14 @@ def test_cost_tracker_follows_the_machine_and_stays_monotone() -> None:
     assert curve.ms_by_rows == {1: 30.0, 2: 30.0, 4: 60.0}
     tracker.record(4, 140.0)  # cores contended: multi-row batches got dearer
     assert tracker.curve().cost(4) == pytest.approx(100.0 / 30.0)
+
+
+def test_a_fixed_curve_is_never_updated_by_timed_calls() -> None:
+    from kode.backends.speculative import CostTracker
+
+    tracker = CostTracker(CostCurve({1: 1.0, 4: 1.3}, fixed=True).ms_by_rows, fixed=True)
+    tracker.record(4, 50.0)  # a load spike
+    assert tracker.curve().cost(4) == pytest.approx(1.3)
+    learning = CostTracker({1: 1.0, 4: 1.3})
+    learning.record(4, 50.0)
+    assert learning.curve().cost(4) > 1.3
