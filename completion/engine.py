@@ -158,9 +158,7 @@ class CompletionEngine:
             if self._tickets.get(uri) is not ticket:
                 self._retire(uri)
                 raise Superseded(uri)
-            answer = await self._answer(
-                live, doc, ticket, version, "", on_partial, started, began
-            )
+            answer = await self._answer(live, doc, ticket, version, "", on_partial, started, began)
             assert answer is not None  # nothing typed: nothing to disagree with
             return answer
         finally:
