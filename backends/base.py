@@ -71,7 +71,7 @@ class GenerationRequest:
     URI), so that a newer request for the same document replaces an older one.
     ``heal`` (token healing): the prompt ends just before this text, which the
     generation must begin with; its first token(s) are constrained to spell it
-    (``backends/healing.py``) and are emitted like any other. Only a backend that
+    (``backends/heal_index.py``) and are emitted like any other. Only a backend that
     implements ``TokenHealing`` accepts a non-empty ``heal``.
     """
 

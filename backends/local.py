@@ -28,7 +28,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from kode.backends.base import FinishReason, GenerationRequest, Sampling, SpeculationMethod
 from kode.backends.errors import BackendError, ContextOverflow, PrefillAborted
-from kode.backends.healing import HealIndex
+from kode.backends.heal_index import HealIndex
 from kode.backends.speculative import CostCurve
 from kode.backends.steppers import (
     DraftModel,
@@ -41,11 +41,11 @@ from kode.backends.steppers import (
 )
 from kode.backends.worker import (
     BackendCounters,
-    Job,
     Live,
     NgramLearning,
     Steps,
     WorkerGeneration,
+    WorkerJob,
     WorkerRun,
 )
 
@@ -175,7 +175,7 @@ class LocalBackend(Generic[T]):
         self.learning = NgramLearning(curve)
         self._executor = executor
         self._owns_executor = owns_executor
-        self._inbox: deque[Job] = deque()  # arrived, not started yet (at most ``width`` run)
+        self._inbox: deque[WorkerJob] = deque()  # arrived, not started yet (at most ``width`` run)
         self._inbox_lock = threading.Lock()
         self._serving = False  # ``_serve`` runs or is queued on the worker
         self._live = 0  # generations ``_serve`` steps now
@@ -243,7 +243,7 @@ class LocalBackend(Generic[T]):
         if refusal is not None:
             raise BackendError(refusal)
         loop = asyncio.get_running_loop()
-        job = Job(request, loop)
+        job = WorkerJob(request, loop)
         self._jobs.add(job.done)
         job.done.add_done_callback(self._jobs.discard)
         with self._inbox_lock:
@@ -361,7 +361,7 @@ class LocalBackend(Generic[T]):
 class LocalRun(WorkerRun, Generic[T]):
     """One generation, executed on the worker thread."""
 
-    def __init__(self, backend: LocalBackend[T], job: Job) -> None:
+    def __init__(self, backend: LocalBackend[T], job: WorkerJob) -> None:
         super().__init__(job)
         self.backend = backend
         self.engine = backend.engine

@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from kode.backends.system import usable_cores
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HUMANEVAL_FILES = {
     "single": "HumanEval-SingleLineInfilling.jsonl.gz",
@@ -504,7 +506,7 @@ def prepare_out(out: Path) -> Path:
 
 def machine_note() -> str:
     """Cores and load averages, for the report: other processes skew every timing."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = usable_cores()
     try:
         one, five, fifteen = os.getloadavg()
     except OSError:

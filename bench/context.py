@@ -638,7 +638,7 @@ def measure_keystrokes(options: Options) -> dict[str, Any]:
 def _measure(options: Options) -> tuple[Any, int]:
     """How the engine counts the retrieval budget: ``options.model``'s tokens (its
     tokenizer only, no weights), else characters, 4 a token (no model installed)."""
-    from kode.completion.retrieval import CHARS, Measure
+    from kode.completion.outline import CHARS, Measure
 
     count = token_counter(options.model)
     if count is None:
@@ -647,7 +647,7 @@ def _measure(options: Options) -> tuple[Any, int]:
 
 
 def _unit(measure: Any) -> str:
-    from kode.completion.retrieval import CHARS
+    from kode.completion.outline import CHARS
 
     return "characters (4 a token)" if measure is CHARS else "model tokens"
 

@@ -53,8 +53,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kode.backends.defaults import ENGINE_SLOTS, KV_MEMORY_MB
+from kode.backends.system import SPIN_COUNT, alive, usable_cores
 from kode.bench import common, latency
-from kode.cli.engine import SPIN_COUNT
 
 PAUSE_S = 0.05  # between an answer and the next keystroke
 STEP_S = 600.0  # the longest one step may take (a model load on a busy machine)
@@ -86,20 +87,6 @@ class Options:
 
 
 # -- processes ----------------------------------------------------------------------------
-
-
-def proc_state(pid: int) -> str | None:
-    """The state letter of ``pid`` (``Z``: a zombie), None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-
-
-def alive(pid: int) -> bool:
-    state = proc_state(pid)
-    return state is not None and state != "Z"
 
 
 def engine_pids(folder: Path) -> list[int]:
@@ -724,7 +711,7 @@ asyncio.run(main())
 
 # How OpenMP threads wait, as the environment says it (nothing else of the two is set).
 ACTIVE, PASSIVE = "OMP_WAIT_POLICY=ACTIVE", "OMP_WAIT_POLICY=PASSIVE"
-SHORT_SPIN = f"GOMP_SPINCOUNT={SPIN_COUNT}"  # the engine's own (cli/engine.py)
+SHORT_SPIN = f"GOMP_SPINCOUNT={SPIN_COUNT}"  # the engine's own (backends/system.py)
 
 
 def busy_configs(cores: int) -> list[tuple[str, str, int, int]]:
@@ -739,7 +726,7 @@ def busy_configs(cores: int) -> list[tuple[str, str, int, int]]:
 
 def probe(model: Path, load: str, waiting: str, threads: int, nice: int) -> dict[str, Any]:
     """One setting in a fresh process, with one busy process per core if ``load`` says."""
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()
     hogs = []
     if load == "busy":
         hogs = [
@@ -805,7 +792,7 @@ def busy_bench(options: Options) -> str:
     from kode.backends import models
 
     model = models.resolve(options.model)
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()
     path = options.out / "busy.jsonl"
     if not options.resume:
         path.unlink(missing_ok=True)
@@ -888,13 +875,14 @@ async def lossless_bench(options: Options) -> str:
     from kode.backends.llama.backend import LlamaBackend
     from kode.backends.llama.target import LlamaTarget
     from kode.backends.speculative import CostCurve
-    from kode.cli.engine import ENGINE_SLOTS
 
     path = await asyncio.to_thread(models.resolve, options.model)
     prompts = lossless_prompts(2 * options.lossless, options.seed)
     curve = CostCurve({1: 1.0})
     one = await LlamaBackend.load(path, curve=curve)
-    two = await LlamaBackend.load(path, n_slots=ENGINE_SLOTS, curve=curve, kv_memory_mb=512)
+    two = await LlamaBackend.load(
+        path, n_slots=ENGINE_SLOTS, curve=curve, kv_memory_mb=KV_MEMORY_MB
+    )
 
     async def tokens(backend: LlamaBackend, prompt: str) -> list[int]:
         request = GenerationRequest(prompt, 32, speculation=SpeculationMethod.NONE)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import httpx
+from kode.backends.defaults import CONTEXT_SIZE
 from kode.bench import common
 
 STARTUP_S = 180.0
@@ -162,7 +163,7 @@ async def serve(
     mode: Mode,
     *,
     log_dir: Path,
-    n_ctx: int = 4096,
+    n_ctx: int = CONTEXT_SIZE,
     threads: int | None = None,
 ) -> AsyncIterator[Server]:
     """Start ``llama-server`` for ``model`` in ``mode``; stop it on exit, whatever happens."""

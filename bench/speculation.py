@@ -505,10 +505,10 @@ async def measure(options: Options) -> tuple[list[Run], dict[str, Any]]:
         if PEER_PLD in options.methods and prompts:
             longest = max(len(t) for t in token_ids.values())
             n_ctx = -(-(longest + options.max_tokens + options.pld_tokens + 16) // 256) * 256
-            from kode.backends.llama.runtime import default_threads
+            from kode.backends.system import usable_cores
 
             pld = await on_llama_thread(
-                PldPeer, model_path, n_ctx, options.pld_tokens, options.threads or default_threads()
+                PldPeer, model_path, n_ctx, options.pld_tokens, options.threads or usable_cores()
             )
             stack.callback(pld.close)
             facts["pld_n_ctx"] = n_ctx

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kode.backends.defaults import CONTEXT_SIZE
 from kode.backends.errors import KodeError
 from kode.serve.service import Policy
 
@@ -61,7 +62,7 @@ def register(subparsers: Any) -> None:
         help="how to pick an upstream",
     )
     parser.add_argument("--model", default="default", help="default | small | a GGUF path")
-    parser.add_argument("--context-size", type=int, default=4096)
+    parser.add_argument("--context-size", type=int, default=CONTEXT_SIZE)
     parser.add_argument("--threads", type=int, default=0, help="llama.cpp threads (0: all)")
     parser.add_argument("--max-concurrency-per-key", type=int, default=4, metavar="N")
     parser.add_argument("--max-request-bytes", type=int, default=1 << 20, metavar="N")
@@ -82,7 +83,7 @@ def is_loopback(host: str) -> bool:
 
 def _bounds_problem(args: argparse.Namespace) -> str | None:
     """The same bounds as the editor settings (``threads: 100000`` aborted llama.cpp)."""
-    from kode.completion.settings import usable_cores
+    from kode.backends.system import usable_cores
 
     cores = usable_cores()
     if not 0 <= args.threads <= cores:

@@ -26,11 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from kode.backends.errors import CommandError
+
 ALGORITHMS = ("EAGLE3", "EAGLE", "STANDALONE", "NGRAM")
-
-
-class CommandError(Exception):
-    """The arguments do not describe a valid launch."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from kode.backends.base import Backend, GenerationRequest, PrefillRate, Sampling
-from kode.backends.errors import DocumentError
+from kode.backends.errors import DocumentError, Superseded
+from kode.backends.latest import Latest
 from kode.completion import context as ctxmod
 from kode.completion import syntax
 from kode.completion.clock import Clock, SystemClock
@@ -41,10 +42,6 @@ BackendFactory = Callable[[Settings], Awaitable[Backend]]
 _CANCEL_GRACE_S = 0.1
 
 
-class Superseded(Exception):
-    """A newer request for the same document took over (or the document changed)."""
-
-
 class CompletionEngine:
     """Completions over a ``DocumentStore``, one backend, latest-wins per document."""
 
@@ -66,7 +63,7 @@ class CompletionEngine:
         self._factory = backend_factory
         self._settings = settings
         self._live: dict[str, Suggestion] = {}
-        self._tickets: dict[str, object] = {}
+        self._tickets: Latest[str, object] = Latest()  # the current request per document
         self.typed_ahead_hits = 0
         # The last non-empty answer (`kode/stats` `lastCompletion`, the status bars): the
         # backend's own last generation is often a one-token background one.
@@ -125,7 +122,7 @@ class CompletionEngine:
         offset = doc.offset_at(position)  # validates the position before any work
         version = doc.version
         ticket = object()
-        self._tickets[uri] = ticket
+        self._tickets.claim(uri, ticket)
         self.preparation.touch(uri, version, offset)
         if selected is not None:
             doc, offset = with_selected(doc, position, *selected)
@@ -152,10 +149,10 @@ class CompletionEngine:
                     # Typed past what the suggestion had so far, and it went another way.
                 self._retire(uri)
             backend = await self.backend()
-            if self._tickets.get(uri) is not ticket:
+            if not self._tickets.holds(uri, ticket):
                 raise Superseded(uri)
             live = await self._start(uri, doc, offset, backend, max_tokens)
-            if self._tickets.get(uri) is not ticket:
+            if not self._tickets.holds(uri, ticket):
                 self._retire(uri)
                 raise Superseded(uri)
             answer = await self._answer(live, doc, ticket, version, "", on_partial, started, began)
@@ -278,7 +275,7 @@ class CompletionEngine:
         live.waiters += 1
 
         def current() -> bool:
-            return self._tickets.get(uri) is ticket and stored.version == version
+            return self._tickets.holds(uri, ticket) and stored.version == version
 
         try:
             while not live.done.is_set():
@@ -356,7 +353,7 @@ class CompletionEngine:
             return
         typed = live.typed_into(doc.text)
         if typed is None:
-            self._tickets.pop(uri, None)
+            self._tickets.release(uri)
             self._spawn(self._drop(uri))
             return
         live.wake()
@@ -423,7 +420,7 @@ class CompletionEngine:
 
     async def cancel(self, uri: str) -> None:
         """Abandon the in-flight completion of ``uri`` (if any)."""
-        self._tickets.pop(uri, None)
+        self._tickets.release(uri)
         await self._drop(uri)
 
     def document_closed(self, uri: str) -> None:

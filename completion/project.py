@@ -21,7 +21,8 @@ from typing import Any
 
 from kode.completion.clock import Clock
 from kode.completion.documents import DocumentStore, file_path
-from kode.completion.retrieval import Measure, Retrieved, Retriever
+from kode.completion.outline import Measure
+from kode.completion.retrieval import Retrieved, Retriever
 from kode.completion.settings import Settings
 from kode.completion.workspace import IndexLimits, WorkspaceIndex, read_text
 

@@ -355,7 +355,9 @@ def parse_file(path: str, text: str | None, max_bytes: int) -> Parsed:
 
 
 class WorkerGone(Exception):
-    """The child stopped (a crash, its idle exit, ``close``) with requests unanswered."""
+    """The child stopped (a crash, its idle exit, ``close``) with requests unanswered.
+    Not in ``backends/errors.py``'s tree: this file also runs alone as the child, which
+    imports nothing of Kode; it never leaves the index (its callers catch it)."""
 
 
 _HEADER = struct.Struct("<I")

@@ -30,6 +30,7 @@ from typing import Annotated, Any
 
 import msgspec
 from kode.backends.base import GenerationRequest, Sampling, SpeculationMethod
+from kode.backends.errors import ServeError
 from kode.backends.remote.clients import RemoteBackend
 from kode.backends.worker import BackendCounters
 from kode.serve.auth import ANONYMOUS, KeyRing
@@ -41,7 +42,6 @@ from kode.serve.service import (
     EndReason,
     Failed,
     Job,
-    ServeError,
 )
 from starlette.applications import Starlette
 from starlette.middleware import Middleware

@@ -13,12 +13,13 @@ from kode.backends.base import GenerationRequest
 from kode.backends.errors import SettingsError
 from kode.backends.remote.clients import OpenAIBackend, SGLangBackend
 from kode.backends.router import RoutingBackend
+from kode.backends.stop_strings import find_stop, held_back
 from kode.cli import sglang as sglang_cli
 from kode.completion.backend_factory import build_remote, load_backend
 from kode.completion.settings import parse
 from kode.serve.auth import KeyRing
 from kode.serve.metrics import Counter, Histogram, Metrics, parse_text
-from kode.serve.service import CompletionService, Job, Policy, Workers, find_stop, held_back
+from kode.serve.service import CompletionService, Job, Policy, Workers
 from kode_servers import FakeLocal, run_kode
 
 # -- keys -----------------------------------------------------------------------------

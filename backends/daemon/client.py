@@ -25,8 +25,6 @@ import itertools
 import logging
 import os
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -48,18 +46,18 @@ from kode.backends.base import (
 from kode.backends.chunks import ChunkQueue, drain
 from kode.backends.daemon import protocol as wire
 from kode.backends.daemon.paths import (
-    KODE_VERSION,
     EngineConfig,
     EnginePlace,
     lock_is_held,
 )
+from kode.backends.defaults import KODE_VERSION
 from kode.backends.errors import EngineError, EngineSetupError, describe
-from kode.backends.kv_reuse import plan_moved_tail, prefix_reach
+from kode.backends.kv_reuse import MOVED_REFRESH, plan_moved_tail, prefix_reach
+from kode.backends.system import alive, peer_credentials
 from kode.backends.worker import BackendCounters
 
 log = logging.getLogger("kode.engine")
 
-_PEERCRED = struct.Struct("3i")
 # How long a window waits for a new engine to load its model and answer (the 1.5B loads
 # in seconds on a quiet machine; a busy one and a cold page cache take much longer).
 START_TIMEOUT_S = 180.0
@@ -73,9 +71,6 @@ SILENT_S = 15.0
 # Its progress (model calls, generations served) standing still this long: its model
 # hangs. A prompt batch on a busy 2-core machine takes seconds, never minutes.
 STALL_S = 120.0
-# Tokens a moved suffix re-evaluates (``runtime.MOVED_REFRESH``; not imported, so the
-# window does not need the llama.cpp runtime module for an estimate).
-_MOVED_REFRESH = 8
 
 Notify = Callable[[str], None]
 
@@ -218,9 +213,7 @@ class Connection:
         reader, writer = await asyncio.open_unix_connection(path)
         try:
             sock = writer.get_extra_info("socket")
-            peer_pid, uid, _gid = _PEERCRED.unpack(
-                sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-            )
+            peer_pid, uid, _gid = peer_credentials(sock)
             if uid != os.getuid():
                 raise EngineSetupError(f"the engine socket {path} is served by user id {uid}")
             hello = wire.Hello(
@@ -470,7 +463,7 @@ def _start_once(
         pid = spawn(config, place)
         log.info("started the Kode engine (pid %d) for %s", pid, config.model.name)
         while time.monotonic() < deadline and not lock_is_held(place.lock):
-            if not _alive(pid):
+            if not alive(pid):
                 return
             time.sleep(0.02)
     finally:
@@ -490,17 +483,9 @@ def end_process(pid: int, grace_s: float = 2.0) -> None:
             return
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
-            if not _alive(pid):
+            if not alive(pid):
                 return
             time.sleep(0.02)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 class KvMirror:
@@ -532,7 +517,7 @@ class KvMirror:
     def reach(self, tokens: list[int]) -> int:
         best = max((prefix_reach(p, tokens, None) for p in self._prompts), default=0)
         if len(self._last) >= 2:
-            plan = plan_moved_tail(self._last, tokens, refresh=_MOVED_REFRESH)
+            plan = plan_moved_tail(self._last, tokens, refresh=MOVED_REFRESH)
             if plan is not None:
                 best = max(best, plan.keep + plan.length)
         return min(best, max(len(tokens) - 1, 0))

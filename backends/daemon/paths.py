@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import importlib.metadata
 import os
 import stat
 import tempfile
@@ -21,18 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
+from kode.backends.defaults import CONTEXT_SIZE, KODE_VERSION, KV_MEMORY_MB
 from kode.backends.errors import EngineSetupError
 
-
-def _kode_version() -> str:
-    try:
-        return importlib.metadata.version("kode")
-    except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
-        return "0+unknown"
-
-
-# Kode's version (pyproject's ``version``), in every name here.
-KODE_VERSION = _kode_version()
 # Linux's limit for a Unix socket path (``sun_path``), terminating NUL included.
 _SUN_PATH_MAX = 108
 
@@ -180,9 +170,9 @@ class EngineConfig:
 
     model: Path
     draft: Path | None = None
-    n_ctx: int = 4096
+    n_ctx: int = CONTEXT_SIZE
     threads: int = 0  # 0: the engine's default (measured, see ``server.engine_threads``)
-    kv_memory_mb: int = 512
+    kv_memory_mb: int = KV_MEMORY_MB
 
     def key(self) -> str:
         """The fingerprint in the socket's name: the settings, and the model files'

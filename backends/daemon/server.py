@@ -17,8 +17,6 @@ import itertools
 import logging
 import os
 import signal
-import socket
-import struct
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -38,9 +36,11 @@ from kode.backends.base import (
     SpeculationMethod,
 )
 from kode.backends.daemon import protocol as wire
-from kode.backends.daemon.paths import KODE_VERSION, EnginePlace
-from kode.backends.daemon.scheduler import Job, Plan, Scheduler
+from kode.backends.daemon.paths import EnginePlace
+from kode.backends.daemon.scheduler import EngineJob, Plan, Scheduler
+from kode.backends.defaults import KODE_VERSION
 from kode.backends.errors import EngineError, EngineSetupError, describe
+from kode.backends.system import peer_credentials
 
 log = logging.getLogger("kode.engine")
 
@@ -48,7 +48,6 @@ log = logging.getLogger("kode.engine")
 FIRST_WINDOW_S = 60.0
 # How often a window with work in the engine hears that it is alive (``Heartbeat``).
 HEARTBEAT_S = 1.0
-_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
 @dataclass(eq=False)
@@ -70,7 +69,7 @@ class Window:
 class Running:
     """A job and what the engine knows of its generation."""
 
-    job: Job
+    job: EngineJob
     window: Window
     request_id: int
     request: Any
@@ -206,9 +205,7 @@ class EngineServer:
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sock = writer.get_extra_info("socket")
-        pid, uid, _gid = _PEERCRED.unpack(
-            sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-        )
+        pid, uid, _gid = peer_credentials(sock)
         if uid != os.getuid():
             log.warning("refused a connection from user id %d (pid %d)", uid, pid)
             writer.close()
@@ -274,7 +271,7 @@ class EngineServer:
 
     def _handle(self, window: Window, message: wire.WindowMessage) -> None:
         if isinstance(message, wire.Generate):
-            job = Job(
+            job = EngineJob(
                 next(self._ids),
                 window=window.id,
                 background=message.request.background,

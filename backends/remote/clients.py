@@ -37,11 +37,10 @@ from kode.backends.base import (
     TokenChunk,
 )
 from kode.backends.chunks import ChunkQueue, drain
-from kode.backends.errors import BackendError, RemoteError, RemoteTimeout
+from kode.backends.errors import BackendError, RemoteError, RemoteTimeout, StreamError
 from kode.backends.remote.sse import (
     Payload,
     SSEEvent,
-    StreamError,
     aiter_events,
     decode_json,
     error_for_status,

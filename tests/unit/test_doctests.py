@@ -10,8 +10,10 @@ import pytest
 MODULES = [
     "kode.backends.daemon.scheduler",
     "kode.backends.kv_reuse",
+    "kode.backends.latest",
     "kode.completion.clock",
     "kode.completion.documents",
+    "kode.completion.outline",
     "kode.completion.preparation",
     "kode.completion.windows",
 ]
