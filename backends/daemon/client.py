@@ -37,6 +37,7 @@ from typing import Any, Protocol
 from kode.backends.base import (
     Backend,
     FinishReason,
+    Generation,
     GenerationRequest,
     GenerationStats,
     PromptCache,
@@ -103,6 +104,7 @@ class EngineGeneration:
         # Called at the first chunk: the engine has evaluated the whole prompt by then.
         self.on_prompt: Callable[[EngineGeneration], None] | None = None
         self.tokens: list[int] | None = None  # the prompt's tokens, once the window needs them
+        self._relay: asyncio.Task[None] | None = None  # on the fallback, when moved there
 
     @property
     def stats(self) -> GenerationStats:
@@ -131,7 +133,37 @@ class EngineGeneration:
     def _request_cancel(self) -> None:
         if not self._done.is_set() and not self._cancel_sent:
             self._cancel_sent = True
-            self._conn.send(wire.Cancel(id=self.id))
+            if self._relay is not None:
+                self._relay.cancel()  # leaving the fallback's generation stops it
+            else:
+                self._conn.send(wire.Cancel(id=self.id))
+
+    def run_on(self, backend: Backend) -> None:
+        """Run this generation on ``backend`` (the window's own model, after the engine
+        died and could not be restarted) instead: the keystroke is still answered."""
+
+        async def relay() -> None:
+            inner: Generation | None = None
+            try:
+                inner = await backend.generate(self.request)
+                async for chunk in inner:
+                    self._stats.completion_tokens += len(chunk.token_ids)
+                    self._queue.put_nowait(chunk)
+                stats = await inner.wait()
+                for f in dataclasses.fields(GenerationStats):
+                    setattr(self._stats, f.name, getattr(stats, f.name))
+                self._queue.put_nowait(None)
+                self._done.set()
+            except asyncio.CancelledError:
+                if inner is not None:
+                    await inner.cancel()  # released before this one says it is done
+                self._stats.finish_reason = FinishReason.CANCELLED
+                self._queue.put_nowait(None)
+                self._done.set()
+            except Exception as exc:  # the fallback's own failure reaches the user
+                self.fail(exc)
+
+        self._relay = asyncio.ensure_future(relay())
 
     # -- called by the connection's reader --------------------------------------------------
 
@@ -715,17 +747,20 @@ class SharedEngineBackend:
 
     def _lost(self, generations: list[EngineGeneration]) -> bool:
         """The engine died before these produced anything: run them on a restarted one
-        (once per window, as any restart), so the keystroke is still answered."""
-        if self._closed or self._fallback is not None or self.restarts >= MAX_RESTARTS:
+        (once per window, as any restart), else on the window's own model, so that the
+        keystroke is still answered."""
+        if self._closed:
             return False
 
         async def move() -> None:
             conn = await self._connection()
             for generation in generations:
-                if conn is None:
-                    generation.fail(EngineError("the shared Kode engine stopped"))
-                else:
+                if conn is not None:
                     conn.adopt(generation)
+                elif self._fallback is not None:  # the user was told, once
+                    generation.run_on(self._fallback)
+                else:
+                    generation.fail(EngineError("the shared Kode engine stopped"))
 
         task = asyncio.ensure_future(move())
         self._moving.add(task)

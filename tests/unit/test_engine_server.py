@@ -22,7 +22,12 @@ from kode.backends.base import (
     TokenHealing,
 )
 from kode.backends.daemon import protocol as wire
-from kode.backends.daemon.client import Connection, SharedEngineBackend, end_process
+from kode.backends.daemon.client import (
+    MAX_RESTARTS,
+    Connection,
+    SharedEngineBackend,
+    end_process,
+)
 from kode.backends.daemon.paths import EngineConfig, EngineLock, EnginePlace, engine_place
 from kode.backends.daemon.server import EngineServer
 from kode.backends.errors import ContextOverflow, EngineError, EngineSetupError
@@ -354,6 +359,54 @@ async def test_a_keystroke_in_flight_when_the_engine_dies_is_answered(
         for engine in engines:
             if not engine.task.done():
                 await engine.stop()
+
+
+async def test_a_keystroke_in_flight_when_the_engine_cannot_come_back_runs_on_the_fallback(
+    place: EnginePlace, tmp_path: Path
+) -> None:
+    """The engine dies once more than a window restarts it: the keystroke it was running
+    is answered by the window's own model (the user is told once), not failed."""
+    engine = Engine(place, SlowBackend(delay=5.0))
+    notices: list[str] = []
+    fallback = SlowBackend(delay=0.01)
+
+    async def in_process() -> Backend:
+        return fallback
+
+    backend = SharedEngineBackend(
+        EngineConfig(tmp_path / "m.gguf"),
+        place,
+        Vocab(),
+        idle_s=60,
+        fallback=in_process,
+        notify=notices.append,
+        timeout_s=STEP_S,
+    )
+    try:
+        await asyncio.wait_for(backend.start(), STEP_S)
+        backend.restarts = MAX_RESTARTS  # restarted as often as a window does already
+        generation = await backend.generate(request("k", n=2))
+        long = await backend.generate(request("c", n=10_000))
+        await asyncio.sleep(0.2)  # running, no token yet
+        for w in list(engine.server.windows.values()):
+            w.writer.transport.abort()  # the engine dies: connections reset
+        engine.server.stop("crash")
+        assert await asyncio.wait_for(text_of(generation), STEP_S) == "k:0 k:1 "
+        assert sorted(fallback.started) == ["c", "k"]
+        assert generation.stats.completion_tokens == 2
+        assert generation.stats.finish_reason is FinishReason.LENGTH
+        assert len(notices) == 1 and "stopped again" in notices[0]
+        assert backend.engine_info["kind"] == "inProcess"
+        # cancelling one that runs there stops the fallback's generation
+        chunks = aiter(long)
+        assert (await asyncio.wait_for(anext(chunks), STEP_S)).text == "c:0 "
+        await asyncio.wait_for(long.cancel(), STEP_S)
+        assert long.stats.finish_reason is FinishReason.CANCELLED
+        assert fallback.counters.generations == 2  # both ended there: nothing left running
+    finally:
+        await backend.aclose()
+        if not engine.task.done():
+            await engine.stop()
 
 
 async def test_the_window_knows_the_prompt_is_evaluated_at_the_first_token(
