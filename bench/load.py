@@ -26,7 +26,6 @@ import os
 import random
 import re
 import secrets
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,7 +36,8 @@ from typing import Any
 
 import httpx
 from kode.backends.remote.sse import SSEDecoder
-from kode.bench import common
+from kode.bench import harness
+from kode.bench.report import percentile
 from kode.completion.templates import QWEN25_CODER, render
 from kode.serve.metrics import parse_text
 
@@ -186,11 +186,8 @@ async def settle(client: httpx.AsyncClient, timeout_s: float = 15.0) -> dict[str
 
 
 def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+    got = percentile(values, q)
+    return float("nan") if got is None else got
 
 
 async def run_load(url: str, keys: list[str], args: argparse.Namespace) -> dict[str, Any]:
@@ -246,13 +243,13 @@ def spawn_server(
     keys = [secrets.token_hex(16) for _ in range(args.users)]
     keyfile = workdir / "keys.txt"
     keyfile.write_text("".join(f"user{i}:{k}\n" for i, k in enumerate(keys)))
-    cmd = [
-        sys.executable, "-m", "kode.cli.main", "serve", "--host", "127.0.0.1", "--port", "0",
+    cmd = harness.kode_command(
+        "serve", "--host", "127.0.0.1", "--port", "0",
         "--api-keys", str(keyfile), "--model", args.model, "--threads", str(args.threads),
-    ]  # fmt: skip
+    )  # fmt: skip
     proc = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=common.die_with_parent,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=harness.die_with_parent,
     )  # fmt: skip
     assert proc.stdout is not None
     deadline = time.monotonic() + 120
@@ -309,12 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             report = asyncio.run(run_load(url, keys, args))
         finally:
             if proc is not None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=5)
+                harness.stop(proc)
                 if proc.stdout is not None:
                     proc.stdout.close()
     if args.json:
