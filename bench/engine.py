@@ -57,7 +57,6 @@ from kode.bench.report import (
 )
 
 PAUSE_S = 0.05  # between an answer and the next keystroke
-STEP_S = 600.0  # the longest one step may take (a model load on a busy machine)
 TYPED = "zqxjvkwq"  # characters the model does not predict at the cursor
 SMALL_DOC = (
     "import math\n\n\n"
@@ -163,7 +162,7 @@ async def type_keys(
         window.type(uri, key)
         line, character = window.end_of(uri)
         start = time.perf_counter()
-        answer = await window.complete(uri, line, character, STEP_S)
+        answer = await window.complete(uri, line, character, harness.STEP_S)
         ms = (time.perf_counter() - start) * 1000.0
         last = (await window.stats()).get("lastCompletion") or {} if answer else {}
         out.append(
@@ -205,7 +204,7 @@ async def open_and_answer(window: Window, settings: dict[str, Any], uri: str, te
     await window.start(settings)
     window.open(uri, text)
     line, character = window.end_of(uri)
-    await window.complete(uri, line, character, STEP_S)
+    await window.complete(uri, line, character, harness.STEP_S)
     return time.perf_counter() - start
 
 

@@ -23,8 +23,6 @@ from kode.bench import harness, report
 if TYPE_CHECKING:
     from kode.bench.engine import Options
 
-STEP_S = 600.0  # the longest one setting may take (a model load on a busy machine)
-
 
 # One fresh process per setting: libgomp reads how its threads wait once, when it loads. The
 # prompt is synthetic (no user code); plain decoding, no calibration (a fixed cost curve).
@@ -83,7 +81,7 @@ def probe(model: Path, load: str, waiting: str, threads: int, nice: int) -> dict
             capture_output=True,
             text=True,
             env=env,
-            timeout=STEP_S,
+            timeout=harness.STEP_S,
             check=False,
         )
     row: dict[str, Any] = {"load": load, "waiting": waiting, "threads": threads, "nice": nice}

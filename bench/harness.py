@@ -28,6 +28,9 @@ from typing import Any, TypeVar
 from kode.backends.system import alive
 
 T = TypeVar("T")
+# The longest one step of a benchmark may take: a model load (perhaps its assembly from its
+# parts) on a busy 2-core machine, or a generation behind it.
+STEP_S = 600.0
 
 
 # -- runs ---------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kode.bench import charts, report, tasks
+from kode.bench import charts, harness, report, tasks
 from kode.bench.client import CANCELLED, PARTIAL_METHOD, LspClient, items, plain
 from kode.bench.report import fmt, fmt_ratio, markdown_table
 
@@ -53,7 +53,7 @@ class Options:
     # Places: a pause before each word that follows a separator (``self.|x``, ``= |1``), as
     # a person stops to read the suggestion; 0 types each line through.
     word_pause_ms: float = 0.0
-    startup_s: float = 600.0  # first request: the model loads (and may be assembled)
+    startup_s: float = harness.STEP_S  # first request: the model loads (may be assembled)
     workspace: Path | None = None  # the workspace folder given to the server (rootUri)
     # The server's debug log (``kode -vv lsp``: which window answered each key, in sizes).
     debug_log: bool = False

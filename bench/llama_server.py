@@ -30,7 +30,7 @@ from kode.backends.defaults import CONTEXT_SIZE
 from kode.bench import harness
 
 STARTUP_S = 180.0
-REQUEST_S = 600.0
+REQUEST_S = harness.STEP_S
 
 
 def find_binary() -> Path | None:

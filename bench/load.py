@@ -38,10 +38,10 @@ import httpx
 from kode.backends.remote.sse import SSEDecoder
 from kode.bench import harness
 from kode.bench.report import percentile
+from kode.bench.tasks import REPO_ROOT as ROOT
 from kode.completion.templates import QWEN25_CODER, render
 from kode.serve.metrics import parse_text
 
-ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("backends", "completion", "serve", "lsp", "cli")
 
 
