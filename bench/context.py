@@ -162,8 +162,9 @@ def find_holes(root: Path, package: str) -> list[Hole]:
     """Holes in package ``root/package``: ``mod.NAME`` in a one-line simple statement of
     one module, ``mod`` an imported sibling module defining NAME at top level, NAME
     written nowhere else in that module."""
+    from kode.completion.index_worker import python_definitions
     from kode.completion.retrieval import Binding, python_imports
-    from kode.completion.workspace import module_name, python_definitions
+    from kode.completion.workspace_files import module_name
 
     files = sorted(
         p
@@ -480,8 +481,9 @@ def _built_index(prepared: Prepared) -> Any:
 
 def _hole_retriever(prepared: Prepared) -> tuple[Any, Path]:
     """A retriever over the hole's built index, and the edited module's path."""
+    from kode.completion.index_worker import read_text
     from kode.completion.retrieval import Retriever
-    from kode.completion.workspace import IndexLimits, read_text
+    from kode.completion.workspace import IndexLimits
 
     limit = IndexLimits().max_file_bytes
     retriever = Retriever(_built_index(prepared), functools.partial(read_text, max_bytes=limit))
@@ -744,8 +746,9 @@ def measure_index(n_files: int, queries: int, seed: int, model: str = "default")
     ``model``'s tokens, as the engine does, when its tokenizer is installed)."""
     import tracemalloc
 
+    from kode.completion.index_worker import read_text
     from kode.completion.retrieval import Retriever
-    from kode.completion.workspace import IndexLimits, WorkspaceIndex, read_text
+    from kode.completion.workspace import IndexLimits, WorkspaceIndex
 
     roots = latency_tree()
     tracemalloc.start()

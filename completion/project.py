@@ -21,9 +21,10 @@ from typing import Any
 
 from kode.completion.clock import Clock
 from kode.completion.documents import DocumentStore, file_path
+from kode.completion.index_worker import read_text
 from kode.completion.retrieval import Measure, Retrieved, Retriever
 from kode.completion.settings import Settings
-from kode.completion.workspace import IndexLimits, WorkspaceIndex, read_text
+from kode.completion.workspace import IndexLimits, WorkspaceIndex
 
 log = logging.getLogger("kode.completion")
 

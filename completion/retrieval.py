@@ -36,8 +36,9 @@ from collections.abc import Callable, Iterable, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
 
+from kode.completion.index_worker import WORD, Definition, words
 from kode.completion.templates import Snippet
-from kode.completion.workspace import WORD, Definition, WorkspaceIndex, words
+from kode.completion.workspace import WorkspaceIndex
 
 ReadText = Callable[[Path], str | None]
 

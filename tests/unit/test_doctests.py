@@ -12,6 +12,7 @@ MODULES = [
     "kode.backends.kv_reuse",
     "kode.completion.clock",
     "kode.completion.documents",
+    "kode.completion.index_worker",
     "kode.completion.preparation",
     "kode.completion.windows",
 ]
