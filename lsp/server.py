@@ -27,16 +27,15 @@ from pathlib import Path
 from threading import Event
 from typing import Any, BinaryIO, ClassVar
 
-import msgspec
-from kode.backends.base import Backend, EngineReport, KvMemoryReport
 from kode.backends.errors import DocumentError, describe
 from kode.completion import settings as settings_mod
 from kode.completion.backend_factory import BackendPool, load_backend
 from kode.completion.documents import Position, Range, file_name, file_path
 from kode.completion.engine import BackendFactory, CompletionEngine, Superseded
-from kode.completion.suggestion import Completion, PartialCallback
+from kode.completion.suggestion import PartialCallback
 from kode.lsp import framing
 from kode.lsp.errors import to_lsp_error
+from kode.lsp.stats import report
 from lsprotocol import types
 from pygls.exceptions import (
     JsonRpcException,
@@ -432,28 +431,7 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
 
     @server.feature(STATS_METHOD)
     def stats(params: Any) -> dict[str, Any]:
-        backend = server.pool.current
-        return {
-            "backend": None if backend is None else backend.name,
-            "model": None if backend is None else backend.model_name,
-            "counters": None if backend is None else backend.counters.as_dict(),
-            "engine": {
-                "typedAheadHits": server.engine.typed_ahead_hits,
-                "prefetches": server.engine.preparation.prefetches,
-                "readAheads": server.engine.preparation.read_aheads,
-                "prepared": server.engine.preparation.prepared,
-                "preparing": server.engine.preparation.preparing,
-                "shortAnswers": server.engine.short_answers,
-                "keptSnippets": server.engine.kept_snippets,
-                "cursorMoves": server.engine.cursor_moves,
-                "prefillTokensPerS": server.engine.rate.value,
-            },
-            "lastCompletion": _last_completion(server.engine.last_answer),
-            "kvMemory": backend.kv_memory if isinstance(backend, KvMemoryReport) else None,
-            "engineProcess": _engine_process(backend),
-            "settings": _redacted(server.engine.settings),
-            "workspace": _index_stats(server),
-        }
+        return report(server.engine, server.pool.current)
 
     @server.feature(types.SHUTDOWN)
     async def shutdown(params: Any) -> None:
@@ -526,68 +504,9 @@ def _clamp_positions(data: dict[str, Any]) -> dict[str, Any] | None:
     return copy if changed else None
 
 
-def _last_completion(answer: Completion | None) -> dict[str, Any] | None:
-    """The last non-empty answer, for status bars: ``answerMs`` from the request to the
-    answer (0 for one typed ahead), and the generation that made it: its tokens, time to
-    the first token, time in all, and ``tokensPerS``, the decode speed after the first
-    token (null with fewer than two tokens: there is nothing to time)."""
-    if answer is None:
-        return None
-    stats = answer.stats
-    decode_ms = stats.total_ms - stats.ttft_ms
-    speed = None
-    if stats.completion_tokens >= 2 and decode_ms > 0:
-        speed = round((stats.completion_tokens - 1) / decode_ms * 1000.0, 1)
-    return {
-        "answerMs": round(answer.total_ms, 1),
-        "fromCache": answer.from_cache,
-        "completionTokens": stats.completion_tokens,
-        "ttftMs": round(stats.ttft_ms, 1),
-        "generationMs": round(stats.total_ms, 1),
-        "tokensPerS": speed,
-    }
-
-
-def _redacted(settings: settings_mod.Settings) -> dict[str, Any]:
-    """Settings for ``kode/stats``: the remote API key is a secret, shown only as set."""
-    out: dict[str, Any] = msgspec.to_builtins(settings)
-    if out["remote"]["apiKey"]:
-        out["remote"]["apiKey"] = "(set)"
-    return out
-
-
 def _describe(exc: BaseException) -> str:
     """``errors.describe``; pygls' own protocol errors carry no source either."""
     return str(exc) if isinstance(exc, JsonRpcException) else describe(exc)
-
-
-def _engine_process(backend: Backend | None) -> dict[str, Any] | None:
-    """Which process runs the model: the shared engine (pid, socket) or this one."""
-    return backend.engine_info if isinstance(backend, EngineReport) else None
-
-
-def _index_stats(server: KodeServer) -> dict[str, Any] | None:
-    """Counts only: the index never reports paths or text."""
-    index = server.engine.workspace
-    if index is None:
-        return None
-    stats = index.stats
-    return {
-        "files": stats.files,
-        "words": stats.words,
-        "postings": stats.postings,
-        "approxBytes": stats.approx_bytes,
-        "complete": stats.complete,
-        "truncated": stats.truncated,
-        "skipped": {
-            "ignored": stats.skipped_ignored,
-            "binary": stats.skipped_binary,
-            "large": stats.skipped_large,
-            "crashedParser": stats.crashed,
-        },
-        "parsedInChild": stats.parsed_in_child,
-        "parsedInServer": stats.parsed_here,
-    }
 
 
 def _workspace_roots(params: types.InitializeParams) -> list[Path]:
