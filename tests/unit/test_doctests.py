@@ -8,6 +8,7 @@ import importlib
 import pytest
 
 MODULES = [
+    "kode.backends.daemon.paths",
     "kode.backends.daemon.scheduler",
     "kode.backends.kv_reuse",
     "kode.completion.clock",
