@@ -38,8 +38,9 @@ def built_index(prepared: Prepared) -> Any:
 
 def _hole_retriever(prepared: Prepared) -> tuple[Any, Path]:
     """A retriever over the hole's built index, and the edited module's path."""
+    from kode.completion.index_worker import read_text
     from kode.completion.retrieval import Retriever
-    from kode.completion.workspace import IndexLimits, read_text
+    from kode.completion.workspace import IndexLimits
 
     limit = IndexLimits().max_file_bytes
     retriever = Retriever(built_index(prepared), functools.partial(read_text, max_bytes=limit))
@@ -198,8 +199,9 @@ def measure_index(n_files: int, queries: int, seed: int, model: str = "default")
     ``model``'s tokens, as the engine does, when its tokenizer is installed)."""
     import tracemalloc
 
+    from kode.completion.index_worker import read_text
     from kode.completion.retrieval import Retriever
-    from kode.completion.workspace import IndexLimits, WorkspaceIndex, read_text
+    from kode.completion.workspace import IndexLimits, WorkspaceIndex
 
     roots = latency_tree()
     tracemalloc.start()

@@ -11,6 +11,7 @@ window asking for another model gets an engine of its own.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -86,6 +87,51 @@ class EnginePlace:
     @property
     def name(self) -> str:
         return self.socket.stem
+
+
+def socket_obstacle(path: Path) -> str | None:
+    """What stands at an engine's socket path that an engine cannot clear, in words;
+    None when the path is free or holds what an engine replaces (a socket, a dead
+    engine's or a live one's; a file, a link, a FIFO: ``unlink`` removes them unread).
+    A folder is left to the user: it may hold anything.
+
+    >>> import tempfile
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> socket_obstacle(folder / "kode.sock") is None
+    True
+    >>> (folder / "kode.sock").mkdir()
+    >>> said = socket_obstacle(folder / "kode.sock")
+    >>> said.replace(str(folder), "F")
+    "F/kode.sock is a folder, where the engine's socket goes; remove it: rmdir F/kode.sock"
+    >>> (folder / "kode.sock").rmdir(); folder.rmdir()
+    """
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{path}, where the engine's socket goes, cannot be looked at ({exc.strerror})"
+    if stat.S_ISDIR(info.st_mode):
+        return f"{path} is a folder, where the engine's socket goes; remove it: rmdir {path}"
+    return None
+
+
+def clear_socket_path(path: Path) -> None:
+    """Make way for an engine's socket (the engine holds its lock: what is there is a
+    dead engine's socket, or was put there by mistake). Raises ``EngineSetupError``
+    for what it must not remove (``socket_obstacle``)."""
+    obstacle = socket_obstacle(path)
+    if obstacle is not None:
+        raise EngineSetupError(obstacle)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+def remove_socket(path: Path) -> None:
+    """Remove an engine's socket as it stops; whatever else is there now is not ours."""
+    with contextlib.suppress(OSError):
+        if stat.S_ISSOCK(path.lstat().st_mode):
+            path.unlink()
 
 
 def fingerprint(*parts: object) -> str:

@@ -37,7 +37,13 @@ from kode.backends.base import (
     TokenChunk,
 )
 from kode.backends.chunks import ChunkQueue, drain
-from kode.backends.errors import BackendError, RemoteError, RemoteTimeout, StreamError
+from kode.backends.errors import (
+    BackendClosed,
+    BackendError,
+    RemoteError,
+    RemoteTimeout,
+    StreamError,
+)
 from kode.backends.remote.sse import (
     Payload,
     SSEEvent,
@@ -355,7 +361,7 @@ class RemoteBackend:
 
     async def generate(self, request: GenerationRequest) -> RemoteGeneration:
         if self._closed:
-            raise BackendError("backend is closed")
+            raise BackendClosed("backend is closed")
         if request.max_tokens < 1:
             raise BackendError("max_tokens must be at least 1")
         generation = RemoteGeneration(self, request)
