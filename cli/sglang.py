@@ -22,6 +22,7 @@ import shlex
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -129,7 +130,20 @@ def build(args: argparse.Namespace, python: str = "python") -> Launch:
         host = parts.hostname if _is_local(url) else "0.0.0.0"
         env = {"CUDA_VISIBLE_DEVICES": str(i)} if local else {}
         workers.append((env, (*server, "--host", host, "--port", str(parts.port))))
-    router = (
+    return Launch(tuple(workers), router_argv(python, urls, args.host, args.port))
+
+
+# sglang-router opens a worker's circuit after 10 failures by default (0.3.2), and it
+# retries a failed request up to 5 times, each time on the worker cache_aware picks,
+# which is the dead one that holds the user's prefix: the request fails and the next
+# one does too. At 3 the circuit opens within the first request's retries, which then
+# go to a live worker (tests/test_router_e2e.py kills one).
+CB_FAILURE_THRESHOLD = 3
+
+
+def router_argv(python: str, urls: Sequence[str], host: str, port: int) -> tuple[str, ...]:
+    """``sglang_router.launch_router`` in front of ``urls``, cache-aware."""
+    return (
         python,
         "-m",
         "sglang_router.launch_router",
@@ -137,12 +151,13 @@ def build(args: argparse.Namespace, python: str = "python") -> Launch:
         *urls,
         "--policy",
         "cache_aware",
+        "--cb-failure-threshold",
+        str(CB_FAILURE_THRESHOLD),
         "--host",
-        args.host,
+        host,
         "--port",
-        str(args.port),
+        str(port),
     )
-    return Launch(tuple(workers), router)
 
 
 def _url_host(host: str) -> str:
