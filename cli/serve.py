@@ -73,6 +73,15 @@ def register(subparsers: Any) -> None:
         "users' files stay evaluated (0: only the one in the context)",
     )
     parser.add_argument(
+        "--keepalive-s",
+        type=float,
+        default=15.0,
+        metavar="S",
+        help="an SSE comment this often while a stream has nothing to send; behind "
+        "SGLang's router use 0.5: the router notices a client gone only when it writes "
+        "to it, and only then drops the request here",
+    )
+    parser.add_argument(
         "--name",
         default="",
         help="this server's name in X-Kode-Worker and meta_info.kode_worker "
@@ -104,6 +113,8 @@ def _bounds_problem(args: argparse.Namespace) -> str | None:
         return f"--threads must be 0 (every core) to {cores}, the cores this machine lets it use"
     if not 512 <= args.context_size <= 1 << 17:
         return "--context-size must be 512 to 131072 tokens"
+    if not 0.05 <= args.keepalive_s <= 300:
+        return "--keepalive-s must be 0.05 to 300 seconds"
     if not 0 <= args.kv_memory_mb <= 65_536:
         return "--kv-memory-mb must be 0 to 65536"
     return None
@@ -151,6 +162,7 @@ async def _serve(args: argparse.Namespace) -> int:
                 keys=keys,
                 max_request_bytes=args.max_request_bytes,
                 log_requests=args.log_requests,
+                keepalive_s=args.keepalive_s,
                 name=args.name or f"{shown}:{port}",
                 context_tokens=0 if args.upstream else args.context_size,
             ),

@@ -133,11 +133,11 @@ def build(args: argparse.Namespace, python: str = "python") -> Launch:
     return Launch(tuple(workers), router_argv(python, urls, args.host, args.port))
 
 
-# sglang-router opens a worker's circuit after 10 failures by default (0.3.2), and it
-# retries a failed request up to 5 times, each time on the worker cache_aware picks,
-# which is the dead one that holds the user's prefix: the request fails and the next
-# one does too. At 3 the circuit opens within the first request's retries, which then
-# go to a live worker (tests/test_router_e2e.py kills one).
+# sglang-router (0.3.2) retries a failed request up to 5 times, each time on the worker
+# cache_aware picks: for a user whose prefix lives on a worker that died, that dead
+# worker again, until its circuit breaker opens. It opens after 10 failures by default,
+# and the request failed (HTTP 500 from the router); at 3 it opens within the request's
+# own retries, which then go to the live worker (tests/test_router_e2e.py kills one).
 CB_FAILURE_THRESHOLD = 3
 
 
