@@ -10,8 +10,7 @@ Endpoints:
 - ``GET /v1/models``;
 - ``GET /health`` and ``GET /metrics`` (Prometheus text): no key needed;
 - what SGLang's router asks of a worker (``/server_info``, ``/model_info``, ``/get_load``,
-  ``/health_generate``): ``serve/worker_api.py``, no key needed either (a router sends
-  none to its workers: keep a worker on a private address).
+  ``/health_generate``): ``serve/worker_api.py``.
 
 Kode extensions: a request may name its document (``"document": "<uri>"`` or the
 ``X-Kode-Document`` header) so that a newer request for it aborts the older one;
@@ -466,7 +465,7 @@ def build_app(service: CompletionService, config: ServeConfig) -> Starlette:
         Route("/v1/models", h.models, methods=["GET"]),
         Route("/health", h.health, methods=["GET"]),
         Route("/metrics", h.metrics_text, methods=["GET"]),
-        *WorkerApi(service, config.name, config.context_tokens).routes(),
+        *WorkerApi(service, config.name, config.context_tokens, h.caller).routes(),
     ]
     middleware = [Middleware(_CountRequests, counter=service.metrics.requests)]
     if config.name:

@@ -13,7 +13,9 @@ an SGLang GPU worker stands (docs/team-server.md):
 - ``GET /get_load``: one entry per data-parallel rank with ``num_tokens``, polled every
   30 s by the router's load monitor (``power_of_two`` routes by it);
 - ``GET /health_generate``: SGLang generates one token to prove the engine works; so
-  does Kode. The router forwards its own ``/health_generate`` here.
+  does Kode. The router forwards its own ``/health_generate`` here. It spends the
+  engine's time, so it takes a key where the server has keys; the others need none
+  (the router sends no key unless it is given one, like ``/health`` and ``/metrics``).
 
 What the router forwards of a request: ``POST /generate`` re-serialized from its own
 typed struct (``rid``, ``text``, ``sampling_params``, ``stream`` survive; Kode's
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 
 from kode.backends.base import GenerationRequest, Sampling
@@ -59,10 +62,17 @@ def _kode_version() -> str:
 class WorkerApi:
     """The worker endpoints over one ``CompletionService`` (see the module docstring)."""
 
-    def __init__(self, service: CompletionService, name: str, context_tokens: int) -> None:
+    def __init__(
+        self,
+        service: CompletionService,
+        name: str,
+        context_tokens: int,
+        authorize: Callable[[Request], str],
+    ) -> None:
         self.service = service
         self.name = name
         self.context_tokens = context_tokens
+        self.authorize = authorize  # raises ServeError(401) for a missing or wrong key
 
     @property
     def serial(self) -> bool:
@@ -123,6 +133,7 @@ class WorkerApi:
 
     async def health_generate(self, request: Request) -> Response:
         """One greedy token through the same queue as everyone's requests."""
+        self.authorize(request)
         try:
             job = self.service.start(
                 HEALTH_KEY, GenerationRequest(HEALTH_PROMPT, 1, Sampling(temperature=0.0))

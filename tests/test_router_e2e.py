@@ -42,18 +42,12 @@ def front(chain: Chain, user: int) -> httpx.AsyncClient:
 
 
 async def events(
-    client: httpx.AsyncClient,
-    body: dict[str, Any],
-    first: asyncio.Event | None = None,
-    started: asyncio.Event | None = None,
+    client: httpx.AsyncClient, body: dict[str, Any], first: asyncio.Event | None = None
 ) -> list[dict[str, Any]]:
-    """A streamed /generate's events; ``started`` is set when the worker has answered
-    (the front's answer waits for it), ``first`` at the first event with text."""
+    """A streamed /generate's events; ``first`` is set at the first one with text."""
     out = []
     async with client.stream("POST", "/generate", json={**body, "stream": True}) as response:
         assert response.status_code == 200, await response.aread()
-        if started is not None:
-            started.set()
         async for line in response.aiter_lines():
             if line.startswith("data: {"):
                 out.append(json.loads(line.removeprefix("data: ")))
@@ -83,6 +77,15 @@ def worker_of(answer: list[dict[str, Any]]) -> str:
 async def worker_metrics(chain: Chain, name: str) -> dict[str, float]:
     async with httpx.AsyncClient(base_url=chain.worker_named(name).url, timeout=5) as client:
         return parse_text((await client.get("/metrics")).text)
+
+
+async def wait_busy(chain: Chain, name: str, within_s: float = 10.0) -> None:
+    """Until the worker has a request (the router counts it in flight there)."""
+    deadline = time.monotonic() + within_s
+    async with httpx.AsyncClient(base_url=chain.worker_named(name).url, timeout=5) as client:
+        while not (await client.get("/get_load")).json()[0]["num_reqs"]:
+            assert time.monotonic() < deadline, f"{name} got no request"
+            await asyncio.sleep(0.02)
 
 
 async def wait_idle(chain: Chain, name: str, within_s: float = 10.0) -> dict[str, float]:
@@ -115,11 +118,8 @@ async def test_keystrokes_stay_on_one_worker_and_two_users_spread(chain: Chain) 
         bob_uri, bob_keys = keystrokes(2, 3)
         seen: dict[str, list[str]] = {"alice": [], "bob": []}
         seen["alice"].append(worker_of(await events(alice, request(alice_keys[0], alice_uri))))
-        running = asyncio.Event()
-        typing = asyncio.create_task(
-            events(alice, request(alice_keys[1], alice_uri, 64), started=running)
-        )
-        await running.wait()
+        typing = asyncio.create_task(events(alice, request(alice_keys[1], alice_uri, 64)))
+        await wait_busy(chain, seen["alice"][0])
         for prompt in bob_keys:
             seen["bob"].append(worker_of(await events(bob, request(prompt, bob_uri))))
         seen["alice"].append(worker_of(await typing))

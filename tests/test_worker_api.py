@@ -15,6 +15,7 @@ from kode.backends.base import FinishReason, GenerationRequest, TokenChunk
 from kode.backends.errors import BackendError
 from kode.backends.remote.clients import SGLangBackend
 from kode.serve.app import ServeConfig, build_app
+from kode.serve.auth import KeyRing
 from kode.serve.service import CompletionService, Workers
 from kode_servers import (
     FakeGeneration,
@@ -58,9 +59,11 @@ class BrokenLocal(FakeLocal):
         raise BackendError("the engine is gone")
 
 
-def worker_client(backend: FakeLocal, name: str = "w0") -> tuple[CompletionService, Any]:
+def worker_client(
+    backend: FakeLocal, name: str = "w0", keys: KeyRing | None = None
+) -> tuple[CompletionService, Any]:
     service = CompletionService(Workers([backend], serial=True), max_per_key=4)
-    app = build_app(service, ServeConfig(name=name, context_tokens=2048))
+    app = build_app(service, ServeConfig(keys=keys, name=name, context_tokens=2048))
     transport = httpx.ASGITransport(app=app)
     return service, httpx.AsyncClient(transport=transport, base_url="http://worker")
 
@@ -162,6 +165,23 @@ async def test_health_generate_makes_a_token_or_says_why_not() -> None:
             reply = await client.get("/health_generate")
             assert reply.status_code == 503
             assert "the engine is gone" in reply.json()["error"]
+    finally:
+        await service.aclose()
+
+
+async def test_with_keys_only_health_generate_takes_one() -> None:
+    """It spends the engine's time; what the router reads at registration does not."""
+    backend = FakeLocal(chunks=["x"])
+    keys = KeyRing.parse("alice:alice-key-0123456789abcdef\n")
+    service, client = worker_client(backend, keys=keys)
+    try:
+        async with client, asyncio.timeout(10):
+            assert (await client.get("/health_generate")).status_code == 401
+            assert backend.requests == []
+            for path in ("/server_info", "/model_info", "/get_load", "/health"):
+                assert (await client.get(path)).status_code == 200, path
+            key = {"Authorization": "Bearer alice-key-0123456789abcdef"}
+            assert (await client.get("/health_generate", headers=key)).status_code == 200
     finally:
         await service.aclose()
 
