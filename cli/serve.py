@@ -2,6 +2,7 @@
 
     kode serve --host 0.0.0.0 --port 8080 --api-keys keys.txt --model default
     kode serve --api-keys keys.txt --upstream http://gpu1:30000 --upstream http://gpu2:30000
+    kode serve --name worker-0 --keepalive-s 0.5 --kv-memory-mb 64   # behind SGLang's router
 
 Without ``--api-keys`` it listens only on a loopback address. Once it listens it
 prints ``kode serve: listening on http://HOST:PORT`` on stdout (``--port 0`` picks a
