@@ -1,8 +1,7 @@
 """Load test for ``kode serve``: simulated users typing into their own documents.
 
-    python -m kode.bench.load --users 20 --seconds 30 --spawn-server --model small
-    python -m kode.bench.load --users 20 --seconds 30 \
-        --url http://127.0.0.1:8080 --keys-file keys.txt
+    kode bench load --users 20 --seconds 30 --spawn-server --model small
+    kode bench load --users 20 --seconds 30 --url http://127.0.0.1:8080 --keys-file keys.txt
     kode bench load --through-router --users 8 --seconds 20
 
 ``--through-router`` starts the team deployment of docs/team-server.md here
@@ -40,7 +39,6 @@ import random
 import re
 import secrets
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -53,7 +51,6 @@ from kode.backends.remote.sse import SSEDecoder
 from kode.bench import harness
 from kode.bench.report import percentile
 from kode.bench.tasks import REPO_ROOT as ROOT
-from kode.cli.bench import MAX_SECONDS, MAX_USERS, load_arguments
 from kode.completion.templates import QWEN25_CODER, render
 from kode.serve.metrics import parse_text
 
@@ -382,30 +379,8 @@ def spawn_server(
     raise SystemExit("bench.load: kode serve did not start")
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m kode.bench.load", description=__doc__.split("\n")[0]
-    )
-    load_arguments(p)
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    return run(_parser().parse_args(argv))
-
-
 def run(args: argparse.Namespace) -> int:
-    """The load run ``args`` describe (``kode bench load`` parses them the same way)."""
-    modes = [args.url is not None, args.spawn_server, args.through_router]
-    if sum(modes) != 1:
-        print("bench.load: give one of --url, --spawn-server, --through-router", file=sys.stderr)
-        return 2
-    if not 1 <= args.users <= MAX_USERS or not 1 <= args.seconds <= MAX_SECONDS:
-        print(
-            f"bench.load: --users must be 1 to {MAX_USERS}, --seconds 1 to {MAX_SECONDS}",
-            file=sys.stderr,
-        )
-        return 2
+    """The load run ``args`` describe (``kode bench load``'s, checked there)."""
     with tempfile.TemporaryDirectory() as tmp:
         proc = None
         chain = None
@@ -442,7 +417,3 @@ def run(args: argparse.Namespace) -> int:
         for name, value in report.items():
             print(f"{name:22} {value}")
     return 0 if report["leftRunning"] == 0 else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

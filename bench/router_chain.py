@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from kode.bench import common
-from kode.cli.sglang import router_argv
+from kode.bench import harness
+from kode.serve.sglang_router import router_argv
 
 ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 120.0  # model load and batch-cost measurement, two workers on 2 cores
@@ -114,12 +114,12 @@ def _spawn(argv: Sequence[str], log: Path) -> subprocess.Popen[str]:
             stdin=subprocess.DEVNULL,
             text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            preexec_fn=common.die_with_parent,
+            preexec_fn=harness.die_with_parent,
         )
 
 
 def _serve_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "kode.cli.main", "serve", "--host", "127.0.0.1", *args]
+    return harness.kode_command("serve", "--host", "127.0.0.1", *args)
 
 
 def _listening(proc: subprocess.Popen[str], deadline: float) -> str | None:

@@ -47,7 +47,7 @@ MAX_SECONDS = 600.0
 
 
 def load_arguments(p: argparse.ArgumentParser) -> None:
-    """``kode bench load``'s options (also ``python -m kode.bench.load``'s)."""
+    """``kode bench load``'s options."""
     p.add_argument("--users", type=int, default=20, help=f"simulated users (1-{MAX_USERS})")
     p.add_argument(
         "--seconds", type=float, default=30.0, help=f"how long they type (1-{MAX_SECONDS:.0f})"
@@ -450,6 +450,20 @@ def run(args: argparse.Namespace) -> int:
             )
         )
     if args.bench_command == "load":
+        modes = [args.url is not None, args.spawn_server, args.through_router]
+        if sum(modes) != 1:
+            print(
+                "kode bench load: give one of --url, --spawn-server, --through-router",
+                file=sys.stderr,
+            )
+            return 2
+        if not 1 <= args.users <= MAX_USERS or not 1 <= args.seconds <= MAX_SECONDS:
+            print(
+                f"kode bench load: --users must be 1 to {MAX_USERS}, "
+                f"--seconds 1 to {MAX_SECONDS:.0f}",
+                file=sys.stderr,
+            )
+            return 2
         from kode.bench import load as load_bench
 
         return load_bench.run(args)

@@ -22,12 +22,12 @@ import shlex
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from kode.backends.errors import CommandError
+from kode.serve.sglang_router import router_argv
 
 ALGORITHMS = ("EAGLE3", "EAGLE", "STANDALONE", "NGRAM")
 
@@ -131,33 +131,6 @@ def build(args: argparse.Namespace, python: str = "python") -> Launch:
         env = {"CUDA_VISIBLE_DEVICES": str(i)} if local else {}
         workers.append((env, (*server, "--host", host, "--port", str(parts.port))))
     return Launch(tuple(workers), router_argv(python, urls, args.host, args.port))
-
-
-# sglang-router (0.3.2) retries a failed request up to 5 times, each time on the worker
-# cache_aware picks: for a user whose prefix lives on a worker that died, that dead
-# worker again, until its circuit breaker opens. It opens after 10 failures by default,
-# and the request failed (HTTP 500 from the router); at 3 it opens within the request's
-# own retries, which then go to the live worker (tests/test_router_e2e.py kills one).
-CB_FAILURE_THRESHOLD = 3
-
-
-def router_argv(python: str, urls: Sequence[str], host: str, port: int) -> tuple[str, ...]:
-    """``sglang_router.launch_router`` in front of ``urls``, cache-aware."""
-    return (
-        python,
-        "-m",
-        "sglang_router.launch_router",
-        "--worker-urls",
-        *urls,
-        "--policy",
-        "cache_aware",
-        "--cb-failure-threshold",
-        str(CB_FAILURE_THRESHOLD),
-        "--host",
-        host,
-        "--port",
-        str(port),
-    )
 
 
 def _url_host(host: str) -> str:

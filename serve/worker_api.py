@@ -35,10 +35,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from importlib.metadata import PackageNotFoundError, version
 
 from kode.backends.base import GenerationRequest, Sampling
-from kode.serve.service import CompletionService, Ended, Failed, ServeError
+from kode.backends.defaults import KODE_VERSION
+from kode.backends.errors import ServeError
+from kode.serve.service import CompletionService, Ended, Failed
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -50,13 +51,6 @@ WORKER_HEADER = "X-Kode-Worker"
 HEALTH_KEY = "kode-health-generate"
 HEALTH_PROMPT = "def add(a, b):\n    return"
 HEALTH_TIMEOUT_S = 30.0  # a serial engine answers it after the generations before it
-
-
-def _kode_version() -> str:
-    try:
-        return version("kode")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 class WorkerApi:
@@ -94,7 +88,7 @@ class WorkerApi:
             {
                 "model_path": workers.model_name,
                 "served_model_name": workers.model_name,
-                "version": _kode_version(),
+                "version": KODE_VERSION,
                 "dp_size": 1,
                 "tp_size": 1,
                 # A local engine runs one generation at a time; upstreams batch their own.

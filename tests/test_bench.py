@@ -87,12 +87,13 @@ def test_cli_parses_each_benchmark() -> None:
 
 
 def test_load_bench_refuses_unbounded_or_ambiguous_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    from kode.bench import load
+    def run(*argv: str) -> int:
+        return cli_bench.run(_parse(["bench", "load", *argv]))
 
-    assert load.main(["--url", "http://127.0.0.1:9", "--through-router"]) == 2
+    assert run("--url", "http://127.0.0.1:9", "--through-router") == 2
     assert "one of --url, --spawn-server, --through-router" in capsys.readouterr().err
-    assert load.main(["--through-router", "--users", "0"]) == 2
-    assert load.main(["--through-router", "--seconds", "3600"]) == 2
+    assert run("--through-router", "--users", "0") == 2
+    assert run("--through-router", "--seconds", "3600") == 2
     assert "--users must be 1 to 100, --seconds 1 to 600" in capsys.readouterr().err
 
 
