@@ -81,6 +81,20 @@ def test_cli_parses_each_benchmark() -> None:
     args = _parse(["bench", "latency", "--cadence-ms", "80", "--files", "a.py"])
     assert args.cadence_ms == 80.0
     assert args.files == [Path("a.py")]
+    args = _parse(["bench", "load", "--through-router", "--users", "6", "--seconds", "20"])
+    assert (args.through_router, args.users, args.seconds) == (True, 6, 20.0)
+    assert args.func is cli_bench.run
+
+
+def test_load_bench_refuses_unbounded_or_ambiguous_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    def run(*argv: str) -> int:
+        return cli_bench.run(_parse(["bench", "load", *argv]))
+
+    assert run("--url", "http://127.0.0.1:9", "--through-router") == 2
+    assert "one of --url, --spawn-server, --through-router" in capsys.readouterr().err
+    assert run("--through-router", "--users", "0") == 2
+    assert run("--through-router", "--seconds", "3600") == 2
+    assert "--users must be 1 to 100, --seconds 1 to 600" in capsys.readouterr().err
 
 
 # -- runs, files, processes, charts ----------------------------------------------------------
