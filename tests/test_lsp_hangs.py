@@ -144,7 +144,11 @@ async def test_the_windows_own_settings_change_is_not_an_engine_failure(
         except queue.Empty:
             pytest.fail("no partial completion: the generation never ran")
         window.notify("workspace/didChangeConfiguration", {"settings": IN_PROCESS})
-        answer = window.complete_async(shapes, 1, 11)  # the pool swaps the backend
+        # a place never asked before (the first one's answer is remembered and would be
+        # shown without the backend): the pool swaps the backend for it
+        fresh = (workspace / "fresh.py").as_uri()
+        window.open(fresh, TEXT)
+        answer = window.complete_async(fresh, 1, 11)
         assert "result" in window.answer(generating, STEP_S)  # obsolete: no error
         assert items(window.answer(answer, STEP_S))
         assert window.stats()["engineProcess"]["kind"] == "inProcess"
