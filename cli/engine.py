@@ -62,6 +62,9 @@ def register(subparsers: Any) -> None:
 # typing at the same time each decode in ~1.7 single steps instead of waiting for the
 # other; a third waits. Each slot holds ``contextSize`` tokens of KV cache.
 ENGINE_SLOTS = 2
+# How long a starting engine tries for its lock: a window looking whether it is held
+# holds it for a moment (``lock_is_held``); a running engine holds it for good.
+ENGINE_LOCK_WAIT_S = 0.5
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -82,7 +85,7 @@ def _run(args: argparse.Namespace) -> int:
     )
     place = place_for(config)
     lock = EngineLock(place.lock)
-    if not lock.acquire():
+    if not lock.acquire(wait_s=ENGINE_LOCK_WAIT_S):
         log.info("another engine holds %s; leaving it the work", place.lock)
         return 0
     try:
