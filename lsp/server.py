@@ -491,7 +491,8 @@ async def _close(server: KodeServer) -> None:
 def _end_process(code: int) -> None:
     """``EXIT_S`` after ``exit`` the process is still there: something it would wait
     for still runs. Said once in the log, then the process ends without waiting."""
-    running = [t.name for t in threading.enumerate() if t is not threading.current_thread()]
+    others = (threading.current_thread(), threading.main_thread())
+    running = [t.name for t in threading.enumerate() if t not in others]
     log.warning("ending the process; still running: %s", ", ".join(sorted(running)) or "-")
     for stream in (sys.stderr, sys.stdout):
         with contextlib.suppress(Exception):

@@ -26,11 +26,12 @@ from engine_windows import REPO, alive
 class StdioWindow:
     """One ``kode lsp`` over pipes. Use as ``with StdioWindow(...) as window``."""
 
-    def __init__(self, log: Path) -> None:
+    def __init__(self, log: Path, argv: list[str] | None = None) -> None:
+        """``argv``: the command (``kode lsp`` unless given), its stderr to ``log``."""
         self.log = log
         with log.open("wb") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "kode.cli.main", "lsp"],
+                argv or [sys.executable, "-m", "kode.cli.main", "lsp"],
                 cwd=REPO,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import os
 import queue
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from engine_windows import engine_pids, eventually
 from lsp_process import StdioWindow, gone_within
-
-pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 STEP_S = 120.0  # a model load on a busy 2-core machine
 SHUTDOWN_S = 10.0  # the server's bound (5 s) and the pipe's
@@ -64,6 +63,8 @@ async def keeps_indexing(window: StdioWindow, root: Path, before: int) -> None:
     assert await eventually(lambda: indexed_files(window) == before + 1, 30)
 
 
+@pytest.mark.model
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["mod.py", ".gitignore"])
 async def test_a_fifo_in_the_workspace_hangs_nothing(
     workspace: Path, tmp_path: Path, name: str
@@ -86,6 +87,8 @@ async def test_a_fifo_in_the_workspace_hangs_nothing(
         assert window.shown == []
 
 
+@pytest.mark.model
+@pytest.mark.slow
 async def test_a_folder_at_the_engine_socket_path_is_said_once(
     workspace: Path, tmp_path: Path, engine_folder: Path
 ) -> None:
@@ -119,6 +122,8 @@ async def test_a_folder_at_the_engine_socket_path_is_said_once(
     assert place.socket.is_dir() and engine_pids(engine_folder) == []
 
 
+@pytest.mark.model
+@pytest.mark.slow
 async def test_the_windows_own_settings_change_is_not_an_engine_failure(
     workspace: Path, tmp_path: Path
 ) -> None:
@@ -154,3 +159,22 @@ async def test_the_windows_own_settings_change_is_not_an_engine_failure(
         assert window.stats()["engineProcess"]["kind"] == "inProcess"
         await ends_cleanly(window)
         assert window.shown == []
+
+
+def test_exit_never_waits_for_a_thread(tmp_path: Path) -> None:
+    """Whatever still runs in the window (here a thread that never ends, as one stuck in
+    a read of a hung filesystem would be; the interpreter joins such threads at exit,
+    and ``asyncio.run`` its executor's), ``exit`` ends the process within 2 s, with
+    the exit code LSP asks for, and the log names what was left."""
+    script = (
+        "import threading, time\n"
+        "from kode.lsp.server import build_server\n"
+        "threading.Thread(target=time.sleep, args=(3600,), name='stuck-read').start()\n"
+        "build_server().start_io()\n"
+    )
+    log = tmp_path / "window.log"
+    with StdioWindow(log, [sys.executable, "-c", script]) as window:
+        window.initialize(None, {"enabled": False}, 60)
+        assert window.end(SHUTDOWN_S) < EXIT_S
+        assert window.proc.returncode == 0
+    assert "still running: stuck-read" in log.read_text()

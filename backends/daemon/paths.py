@@ -17,6 +17,7 @@ import hashlib
 import os
 import stat
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -169,14 +170,22 @@ class EngineLock:
         self.path = path
         self._fd: int | None = None
 
-    def acquire(self, *, write_pid: bool = True) -> bool:
-        """Take the lock without waiting; False if another process holds it."""
+    def acquire(self, *, write_pid: bool = True, wait_s: float = 0.0) -> bool:
+        """Take the lock, trying for up to ``wait_s``; False if another process holds
+        it. An engine waits a little: a window's ``lock_is_held`` holds the lock for a
+        moment to look, and an engine that took that moment for another engine's lock
+        exited, which its window, spawning once, then took for a failed start."""
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return False
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    return False
+                time.sleep(0.01)
         self._fd = fd
         if write_pid:
             os.ftruncate(fd, 0)

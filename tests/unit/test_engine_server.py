@@ -109,7 +109,7 @@ class Engine:
     ) -> None:
         self.backend = backend
         self.lock = EngineLock(place.lock)
-        assert self.lock.acquire()
+        assert self.lock.acquire(wait_s=0.5)  # as ``kode engine run``: past a window's look
 
         async def load() -> Backend:
             return backend
