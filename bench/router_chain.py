@@ -19,7 +19,6 @@ import os
 import re
 import secrets
 import select
-import signal
 import socket
 import subprocess
 import sys
@@ -62,13 +61,7 @@ class Process:
             self.proc.wait(timeout=10)
 
     def stop(self) -> None:
-        if self.alive():
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
+        harness.stop(self.proc)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
 

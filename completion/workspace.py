@@ -176,6 +176,18 @@ class _Roots:
     ignores: dict[Path, Ignore] = field(default_factory=dict)
 
 
+# A file not indexed, by ``parse_file``'s status: the ``IndexStats`` field counting it.
+_SKIP_COUNTERS = {
+    IGNORED: "skipped_ignored",
+    LARGE: "skipped_large",
+    BINARY: "skipped_binary",
+    SPECIAL: "skipped_special",
+    UNREADABLE: "skipped_unreadable",
+    CRASHED: "crashed",
+    TIMED_OUT: "timed_out",
+}
+
+
 class WorkspaceIndex:
     """Files under the workspace folders: definitions, module names and words."""
 
@@ -458,21 +470,9 @@ class WorkspaceIndex:
 
     def _skipped(self, status: str) -> None:
         """Count a file that is not indexed, by why (``parse_file``'s status)."""
-        stats = self.stats
-        if status == IGNORED:
-            stats.skipped_ignored += 1
-        elif status == LARGE:
-            stats.skipped_large += 1
-        elif status == BINARY:
-            stats.skipped_binary += 1
-        elif status == SPECIAL:
-            stats.skipped_special += 1
-        elif status == UNREADABLE:
-            stats.skipped_unreadable += 1
-        elif status == CRASHED:
-            stats.crashed += 1
-        elif status == TIMED_OUT:
-            stats.timed_out += 1
+        counter = _SKIP_COUNTERS.get(status)
+        if counter is not None:
+            setattr(self.stats, counter, getattr(self.stats, counter) + 1)
 
     def _drop(self, path: Path) -> None:
         """Forget ``path`` (lock held). Its postings stay as dead ids until compaction."""

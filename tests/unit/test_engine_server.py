@@ -449,26 +449,12 @@ async def test_a_keystroke_in_flight_when_the_engine_cannot_come_back_runs_on_th
     is answered by the window's own model (the user is told once), not failed."""
     engine = Engine(place, SlowBackend(delay=5.0))
     notices: list[str] = []
-    fallback = SlowBackend(delay=0.01)
-
-    async def in_process() -> Backend:
-        return fallback
-
-    backend = SharedEngineBackend(
-        EngineConfig(tmp_path / "m.gguf"),
-        place,
-        Vocab(),
-        idle_s=60,
-        fallback=in_process,
-        notify=notices.append,
-        timeout_s=STEP_S,
-    )
+    backend, fallback = shared_backend(place, tmp_path, [], notices)
     try:
         await asyncio.wait_for(backend.start(), STEP_S)
         backend.restarts = MAX_RESTARTS  # restarted as often as a window does already
         generation = await backend.generate(request("k", n=2))
-        long = await backend.generate(request("c", n=10_000))
-        await asyncio.sleep(0.2)  # running, no token yet
+        long = await backend.generate(request("c", n=10_000))  # sent; no token yet
         for w in list(engine.server.windows.values()):
             w.writer.transport.abort()  # the engine dies: connections reset
         engine.server.stop("crash")
