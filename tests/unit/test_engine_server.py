@@ -22,12 +22,9 @@ from kode.backends.base import (
     TokenHealing,
 )
 from kode.backends.daemon import protocol as wire
-from kode.backends.daemon.client import (
-    MAX_RESTARTS,
-    Connection,
-    SharedEngineBackend,
-    end_process,
-)
+from kode.backends.daemon.client import MAX_RESTARTS, SharedEngineBackend
+from kode.backends.daemon.connection import Connection
+from kode.backends.daemon.launch import end_process
 from kode.backends.daemon.paths import EngineConfig, EngineLock, EnginePlace, engine_place
 from kode.backends.daemon.server import EngineServer
 from kode.backends.errors import BackendClosed, ContextOverflow, EngineError, EngineSetupError
