@@ -26,6 +26,7 @@ from kode.backends.base import (
 )
 from kode.backends.daemon import protocol as wire
 from kode.backends.daemon.client import KvMirror
+from kode.backends.daemon.launch import end_process
 from kode.backends.daemon.paths import (
     EngineConfig,
     EngineLock,
@@ -522,3 +523,8 @@ def test_engine_commands_without_an_engine(engine_folder: Path) -> None:
     )
     assert done.returncode == 1
     assert "refusing the engine folder" in done.stderr and "chmod 700" in done.stderr
+
+
+def test_end_process_never_signals_this_process() -> None:
+    end_process(os.getpid())
+    end_process(1)
