@@ -258,13 +258,14 @@ class IndexWorker:
     the one it was working on, if the same happens to a second child, is answered
     ``CRASHED`` or ``TIMED_OUT``."""
 
-    def __init__(self, nice: int, timeout_s: float) -> None:
+    def __init__(self, nice: int, timeout_s: float, *, child: bool = True) -> None:
         self.nice = nice
         self.timeout_s = timeout_s
         self.lock = threading.Lock()  # one ``parse`` at a time (a build step, an update)
         self._proc: subprocess.Popen[bytes] | None = None
         self.closed = False
-        self.unavailable = False  # no child could be started: parse in this process
+        # no child could be started (or ``child`` is False): parse in this process
+        self.unavailable = not child
         self.peak_kb = 0  # the largest peak resident memory of a child that ended
         self._finalizer: weakref.finalize[[subprocess.Popen[bytes]], IndexWorker] | None = None
 

@@ -11,92 +11,13 @@ import pytest
 from kode.backends.base import (
     FinishReason,
     GenerationRequest,
-    GenerationStats,
     TokenChunk,
 )
 from kode.backends.errors import DocumentError, Superseded
-from kode.backends.worker import BackendCounters
 from kode.completion.clock import ManualClock
 from kode.completion.documents import Position, Range
 from kode.completion.engine import CompletionEngine
-from kode.completion.settings import parse
-
-
-class ScriptedGeneration:
-    def __init__(self, pieces: list[str], delay: float) -> None:
-        self._pieces, self._delay = pieces, delay
-        self._cancelled = asyncio.Event()
-        self._done = asyncio.Event()
-        self.stats = GenerationStats()
-
-    async def __aiter__(self) -> AsyncIterator[TokenChunk]:
-        try:
-            for i, piece in enumerate(self._pieces):
-                if self._cancelled.is_set():
-                    self.stats.finish_reason = FinishReason.CANCELLED
-                    return
-                await asyncio.sleep(self._delay)
-                self.stats.completion_tokens += 1
-                yield TokenChunk(piece, (i,))
-            self.stats.finish_reason = FinishReason.END
-        finally:
-            if self.stats.finish_reason is None:  # the consumer left early
-                self.stats.finish_reason = FinishReason.CANCELLED
-            self._cancelled.set()
-            self._done.set()
-
-    async def cancel(self) -> None:
-        self._cancelled.set()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled.is_set()
-
-    async def wait(self) -> GenerationStats:
-        await self._done.wait()
-        return self.stats
-
-
-class ScriptedBackend:
-    """Answers every prompt with ``pieces``, one per ``delay`` seconds."""
-
-    name = "scripted"
-    model_name = "script"
-
-    def __init__(self, pieces: list[str], delay: float = 0.01) -> None:
-        self.pieces, self.delay = pieces, delay
-        self.requests: list[GenerationRequest] = []
-        self.generations: list[ScriptedGeneration] = []
-        self.counters = BackendCounters()
-
-    def count_tokens(self, text: str) -> int:
-        return len(text.split()) + 1
-
-    async def generate(self, request: GenerationRequest) -> ScriptedGeneration:
-        self.requests.append(request)
-        generation = ScriptedGeneration(list(self.pieces), self.delay)
-        self.generations.append(generation)
-        return generation
-
-    async def health(self, timeout_s: float = 1.0) -> bool:
-        return True
-
-    async def aclose(self) -> None:
-        return None
-
-
-URI = "file:///p/m.py"
-
-
-def engine_for(
-    backend: ScriptedBackend, clock: ManualClock | None = None, **settings: object
-) -> CompletionEngine:
-    async def factory(_settings: object) -> ScriptedBackend:
-        return backend
-
-    parsed, problems = parse({"snippetTokens": 0, **settings})
-    assert problems == []
-    return CompletionEngine(factory, parsed, clock=clock)  # type: ignore[arg-type]
+from scripted import URI, ScriptedBackend, ScriptedGeneration, engine_for
 
 
 def type_text(engine: CompletionEngine, version: int, at: Position, text: str) -> None:

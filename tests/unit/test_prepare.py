@@ -12,37 +12,10 @@ from kode.backends.base import PREFILL_PROBE, GenerationRequest, PromptCache
 from kode.completion.documents import Position, Range, file_name
 from kode.completion.engine import CompletionEngine, PrefillRate
 from kode.completion.settings import parse
-from test_engine import URI, ScriptedBackend, ScriptedGeneration
+from scripted import URI, CachingBackend, ScriptedBackend, ScriptedGeneration, until
 
 # 400 lines of four "tokens" each (the scripted backend counts whitespace-separated words).
 DOC = "".join(f"value_{i} = compute ( {i} )\n" for i in range(400))
-
-
-class CachingBackend(ScriptedBackend):
-    """A scripted backend that remembers every prompt it started as evaluated."""
-
-    def __init__(self, pieces: list[str], delay: float = 0.01) -> None:
-        super().__init__(pieces, delay)
-        self.evaluated: list[list[str]] = []
-
-    def count_tokens(self, text: str) -> int:
-        return len(text.split())
-
-    def cached_prefix(self, prompt: str) -> tuple[int, int]:
-        words = prompt.split()
-        best = 0
-        for old in self.evaluated:
-            n = 0
-            for a, b in zip(old, words, strict=False):
-                if a != b:
-                    break
-                n += 1
-            best = max(best, n)
-        return best, len(words)
-
-    async def generate(self, request: GenerationRequest) -> ScriptedGeneration:
-        self.evaluated.append(request.prompt.split())
-        return await super().generate(request)
 
 
 def engine_for(backend: ScriptedBackend, rate: float, **settings: object) -> CompletionEngine:
@@ -56,12 +29,6 @@ def engine_for(backend: ScriptedBackend, rate: float, **settings: object) -> Com
         parsed,
         prefill_rate=PrefillRate(rate, fixed=True),
     )
-
-
-async def until(condition: object, seconds: float = 5.0) -> None:
-    async with asyncio.timeout(seconds):
-        while not condition():  # type: ignore[operator]
-            await asyncio.sleep(0.01)
 
 
 def test_the_fake_declares_the_prompt_cache_protocol() -> None:

@@ -18,7 +18,7 @@ from kode.completion.engine import CompletionEngine
 from kode.completion.project import REINDEX_DELAY_S
 from kode.completion.settings import parse
 from kode.completion.workspace import WorkspaceIndex
-from test_engine import ScriptedBackend  # the scripted backend of the engine's tests
+from scripted import ScriptedBackend
 from test_workspace import wait_gone
 
 
@@ -210,7 +210,7 @@ async def test_a_keystroke_keeps_the_prepared_project_context(project: Path) -> 
     without any project context), and background preparation catches up."""
     from kode.completion.documents import Position
     from kode.completion.engine import PrefillRate
-    from test_prepare import CachingBackend, until
+    from scripted import CachingBackend, until
 
     backend = CachingBackend(["x"])
     parsed, problems = parse({"readAhead": False, "snippetTokens": 0, "firstAnswerMs": 1000})
@@ -292,7 +292,7 @@ async def test_an_outline_of_constants_leaves_room_for_the_definitions(tmp_path:
     and, fitted to tokens in prompt order, took all of ``retrievalTokens``; the
     definitions of the names used at the cursor, after it, were dropped. Chosen by the
     backend's tokens, both reach the prompt, within the budget."""
-    from test_retrieval import constants_project
+    from scripted import constants_project
 
     app = constants_project(tmp_path)
     backend = DenseBackend(["x"])
