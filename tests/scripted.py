@@ -119,10 +119,23 @@ class CachingBackend(ScriptedBackend):
         return await super().generate(request)
 
 
-async def until(condition: object, seconds: float = 5.0) -> None:
+async def until(condition: object, seconds: float = 10.0) -> None:
+    """Wait for ``condition`` to hold, never for a time: ``seconds`` only turns a hang
+    into a failure (a loaded machine is slow, never wrong)."""
     async with asyncio.timeout(seconds):
         while not condition():  # type: ignore[operator]
             await asyncio.sleep(0.01)
+
+
+async def settled(engine: CompletionEngine, seconds: float = 10.0) -> None:
+    """Wait until the engine's background tasks (read-ahead, prefetch, a suggestion being
+    dropped) and its preparation have ended: after it, a check that something did *not*
+    happen holds without sleeping. On a ``ManualClock``, advance it first."""
+    async with asyncio.timeout(seconds):
+        while engine._background or engine.preparation.preparing:
+            task = engine.preparation.task
+            pending = [*engine._background, *([task] if task is not None else [])]
+            await asyncio.wait(pending)
 
 
 def write(root: Path, rel: str, text: str) -> Path:

@@ -12,7 +12,7 @@ from kode.backends.base import PREFILL_PROBE, GenerationRequest, PromptCache
 from kode.completion.documents import Position, Range, file_name
 from kode.completion.engine import CompletionEngine, PrefillRate
 from kode.completion.settings import parse
-from scripted import URI, CachingBackend, ScriptedBackend, ScriptedGeneration, until
+from scripted import URI, CachingBackend, ScriptedBackend, ScriptedGeneration, settled, until
 
 # 400 lines of four "tokens" each (the scripted backend counts whitespace-separated words).
 DOC = "".join(f"value_{i} = compute ( {i} )\n" for i in range(400))
@@ -81,7 +81,7 @@ async def test_the_cursor_notification_prepares_a_short_then_the_full_window() -
     # 2.5 s of reading at 100 tokens/s: about 250 tokens first, then the whole window.
     assert len(short.prompt.split()) <= 250 + 10
     assert len(full.prompt.split()) > 900
-    await asyncio.sleep(0.4)
+    await settled(engine)
     assert len(backend.requests) == 2  # nothing left to prepare
     # The keystroke there now finds the full window evaluated: it uses it.
     await engine.complete(URI, Position(390, 10))
@@ -182,7 +182,7 @@ async def test_a_tab_opened_meanwhile_is_not_read_ahead_over_the_active_file() -
     other = "file:///p/tab.py"
     engine.documents.open(other, "def g():\n    return 1\n", 1)
     engine.document_opened(other)
-    await asyncio.sleep(0.6)  # past the read-ahead delay
+    await settled(engine)  # the read-ahead waited its delay and decided
     assert engine.preparation.read_aheads == 0
     assert all(r.prompt.count("def g") == 0 for r in backend.requests)
     await engine.aclose()
@@ -232,7 +232,7 @@ async def test_no_suggestion_is_made_mid_line_or_with_prefetch_off() -> None:
         engine.documents.open(URI, doc, 1)
         engine.cursor_moved(URI, at)
         await until(lambda: engine.preparation.prepared >= 1)  # noqa: B023 - awaited in the loop
-        await asyncio.sleep(0.4)
+        await settled(engine)
         assert engine.preparation.prefetches == 0
         assert all(r.max_tokens == 1 for r in backend.requests)
         await engine.aclose()
@@ -250,7 +250,6 @@ async def test_a_suggestion_made_with_the_selected_item_survives_the_cursors_res
     result = await engine.complete(URI, Position(400, 4), selected=item)
     assert result.text.startswith(" < 0:")
     engine.cursor_moved(URI, Position(400, 4))
-    await asyncio.sleep(0.6)  # past the quiet moment preparation waits for
-    await until(lambda: not engine.preparation.preparing)
+    await settled(engine)  # preparation waited for a quiet moment and decided
     assert engine.preparation.prefetches == 0
     assert [r.max_tokens > 1 for r in backend.requests].count(True) == 1
