@@ -23,8 +23,12 @@ KODE_VERSION = _kode_version()
 # tokens at most) plus a fill, with room to spare; Qwen2.5-Coder takes 32k, which costs
 # memory for nothing at the window sizes Kode uses.
 CONTEXT_SIZE = 4096
+# The context sizes Kode accepts (settings, ``kode serve``): the longest is Qwen2.5-Coder's
+# with YaRN; below the shortest no fitted window fits.
+MIN_CONTEXT_SIZE, MAX_CONTEXT_SIZE = 512, 1 << 17
 # Memory for saved prompt states (KV snapshots of other windows and places) per engine.
 KV_MEMORY_MB = 512
+MAX_KV_MEMORY_MB = 65_536
 # An idle shared engine (no editor window connected) stops after this long.
 ENGINE_IDLE_MINUTES = 30
 # Generations the engine runs at once, decoded in one batch (docs/engine.md): two windows

@@ -216,7 +216,7 @@ async def _raw(
         others=engine.documents.others(uri) if settings.snippet_tokens else (),
         anchor=None,
     )
-    repo = Path(ctxmod.uri_to_path(uri)).parent.name or "workspace"
+    repo = Path(ctxmod.prompt_path(uri)).parent.name or "workspace"
     prompt = render(
         engine.template(), ctx.prefix, ctx.suffix, path=ctx.path, repo=repo, snippets=ctx.snippets
     )

@@ -2,7 +2,7 @@
 markdown tables of every report, the files a run writes and the lines it prints.
 
 Everything here is pure but ``progress`` (a bar on stderr) and ``publish`` (writes the
-report, prints the table); unit-tested in ``tests/test_bench_tasks.py``.
+report, prints the table); unit-tested in ``tests/unit/test_bench_tasks.py``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The tasks the benchmarks complete, and seeded sampling: pure (no model, no network),
-unit-tested in ``tests/test_bench_tasks.py``.
+unit-tested in ``tests/unit/test_bench_tasks.py``.
 
 Tasks come from two places:
 

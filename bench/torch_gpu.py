@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 from kode.backends.base import GenerationRequest, SpeculationMethod
+from kode.backends.defaults import CONTEXT_SIZE
 from kode.backends.local import DraftOptions
 from kode.backends.speculative import CostCurve, expected_tokens
 from kode.backends.torch.backend import TorchBackend
@@ -69,7 +70,7 @@ def random_qwen2(shape: Shape, seed: int, device: torch.device) -> Qwen2ForCausa
         num_attention_heads=shape.heads,
         num_key_value_heads=shape.kv_heads,
         intermediate_size=shape.intermediate,
-        max_position_embeddings=4096,
+        max_position_embeddings=CONTEXT_SIZE,
         tie_word_embeddings=True,
         eos_token_id=shape.vocab - 1,
     )
@@ -188,7 +189,7 @@ async def main_async(args: argparse.Namespace) -> None:
         draft=draft,
         draft_options=DraftOptions(max_draft=args.max_draft, p_min=args.p_min),
         curve=CostCurve(target_ms),
-        n_ctx=4096,
+        n_ctx=CONTEXT_SIZE,
     )
     try:
         prompts = [prompt_text(shape.vocab, args.prompt_tokens, s) for s in range(args.prompts)]

@@ -91,7 +91,7 @@ def _run(args: argparse.Namespace) -> int:
 
 async def _engines() -> list[tuple[Any, dict[str, Any]]]:
     """Every engine of this user that answers: (its connection, its status)."""
-    from kode.backends.daemon.client import Connection
+    from kode.backends.daemon.connection import Connection
     from kode.backends.daemon.paths import runtime_dir
 
     found = []

@@ -20,7 +20,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kode.backends.defaults import CONTEXT_SIZE
+from kode.backends.defaults import (
+    CONTEXT_SIZE,
+    MAX_CONTEXT_SIZE,
+    MAX_KV_MEMORY_MB,
+    MIN_CONTEXT_SIZE,
+)
 from kode.backends.errors import KodeError
 from kode.serve.service import Policy
 
@@ -112,12 +117,12 @@ def _bounds_problem(args: argparse.Namespace) -> str | None:
     cores = usable_cores()
     if not 0 <= args.threads <= cores:
         return f"--threads must be 0 (every core) to {cores}, the cores this machine lets it use"
-    if not 512 <= args.context_size <= 1 << 17:
-        return "--context-size must be 512 to 131072 tokens"
+    if not MIN_CONTEXT_SIZE <= args.context_size <= MAX_CONTEXT_SIZE:
+        return f"--context-size must be {MIN_CONTEXT_SIZE} to {MAX_CONTEXT_SIZE} tokens"
     if not 0.05 <= args.keepalive_s <= 300:
         return "--keepalive-s must be 0.05 to 300 seconds"
-    if not 0 <= args.kv_memory_mb <= 65_536:
-        return "--kv-memory-mb must be 0 to 65536"
+    if not 0 <= args.kv_memory_mb <= MAX_KV_MEMORY_MB:
+        return f"--kv-memory-mb must be 0 to {MAX_KV_MEMORY_MB}"
     return None
 
 

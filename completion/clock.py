@@ -82,6 +82,12 @@ class ManualClock:
             for waiter in waiters:
                 waiter.cancel()
 
+    @property
+    def sleepers(self) -> int:
+        """How many tasks sleep on this clock (a test waits for a task to be asleep
+        before it moves time on)."""
+        return len(self._sleepers)
+
     async def advance(self, seconds: float) -> None:
         """Move time on, waking the sleepers whose time came, then let every task that
         can run do so (several rounds, so chains of wake-ups settle)."""

@@ -51,8 +51,10 @@ class CompletionContext:
     path: str
 
 
-def uri_to_path(uri: str) -> str:
-    """A short, readable path for a URI: ``file:///home/u/proj/pkg/mod.py`` -> ``pkg/mod.py``."""
+def prompt_path(uri: str) -> str:
+    """The path a prompt shows for a URI (its last two segments, never a local path):
+    ``file:///home/u/proj/pkg/mod.py`` -> ``pkg/mod.py``. The local path of a ``file:``
+    URI is ``documents.file_path``."""
     parsed = urlparse(uri)
     path = unquote(parsed.path) if parsed.scheme else uri
     parts = [p for p in path.split("/") if p]
@@ -94,7 +96,7 @@ def gather(
         line_suffix=line_suffix,
         prefix_start_line=start,
         snippets=snippets,
-        path=uri_to_path(doc.uri),
+        path=prompt_path(doc.uri),
     )
 
 
@@ -182,7 +184,7 @@ def _snippets(
             continue
         cost = count_tokens(doc.text) + 8  # + the file header
         if used + cost <= limit:
-            chosen.append((doc.uri, Snippet(uri_to_path(doc.uri), doc.text)))
+            chosen.append((doc.uri, Snippet(prompt_path(doc.uri), doc.text)))
             used += cost
             continue
         left = limit - used - 8
@@ -191,7 +193,7 @@ def _snippets(
         _, part, _ = best_window(doc.text, query, left * 4)
         part = _fit(part, count_tokens, left)
         if part.strip():
-            chosen.append((doc.uri, Snippet(uri_to_path(doc.uri), part)))
+            chosen.append((doc.uri, Snippet(prompt_path(doc.uri), part)))
             used += count_tokens(part) + 8
     chosen.sort(key=lambda item: item[0])
     return tuple(snippet for _, snippet in chosen)

@@ -16,7 +16,8 @@ parse that does not answer within ``timeout_s`` (a read stuck in a hung filesyst
 abandoned and the child replaced; either way the file is retried once, then skipped.
 
 This file is the child's program too, run by path in an isolated interpreter: it
-imports nothing but the standard library.
+imports nothing but the standard library, and loads the framing rule of its pipes
+(``backends/framing.py``, stdlib only, the same rule as the engine socket's) by path.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ import ast
 import collections
 import contextlib
 import errno
+import importlib.util
 import marshal
 import os
 import re
 import select
 import stat
-import struct
 import subprocess
 import sys
 import threading
@@ -39,6 +40,26 @@ import weakref
 from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+
+def _load_by_path(relative: str) -> ModuleType:
+    """A standard-library-only module of Kode, loaded from its file under the package's
+    folder: the child imports no Kode package (``_worker_command``)."""
+    path = Path(__file__).parent.parent / relative
+    spec = importlib.util.spec_from_file_location(f"_kode_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+if TYPE_CHECKING or __name__ != "__kode_index_worker__":
+    from kode.backends import framing
+else:  # the child, run by path
+    framing = _load_by_path("backends/framing.py")
 
 WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Definitions in languages without an ``ast`` here: the name after a defining keyword.
@@ -230,7 +251,6 @@ class ParseTimeout(WorkerGone):
     """The child did not answer (or take a request) within its time: it is replaced."""
 
 
-_HEADER = struct.Struct("<I")
 _WINDOW = 8  # requests in flight: paths only, far below a pipe's 64 KB
 _READY = b"kode-index-worker\n"
 _IDLE_EXIT_S = 60.0
@@ -258,13 +278,14 @@ class IndexWorker:
     the one it was working on, if the same happens to a second child, is answered
     ``CRASHED`` or ``TIMED_OUT``."""
 
-    def __init__(self, nice: int, timeout_s: float) -> None:
+    def __init__(self, nice: int, timeout_s: float, *, child: bool = True) -> None:
         self.nice = nice
         self.timeout_s = timeout_s
         self.lock = threading.Lock()  # one ``parse`` at a time (a build step, an update)
         self._proc: subprocess.Popen[bytes] | None = None
         self.closed = False
-        self.unavailable = False  # no child could be started: parse in this process
+        # no child could be started (or ``child`` is False): parse in this process
+        self.unavailable = not child
         self.peak_kb = 0  # the largest peak resident memory of a child that ended
         self._finalizer: weakref.finalize[[subprocess.Popen[bytes]], IndexWorker] | None = None
 
@@ -413,7 +434,7 @@ def _send(proc: subprocess.Popen[bytes], payload: bytes, timeout: float) -> None
         raise WorkerGone("no pipe")
     fd = stdin.fileno()
     os.set_blocking(fd, False)
-    view = memoryview(_HEADER.pack(len(payload)) + payload)
+    view = memoryview(framing.frame(payload))
     deadline = time.monotonic() + timeout
     try:
         while view:
@@ -431,11 +452,10 @@ def _receive(
 ) -> bytes | None:
     """One answer (None when ``cancel`` is set meanwhile), within ``timeout``."""
     deadline = time.monotonic() + timeout
-    header = _receive_exact(proc, _HEADER.size, cancel, deadline)
+    header = _receive_exact(proc, framing.HEADER.size, cancel, deadline)
     if header is None:
         return None
-    (size,) = _HEADER.unpack(header)
-    return _receive_exact(proc, size, cancel, deadline)
+    return _receive_exact(proc, framing.length(header), cancel, deadline)
 
 
 def _receive_exact(
@@ -529,14 +549,13 @@ def _worker_main(argv: list[str]) -> None:
 
     write(_READY)
     while True:
-        (size,) = _HEADER.unpack(read(_HEADER.size))
-        path, text, max_bytes = marshal.loads(read(size))
+        path, text, max_bytes = marshal.loads(read(framing.length(read(framing.HEADER.size))))
         try:
             result = parse_file(path, text, max_bytes)
         except Exception:  # a bug or an odd file: skip it, go on with the next
             result = (CRASHED, 0, 0.0, [], [])
         payload = marshal.dumps(result)
-        write(_HEADER.pack(len(payload)) + payload)
+        write(framing.frame(payload))
 
 
 if __name__ == "__kode_index_worker__":

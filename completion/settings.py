@@ -14,14 +14,21 @@ from typing import Annotated, Any, TypeVar
 import msgspec
 from kode.backends.base import BackendKind as BackendKind  # re-exported: the `backend` setting
 from kode.backends.base import SpeculationMethod
-from kode.backends.defaults import CONTEXT_SIZE, ENGINE_IDLE_MINUTES, KV_MEMORY_MB
+from kode.backends.defaults import (
+    CONTEXT_SIZE,
+    ENGINE_IDLE_MINUTES,
+    KV_MEMORY_MB,
+    MAX_CONTEXT_SIZE,
+    MAX_KV_MEMORY_MB,
+    MIN_CONTEXT_SIZE,
+)
 from kode.backends.system import usable_cores
 from kode.completion.stops import MultilineMode
 
 # Every number has bounds: a value past them is reported and its default used. The
 # upper bounds are far above any useful value and far below the ones that break
 # things (``threads: 100000`` aborted the process with std::bad_alloc).
-_TOKENS = 1 << 17  # Qwen2.5-Coder's longest context, with YaRN: 131072
+_TOKENS = MAX_CONTEXT_SIZE  # Qwen2.5-Coder's longest context, with YaRN: 131072
 _Tokens = Annotated[int, msgspec.Meta(ge=0, le=_TOKENS)]
 _Ms = Annotated[int, msgspec.Meta(ge=0, le=600_000)]  # ten minutes
 
@@ -96,7 +103,7 @@ class Settings(
     index_max_files: Annotated[int, msgspec.Meta(ge=1, le=10_000_000)] = 20000
     # larger files are not indexed
     index_max_file_bytes: Annotated[int, msgspec.Meta(ge=1, le=1 << 30)] = 1_000_000
-    context_size: Annotated[int, msgspec.Meta(ge=512, le=_TOKENS)] = CONTEXT_SIZE
+    context_size: Annotated[int, msgspec.Meta(ge=MIN_CONTEXT_SIZE, le=_TOKENS)] = CONTEXT_SIZE
     threads: Annotated[int, msgspec.Meta(ge=0)] = 0  # 0: every core; at most usable_cores()
     log_prompts: bool = False  # never log source code unless asked to
     partial_completions: bool = False  # send kode/inlineCompletionPartial while text grows
@@ -111,7 +118,7 @@ class Settings(
     first_answer_ms: Annotated[int, msgspec.Meta(ge=0, le=60_000)] = 1000
     # llama.cpp: host memory for evaluated prompts of other documents and places (saved
     # KV states, least recently used dropped first); 0 keeps only the current one.
-    kv_memory_mb: Annotated[int, msgspec.Meta(ge=0, le=65_536)] = KV_MEMORY_MB
+    kv_memory_mb: Annotated[int, msgspec.Meta(ge=0, le=MAX_KV_MEMORY_MB)] = KV_MEMORY_MB
     remote: RemoteSettings = RemoteSettings()
 
 

@@ -313,5 +313,5 @@ def prompt_budget(settings: Settings, max_tokens: int) -> ctxmod.Budget:
 
 def repo_name(uri: str) -> str:
     """The repository name shown to the model: the folder holding the file."""
-    parent = Path(ctxmod.uri_to_path(uri)).parent.name
+    parent = Path(ctxmod.prompt_path(uri)).parent.name
     return parent or "workspace"

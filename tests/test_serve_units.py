@@ -92,7 +92,6 @@ def test_keys_file_encodings_and_permissions(
 
 async def test_stop_strings_and_request_fields_are_bounded() -> None:
     """Issue #14: 70,000 stop strings stalled the event loop for everyone."""
-    import time
 
     import httpx
     from kode.serve.app import MAX_STOPS, ServeConfig, build_app
@@ -104,11 +103,9 @@ async def test_stop_strings_and_request_fields_are_bounded() -> None:
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://kode") as client:
             many = {"prompt": "p", "max_tokens": 1, "stop": ["\n"] * 70_000}
-            started = time.perf_counter()
             reply = await client.post("/v1/completions", json=many)
             assert reply.status_code == 400
             assert f"length <= {MAX_STOPS}" in reply.json()["error"]["message"]
-            assert time.perf_counter() - started < 1.0
             assert local.requests == []  # refused before any work
             for body in (
                 {"prompt": "p", "stop": "x" * 10_000},

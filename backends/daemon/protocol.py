@@ -1,7 +1,7 @@
 """What a window and the shared engine say to each other over the Unix socket.
 
 Every message is a msgspec struct encoded as MessagePack and framed by a 4-byte
-big-endian length. The window speaks first::
+big-endian length (``backends/framing.py``). The window speaks first::
 
     window                                  engine
     Hello(protocol, version, fingerprint) ->
@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import struct
 from typing import Any
 
 import msgspec
+from kode.backends import framing
 from kode.backends.base import GenerationRequest, GenerationStats
 from kode.backends.errors import (
     BackendError,
@@ -44,7 +44,6 @@ from kode.backends.errors import (
 PROTOCOL_VERSION = 2
 # A frame larger than this is refused (a prompt is at most a few hundred kB).
 MAX_FRAME = 64 << 20
-_LENGTH = struct.Struct(">I")
 
 
 class Hello(msgspec.Struct, tag="hello", kw_only=True):
@@ -148,7 +147,7 @@ def encode(message: msgspec.Struct) -> bytes:
     payload = _encoder.encode(message)
     if len(payload) > MAX_FRAME:
         raise EngineError(f"a message of {len(payload)} bytes is larger than {MAX_FRAME}")
-    return _LENGTH.pack(len(payload)) + payload
+    return framing.frame(payload)
 
 
 async def read_frame(reader: asyncio.StreamReader) -> bytes | None:
@@ -157,12 +156,12 @@ async def read_frame(reader: asyncio.StreamReader) -> bytes | None:
     Raises ``EngineError`` for a frame cut short or one larger than ``MAX_FRAME``.
     """
     try:
-        head = await reader.readexactly(_LENGTH.size)
+        head = await reader.readexactly(framing.HEADER.size)
     except asyncio.IncompleteReadError as exc:
         if not exc.partial:
             return None
         raise EngineError("the connection ended inside a frame header") from None
-    (size,) = _LENGTH.unpack(head)
+    size = framing.length(head)
     if size > MAX_FRAME:
         raise EngineError(f"a frame of {size} bytes is larger than {MAX_FRAME}")
     try:

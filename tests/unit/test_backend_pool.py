@@ -9,7 +9,7 @@ import msgspec
 import pytest
 from kode.completion.backend_factory import BackendKey, BackendPool
 from kode.completion.settings import DEFAULT, Settings
-from test_engine import ScriptedBackend
+from scripted import ScriptedBackend
 
 
 async def test_the_pool_rebuilds_the_backend_when_and_only_when_its_key_changes() -> None:

@@ -4,9 +4,6 @@ leaves some unused."""
 from __future__ import annotations
 
 import logging
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from kode.backends.llama import build_flags
@@ -74,18 +71,6 @@ def test_unused_sets_are_read_from_the_builds_system_info() -> None:
     # A set named but off ("= 0") is unused; a CPU without the sets wants none of them.
     assert build_flags.unused(full + "AVX512_BF16 = 0 |", flags) == ["AVX512_BF16"]
     assert build_flags.unused(avx2_build, build_flags.cpu_flags(cpuinfo(HASWELL))) == []
-
-
-def test_the_script_runs_without_the_package(tmp_path: Path) -> None:
-    # The README runs it with the system Python before anything is installed: a copy
-    # outside the repository, with no kode on the path, prints the flags for this machine.
-    script = tmp_path / "build_flags.py"
-    script.write_text(Path(build_flags.__file__).read_text())
-    done = subprocess.run(
-        [sys.executable, "-I", str(script)], capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == build_flags.for_this_machine()
 
 
 def test_a_build_without_the_cpus_avx512_warns_once_with_the_rebuild_command(

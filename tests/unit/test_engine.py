@@ -11,92 +11,14 @@ import pytest
 from kode.backends.base import (
     FinishReason,
     GenerationRequest,
-    GenerationStats,
     TokenChunk,
 )
 from kode.backends.errors import DocumentError, Superseded
-from kode.backends.worker import BackendCounters
 from kode.completion.clock import ManualClock
 from kode.completion.documents import Position, Range
 from kode.completion.engine import CompletionEngine
-from kode.completion.settings import parse
-
-
-class ScriptedGeneration:
-    def __init__(self, pieces: list[str], delay: float) -> None:
-        self._pieces, self._delay = pieces, delay
-        self._cancelled = asyncio.Event()
-        self._done = asyncio.Event()
-        self.stats = GenerationStats()
-
-    async def __aiter__(self) -> AsyncIterator[TokenChunk]:
-        try:
-            for i, piece in enumerate(self._pieces):
-                if self._cancelled.is_set():
-                    self.stats.finish_reason = FinishReason.CANCELLED
-                    return
-                await asyncio.sleep(self._delay)
-                self.stats.completion_tokens += 1
-                yield TokenChunk(piece, (i,))
-            self.stats.finish_reason = FinishReason.END
-        finally:
-            if self.stats.finish_reason is None:  # the consumer left early
-                self.stats.finish_reason = FinishReason.CANCELLED
-            self._cancelled.set()
-            self._done.set()
-
-    async def cancel(self) -> None:
-        self._cancelled.set()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled.is_set()
-
-    async def wait(self) -> GenerationStats:
-        await self._done.wait()
-        return self.stats
-
-
-class ScriptedBackend:
-    """Answers every prompt with ``pieces``, one per ``delay`` seconds."""
-
-    name = "scripted"
-    model_name = "script"
-
-    def __init__(self, pieces: list[str], delay: float = 0.01) -> None:
-        self.pieces, self.delay = pieces, delay
-        self.requests: list[GenerationRequest] = []
-        self.generations: list[ScriptedGeneration] = []
-        self.counters = BackendCounters()
-
-    def count_tokens(self, text: str) -> int:
-        return len(text.split()) + 1
-
-    async def generate(self, request: GenerationRequest) -> ScriptedGeneration:
-        self.requests.append(request)
-        generation = ScriptedGeneration(list(self.pieces), self.delay)
-        self.generations.append(generation)
-        return generation
-
-    async def health(self, timeout_s: float = 1.0) -> bool:
-        return True
-
-    async def aclose(self) -> None:
-        return None
-
-
-URI = "file:///p/m.py"
-
-
-def engine_for(
-    backend: ScriptedBackend, clock: ManualClock | None = None, **settings: object
-) -> CompletionEngine:
-    async def factory(_settings: object) -> ScriptedBackend:
-        return backend
-
-    parsed, problems = parse({"snippetTokens": 0, **settings})
-    assert problems == []
-    return CompletionEngine(factory, parsed, clock=clock)  # type: ignore[arg-type]
+from kode.completion.preparation import READ_AHEAD_DELAY_S
+from scripted import URI, ScriptedBackend, ScriptedGeneration, engine_for, settled, until
 
 
 def type_text(engine: CompletionEngine, version: int, at: Position, text: str) -> None:
@@ -120,7 +42,7 @@ async def test_latest_request_wins_and_the_old_generation_is_cancelled() -> None
     engine = engine_for(backend, multiline="always")
     engine.documents.open(URI, "a = ", 1)
     first = asyncio.ensure_future(engine.complete(URI, Position(0, 4)))
-    await asyncio.sleep(0.05)
+    await until(lambda: backend.generations and backend.generations[0].stats.completion_tokens)
     engine.documents.change(URI, 2, [("a = 1\nb = ", None)])
     engine.document_changed(URI)
     second = asyncio.ensure_future(engine.complete(URI, Position(1, 4)))
@@ -185,7 +107,7 @@ async def test_typing_into_a_running_suggestion_keeps_it_running() -> None:
     engine = engine_for(backend)
     engine.documents.open(URI, "x = 1\n", 1)
     pending = asyncio.ensure_future(engine.complete(URI, Position(1, 0)))
-    await asyncio.sleep(0.08)  # "value" is out
+    await until(lambda: backend.generations and backend.generations[0].stats.completion_tokens)
     type_text(engine, 2, Position(1, 0), "va")
     with pytest.raises(Superseded):
         await pending  # answered for the old version: dropped
@@ -241,9 +163,7 @@ async def test_time_budget_returns_what_is_ready_and_keeps_generating() -> None:
     engine = engine_for(backend, clock=clock, timeBudgetMs=150, multiline="always")
     engine.documents.open(URI, "", 1)
     early = asyncio.ensure_future(engine.complete(URI, Position(0, 0)))
-    async with asyncio.timeout(5):
-        while not backend.requests:  # asked at time 0
-            await asyncio.sleep(0)
+    await until(lambda: backend.requests)  # asked at time 0
     await clock.advance(0.1)
     backend.release()  # "a\n" within the budget
     await clock.advance(0.1)  # 200 ms: past the 150 ms budget
@@ -262,10 +182,7 @@ async def test_accepting_a_suggestion_prefetches_the_next() -> None:
     result = await engine.complete(URI, Position(1, 4))
     assert result.text == "pass"
     type_text(engine, 2, Position(1, 4), "pass")  # accept
-    for _ in range(50):
-        if engine.preparation.prefetches:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: engine.preparation.prefetches)
     assert engine.preparation.prefetches == 1
     assert len(backend.requests) == 2
     nxt = await engine.complete(URI, Position(1, 8))
@@ -277,12 +194,14 @@ async def test_typing_before_the_suggestion_has_text_does_not_answer_empty() -> 
     # Found in Neovim in a terminal: right after an accept, the prefetched suggestion had
     # no text yet, so whatever was typed counted as typed into it; when it finished with
     # other text, the request was answered with nothing. A new generation answers it.
-    backend = ScriptedBackend(["\n", "    return 1"], delay=0.05)
+    backend = SteppedBackend(["\n", "    return 1"])
     engine = engine_for(backend)
     engine.documents.open(URI, "def f():\n    x = 1\n", 1)
     pending = asyncio.ensure_future(engine.complete(URI, Position(2, 0)))
-    await asyncio.sleep(0.01)  # nothing generated yet
+    await until(lambda: backend.generations)  # asked; nothing generated yet
     type_text(engine, 2, Position(2, 0), "print(")
+    for _ in range(4):
+        backend.release()  # every piece of both generations may come now
     with pytest.raises(Superseded):
         await pending
     result = await engine.complete(URI, Position(2, 6))
@@ -295,7 +214,7 @@ async def test_cancelled_request_stops_its_generation_unless_typed_into() -> Non
     engine = engine_for(backend, multiline="always")
     engine.documents.open(URI, "", 1)
     task = asyncio.ensure_future(engine.complete(URI, Position(0, 0)))
-    await asyncio.sleep(0.06)
+    await until(lambda: backend.generations and backend.generations[0].stats.completion_tokens)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -309,7 +228,7 @@ async def test_cancel_before_the_edit_still_keeps_a_typed_into_suggestion() -> N
     engine = engine_for(backend)
     engine.documents.open(URI, "x = 1\n", 1)
     task = asyncio.ensure_future(engine.complete(URI, Position(1, 0)))
-    await asyncio.sleep(0.08)  # "value" is out
+    await until(lambda: backend.generations and backend.generations[0].stats.completion_tokens)
     task.cancel()  # the cancel comes first ...
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -321,12 +240,14 @@ async def test_cancel_before_the_edit_still_keeps_a_typed_into_suggestion() -> N
 
 async def test_read_ahead_evaluates_a_new_document_and_yields_to_the_first_request() -> None:
     backend = ScriptedBackend(["x"] * 40, delay=0.02)
-    engine = engine_for(backend)
+    clock = ManualClock()
+    engine = engine_for(backend, clock=clock)
     text = "def f(a):\n    return a\n\n\ndef g(b):\n    \n"
     engine.documents.open(URI, text, 1)
     engine.document_opened(URI)
-    await asyncio.sleep(0.4)
-    assert engine.preparation.read_aheads == 1
+    await until(lambda: clock.sleepers)  # the read-ahead waits its delay
+    await clock.advance(READ_AHEAD_DELAY_S)
+    await until(lambda: engine.preparation.read_aheads == 1)
     (warm,) = backend.requests
     assert warm.max_tokens == 1
     assert "def g(b):\n    \n<|fim_suffix|><|fim_middle|>" in warm.prompt  # cursor at the end
@@ -341,23 +262,29 @@ async def test_read_ahead_evaluates_a_new_document_and_yields_to_the_first_reque
 
 async def test_read_ahead_is_skipped_when_off_too_big_or_already_requested() -> None:
     backend = ScriptedBackend(["x"], delay=0.01)
-    engine = engine_for(backend, readAhead=False)
+    engine = engine_for(backend, clock=ManualClock(), readAhead=False)
     engine.documents.open(URI, "a = 1\n", 1)
     engine.document_opened(URI)
-    await asyncio.sleep(0.4)
+    assert not engine._background  # nothing waits to read ahead
     assert backend.requests == []
     # A document longer than the prefix window: its anchor depends on the cursor.
-    engine = engine_for(backend, prefixTokens=8)
+    clock = ManualClock()
+    engine = engine_for(backend, clock=clock, prefixTokens=8)
     engine.documents.open(URI, "".join(f"x{i} = {i}\n" for i in range(50)), 1)
     engine.document_opened(URI)
-    await asyncio.sleep(0.4)
+    await until(lambda: clock.sleepers)  # the read-ahead waits its delay
+    await clock.advance(READ_AHEAD_DELAY_S)
+    await settled(engine)
     assert backend.requests == []
     # The user asked before the delay was over: nothing to read ahead.
-    engine = engine_for(backend)
+    clock = ManualClock()
+    engine = engine_for(backend, clock=clock)
     engine.documents.open(URI, "a = 1\nb = ", 1)
     engine.document_opened(URI)
     await engine.complete(URI, Position(1, 4))
-    await asyncio.sleep(0.4)
+    await until(lambda: clock.sleepers)
+    await clock.advance(READ_AHEAD_DELAY_S)
+    await settled(engine)
     assert len(backend.requests) == 1 and engine.preparation.read_aheads == 0
 
 
@@ -372,12 +299,11 @@ async def test_partials_grow_by_lines_and_stop_once_the_document_changes() -> No
         partials.append((engine.documents.get(URI).version, text))
 
     request = asyncio.ensure_future(engine.complete(URI, Position(1, 4), on_partial=on_partial))
-    while len(partials) < 2:
-        await asyncio.sleep(0.01)
+    await until(lambda: len(partials) >= 2)
     type_text(engine, 2, Position(1, 4), "#")  # not what was suggested: the answer is stale
     with pytest.raises(Superseded):
         await request
-    await asyncio.sleep(0.1)
+    await asyncio.wait_for(backend.generations[0].wait(), 10)  # no partial can come after
     # Every partial extends the one before, and none was sent for the old version after
     # the edit made it stale.
     assert all(
@@ -405,8 +331,11 @@ async def test_working_elsewhere_stops_a_suggestion_no_one_waits_for() -> None:
             engine.cursor_moved(URI, Position(0, 0))
         else:
             engine.cursor_moved(URI, Position(1, 0))
-        await asyncio.sleep(0.1)
-        assert backend.generations[0].cancelled == (elsewhere != "cursor in it"), elsewhere
+        kept = elsewhere == "cursor in it"
+        assert (URI in engine._live) == kept, elsewhere  # decided at once
+        if not kept:
+            await until(lambda: backend.generations[0].cancelled)  # noqa: B023 - awaited here
+        assert backend.generations[0].cancelled == (not kept), elsewhere
         await engine.aclose()
 
 
@@ -423,9 +352,8 @@ async def test_closing_ends_the_start_up_timing_as_cancelled() -> None:
     backend = CachingBackend(["x"] * 1000, delay=0.05)
     engine = engine_for(backend, firstAnswerMs=1000)
     warm = asyncio.ensure_future(engine.warm_up())
+    await until(lambda: backend.generations)
     async with asyncio.timeout(10):
-        while not backend.generations:
-            await asyncio.sleep(0.01)
         await engine.aclose()
         await warm  # ends quietly: no error to tell
     assert backend.requests[0].background and backend.generations[0].cancelled
@@ -460,16 +388,10 @@ async def test_a_key_that_contradicts_the_suggestion_does_not_wait_for_it_to_sto
     engine = engine_for(backend, multiline="always")
     engine.documents.open(URI, "x = ", 1)
     first = asyncio.ensure_future(engine.complete(URI, Position(0, 4)))
-    while not backend.generations or not engine._live:
-        await asyncio.sleep(0)
+    await until(lambda: backend.generations and engine._live)
     type_text(engine, 2, Position(0, 4), "z")  # not what the suggestion says
     second = asyncio.ensure_future(engine.complete(URI, Position(0, 5)))
-
-    async def asked_twice() -> None:
-        while len(backend.requests) < 2:
-            await asyncio.sleep(0.001)
-
-    await asyncio.wait_for(asked_twice(), 10)  # before: waited for "stopped", forever
+    await until(lambda: len(backend.requests) >= 2)  # before: waited for "stopped", forever
     assert backend.events == ["generate 0", "generate 1"]  # not stopped yet
     backend.stopped.set()
     with pytest.raises(Superseded):

@@ -14,7 +14,7 @@ from kode.backends.speculative import TokenTree
 from kode.backends.steppers import Prefilled, Probs, heal
 from kode.completion.documents import Position
 from kode.completion.healing import after_heal, heal_text
-from test_engine import URI, ScriptedBackend, engine_for  # the engine tests' scripted backend
+from scripted import URI, ScriptedBackend, engine_for  # the engine tests' scripted backend
 
 PIECES = [b"p", b"pro", b"process", b"property", b"ro", b"r", b"o", b"cess", b"<eos>", b"", b"x"]
 P, PRO, PROCESS, PROPERTY, RO, R, OH, CESS, EOS, EMPTY, X = range(len(PIECES))

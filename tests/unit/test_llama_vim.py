@@ -10,6 +10,7 @@ import random
 import httpx
 from kode.bench import llama_vim
 from kode.bench.llama_vim import Ask, LlamaVim, Ring, ask_at, from_cache, rendered
+from scripted import until
 
 
 def test_ask_sends_256_lines_before_the_line_and_64_after() -> None:
@@ -83,7 +84,7 @@ def test_one_request_at_a_time_then_the_latest_text() -> None:
         lines = ["def f():", "    ", "    return 1"]
 
         async def answer_later() -> None:
-            await asyncio.sleep(0.12)
+            await until(lambda: lines[1] == "    abc")  # b and c typed while it is in flight
             release.set()
 
         opener = asyncio.ensure_future(answer_later())

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -137,36 +136,6 @@ def test_any_gguf_path_works_and_bad_paths_are_clear(tmp_path: Path) -> None:
         models.resolve(str(bad))
     with pytest.raises(ModelError, match="hf:OWNER/REPO/FILE"):
         models.resolve("hf:only-owner")
-
-
-def test_cli_reports_a_missing_model_file_in_one_line(tmp_path: Path) -> None:
-    src = tmp_path / "a.py"
-    src.write_text("x = 1\n")
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kode.cli.main",
-            "complete",
-            str(src),
-            "--line",
-            "0",
-            "--character",
-            "0",
-            "--model",
-            str(tmp_path / "nope.gguf"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 1
-    assert done.stderr.strip().count("\n") == 0
-    assert "model file not found" in done.stderr
-
-
-# Issue #14 item 4: a cached model that changed after it was verified.
 
 
 @pytest.fixture

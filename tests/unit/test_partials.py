@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kode.completion.documents import Position
 from kode.completion.partials import EVERY_S, PartialPacer
-from test_engine import URI, ScriptedBackend, engine_for  # the engine tests' scripted backend
+from scripted import URI, ScriptedBackend, engine_for  # the engine tests' scripted backend
 
 
 def test_a_completed_line_goes_out_at_once() -> None:

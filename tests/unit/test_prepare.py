@@ -12,37 +12,10 @@ from kode.backends.base import PREFILL_PROBE, GenerationRequest, PromptCache
 from kode.completion.documents import Position, Range, file_name
 from kode.completion.engine import CompletionEngine, PrefillRate
 from kode.completion.settings import parse
-from test_engine import URI, ScriptedBackend, ScriptedGeneration
+from scripted import URI, CachingBackend, ScriptedBackend, ScriptedGeneration, settled, until
 
 # 400 lines of four "tokens" each (the scripted backend counts whitespace-separated words).
 DOC = "".join(f"value_{i} = compute ( {i} )\n" for i in range(400))
-
-
-class CachingBackend(ScriptedBackend):
-    """A scripted backend that remembers every prompt it started as evaluated."""
-
-    def __init__(self, pieces: list[str], delay: float = 0.01) -> None:
-        super().__init__(pieces, delay)
-        self.evaluated: list[list[str]] = []
-
-    def count_tokens(self, text: str) -> int:
-        return len(text.split())
-
-    def cached_prefix(self, prompt: str) -> tuple[int, int]:
-        words = prompt.split()
-        best = 0
-        for old in self.evaluated:
-            n = 0
-            for a, b in zip(old, words, strict=False):
-                if a != b:
-                    break
-                n += 1
-            best = max(best, n)
-        return best, len(words)
-
-    async def generate(self, request: GenerationRequest) -> ScriptedGeneration:
-        self.evaluated.append(request.prompt.split())
-        return await super().generate(request)
 
 
 def engine_for(backend: ScriptedBackend, rate: float, **settings: object) -> CompletionEngine:
@@ -56,12 +29,6 @@ def engine_for(backend: ScriptedBackend, rate: float, **settings: object) -> Com
         parsed,
         prefill_rate=PrefillRate(rate, fixed=True),
     )
-
-
-async def until(condition: object, seconds: float = 5.0) -> None:
-    async with asyncio.timeout(seconds):
-        while not condition():  # type: ignore[operator]
-            await asyncio.sleep(0.01)
 
 
 def test_the_fake_declares_the_prompt_cache_protocol() -> None:
@@ -114,7 +81,7 @@ async def test_the_cursor_notification_prepares_a_short_then_the_full_window() -
     # 2.5 s of reading at 100 tokens/s: about 250 tokens first, then the whole window.
     assert len(short.prompt.split()) <= 250 + 10
     assert len(full.prompt.split()) > 900
-    await asyncio.sleep(0.4)
+    await settled(engine)
     assert len(backend.requests) == 2  # nothing left to prepare
     # The keystroke there now finds the full window evaluated: it uses it.
     await engine.complete(URI, Position(390, 10))
@@ -215,7 +182,7 @@ async def test_a_tab_opened_meanwhile_is_not_read_ahead_over_the_active_file() -
     other = "file:///p/tab.py"
     engine.documents.open(other, "def g():\n    return 1\n", 1)
     engine.document_opened(other)
-    await asyncio.sleep(0.6)  # past the read-ahead delay
+    await settled(engine)  # the read-ahead waited its delay and decided
     assert engine.preparation.read_aheads == 0
     assert all(r.prompt.count("def g") == 0 for r in backend.requests)
     await engine.aclose()
@@ -265,7 +232,7 @@ async def test_no_suggestion_is_made_mid_line_or_with_prefetch_off() -> None:
         engine.documents.open(URI, doc, 1)
         engine.cursor_moved(URI, at)
         await until(lambda: engine.preparation.prepared >= 1)  # noqa: B023 - awaited in the loop
-        await asyncio.sleep(0.4)
+        await settled(engine)
         assert engine.preparation.prefetches == 0
         assert all(r.max_tokens == 1 for r in backend.requests)
         await engine.aclose()
@@ -283,7 +250,6 @@ async def test_a_suggestion_made_with_the_selected_item_survives_the_cursors_res
     result = await engine.complete(URI, Position(400, 4), selected=item)
     assert result.text.startswith(" < 0:")
     engine.cursor_moved(URI, Position(400, 4))
-    await asyncio.sleep(0.6)  # past the quiet moment preparation waits for
-    await until(lambda: not engine.preparation.preparing)
+    await settled(engine)  # preparation waited for a quiet moment and decided
     assert engine.preparation.prefetches == 0
     assert [r.max_tokens > 1 for r in backend.requests].count(True) == 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
-from kode.completion.context import Budget, _join_from, gather, uri_to_path
+from kode.completion.context import Budget, _join_from, gather, prompt_path
 from kode.completion.documents import Document, Position, split_lines
 from kode.completion.templates import QWEN25_CODER, FimOrder, FimTemplate, Snippet, render
 
@@ -103,8 +103,8 @@ def test_snippets_that_fit_are_included_in_stable_order() -> None:
 
 
 def test_uri_to_path_is_short_and_unquoted() -> None:
-    assert uri_to_path("file:///home/u/proj/pkg/my%20mod.py") == "pkg/my mod.py"
-    assert uri_to_path("untitled:Untitled-1") == "Untitled-1"
+    assert prompt_path("file:///home/u/proj/pkg/my%20mod.py") == "pkg/my mod.py"
+    assert prompt_path("untitled:Untitled-1") == "Untitled-1"
 
 
 @given(st.lists(st.tuples(st.text("ab \t", max_size=5), st.sampled_from(["\n", "\r\n", "\r"]))))

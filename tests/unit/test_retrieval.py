@@ -27,15 +27,8 @@ from kode.completion.retrieval import (
     select,
 )
 from kode.completion.templates import Snippet
-from kode.completion.workspace import WorkspaceIndex
-
-
-def write(root: Path, rel: str, text: str) -> Path:
-    path = root / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-    return path.resolve()
-
+from kode.completion.workspace import IndexLimits, WorkspaceIndex
+from scripted import constants_project, write
 
 GEOMETRY = '''"""Shapes."""
 
@@ -77,7 +70,7 @@ def project(tmp_path: Path) -> Path:
 
 
 def retriever(root: Path) -> Retriever:
-    index = WorkspaceIndex([root])
+    index = WorkspaceIndex([root], IndexLimits(in_child=False))
     index.build()
     return Retriever(index, lambda p: read_text(p, 1_000_000))
 
@@ -142,7 +135,7 @@ def test_from_import_resolves_to_the_defining_file(project: Path) -> None:
 
 
 def test_nothing_for_an_empty_index_or_budget(tmp_path: Path, project: Path) -> None:
-    empty = WorkspaceIndex([tmp_path / "nothing"])
+    empty = WorkspaceIndex([tmp_path / "nothing"], IndexLimits(in_child=False))
     assert Retriever(empty, lambda p: None).retrieve(None, "import x\n", 9, 1000) == []
     assert retriever(project).retrieve(None, "from shapes import geometry\n", 10, 0) == []
 
@@ -397,31 +390,6 @@ def dense_count(text: str) -> int:
     every other character is a token (an outline of numeric constants runs ~2 characters
     a token, prose and code ~4)."""
     return len(re.findall(r"[A-Za-z]+|\d|[^\sA-Za-z\d]", text)) + 1
-
-
-def constants_project(root: Path) -> Path:
-    """``starlette/endpoints.py:87`` in small: a module of status codes, whose outline
-    costs far more tokens than its characters say, and definitions used at the cursor."""
-    write(root, "web/__init__.py", "")
-    write(
-        root,
-        "web/status.py",
-        "".join(f"WS_{1000 + i}_CLOSE_REASON_{i} = {1000 + i}\n" for i in range(60)),
-    )
-    write(
-        root,
-        "web/concurrency.py",
-        "async def run_until_first_complete_quill(*args):\n"
-        '    """Run the awaitables given, return when the first one is done."""\n'
-        "    return await first_of(args)\n\n\n"
-        "async def run_in_threadpool_brisk(func, *args):\n"
-        "    return await to_thread(func, *args)\n",
-    )
-    app = "from web import status\nfrom web.concurrency import run_until_first_complete_quill\n"
-    app += "from web.concurrency import run_in_threadpool_brisk\n\n\nasync def dispatch(ws):\n"
-    app += "    await run_until_first_complete_quill(ws)\n    await run_in_threadpool_brisk(ws)\n"
-    app += "    code = status."
-    return write(root, "web/endpoints.py", app)
 
 
 def test_retrieval_chosen_by_real_tokens_fits_and_keeps_the_definitions(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from kode.backends.errors import BackendError, RemoteBusyError, RemoteError
 from kode.backends.router import BreakerState, CircuitBreaker, RoutingBackend
 from kode.backends.worker import BackendCounters
 from kode_servers import FakeGeneration, LocalFactory
+from scripted import until
 
 SECRET_PROMPT = "def secret_function_name():"
 REQUEST = GenerationRequest(SECRET_PROMPT, 8)
@@ -230,8 +231,8 @@ async def test_leaving_early_cancels_the_remote_generation() -> None:
     generation = await backend.generate(REQUEST)
     async for _chunk in generation:  # type: ignore[attr-defined]
         break
-    await asyncio.sleep(0.01)  # the loop closes the abandoned iterator: its finally cancels
-    assert remote.generations[0].cancelled
+    # the loop closes the abandoned iterator: its finally cancels
+    await until(lambda: remote.generations[0].cancelled)
 
 
 # -- the breaker inside the router ----------------------------------------------------
@@ -296,8 +297,7 @@ async def test_requests_during_a_probe_go_local() -> None:
     remote.health = slow_health  # type: ignore[method-assign]
     remote.behavior = "ok"
     probing = asyncio.create_task(backend.generate(REQUEST))
-    await asyncio.sleep(0.01)
-    assert backend.breaker.state is BreakerState.HALF_OPEN
+    await until(lambda: backend.breaker.state is BreakerState.HALF_OPEN)
     during = await backend.generate(REQUEST)
     assert during.stats.route == "local"
     assert "half-open" in during.stats.route_reason

@@ -9,7 +9,6 @@ import socket
 import stat
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -208,9 +207,7 @@ def test_a_parse_that_hangs_is_given_up_and_the_child_replaced(
         first = index.worker_pid
         stuck = tmp_path / "stuck.py"
         stuck.write_text("def stuck_thing(): pass\n")
-        started = time.monotonic()
-        assert bounded(lambda: index.update(stuck)) is False
-        assert time.monotonic() - started < 5.0  # two tries of 0.5 s, two child starts
+        assert bounded(lambda: index.update(stuck)) is False  # two tries of 0.5 s
         assert index.stats.timed_out == 1
         assert index.worker_pid != first
         later = tmp_path / "later.py"

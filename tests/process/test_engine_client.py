@@ -1,0 +1,270 @@
+"""A window's client of the engine (``SharedEngineBackend``) over a real Unix socket,
+with an in-memory backend instead of a model (issue #15): restart once then fall back,
+spawn at most once, keystrokes in flight when the engine dies, token healing, the hang
+watchdog. Fast; no engine process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+
+import pytest
+from engine_fakes import (
+    STEP_S,
+    Engine,
+    SlowBackend,
+    SlowGeneration,
+    StuckBackend,
+    Vocab,
+    client_window,
+    request,
+    shared_backend,
+    text_of,
+)
+from kode.backends.base import (
+    Backend,
+    FinishReason,
+    GenerationRequest,
+    TokenHealing,
+)
+from kode.backends.daemon.client import MAX_RESTARTS, SharedEngineBackend
+from kode.backends.daemon.paths import EngineConfig, EnginePlace
+
+
+async def test_the_client_restarts_a_dead_engine_once_then_falls_back(
+    place: EnginePlace, tmp_path: Path
+) -> None:
+    engines: list[Engine] = []
+    notices: list[str] = []
+    loop = asyncio.get_running_loop()
+
+    def spawn(_config: EngineConfig, p: EnginePlace) -> int:
+        # called on a worker thread, as the real one starts a process from there
+        loop.call_soon_threadsafe(lambda: engines.append(Engine(p, SlowBackend(delay=0.01))))
+        return 0  # no process to watch
+
+    fallback = SlowBackend(delay=0.01)
+
+    async def in_process() -> Backend:
+        return fallback
+
+    backend = SharedEngineBackend(
+        EngineConfig(tmp_path / "m.gguf"),
+        place,
+        Vocab(),
+        idle_s=60,
+        fallback=in_process,
+        notify=notices.append,
+        timeout_s=STEP_S,
+    )
+    backend._spawn = spawn  # type: ignore[attr-defined]
+    try:
+        await asyncio.wait_for(backend.start(), STEP_S)
+        assert len(engines) == 1 and backend.engine_info["kind"] == "shared"
+        assert await text_of(await backend.generate(request("x", n=2))) == "x:0 x:1 "
+        assert backend.cached_prefix("prompt of x and more")[0] == len("prompt of x")
+        await engines[0].stop()  # the engine dies under the window
+        await asyncio.sleep(0.05)
+        assert await text_of(await backend.generate(request("y", n=1))) == "y:0 "
+        assert len(engines) == 2 and backend.restarts == 1 and not notices
+        await engines[1].stop()  # and again: the window loads its own model
+        await asyncio.sleep(0.05)
+        assert await text_of(await backend.generate(request("z", n=1))) == "z:0 "
+        assert backend.engine_info["kind"] == "inProcess" and fallback.started == ["z"]
+        assert len(notices) == 1 and "stopped again" in notices[0]
+        assert backend.counters.generations == 2  # the engine's; the fallback counts its own
+    finally:
+        await backend.aclose()
+        for engine in engines:
+            if not engine.task.done():
+                await engine.stop()
+
+
+async def test_a_folder_at_the_socket_path_is_said_once_and_no_engine_spawned(
+    place: EnginePlace, tmp_path: Path
+) -> None:
+    """#34: a folder where the socket goes made a window spawn 73 engines, each dying
+    on it, and answer only after the 180 s start timeout."""
+    place.socket.mkdir()
+    spawned: list[int] = []
+    notices: list[str] = []
+    backend, fallback = shared_backend(place, tmp_path, spawned, notices)
+    try:
+        await asyncio.wait_for(backend.start(), STEP_S)
+        assert await text_of(await backend.generate(request("x", n=1))) == "x:0 "
+        assert spawned == [] and fallback.started == ["x"]
+        assert len(notices) == 1, notices
+        assert f"{place.socket} is a folder" in notices[0] and f"rmdir {place.socket}" in notices[0]
+    finally:
+        await backend.aclose()
+
+
+async def test_an_engine_that_ends_as_it_starts_is_spawned_once(
+    place: EnginePlace, tmp_path: Path
+) -> None:
+    spawned: list[int] = []
+    notices: list[str] = []
+    backend, _ = shared_backend(place, tmp_path, spawned, notices)
+    try:
+        await asyncio.wait_for(backend.start(), STEP_S)
+        assert spawned == [0] and backend.engine_info["kind"] == "inProcess"
+        assert len(notices) == 1 and "ended before it answered" in notices[0]
+        assert str(place.log) in notices[0]
+    finally:
+        await backend.aclose()
+
+
+async def test_a_keystroke_in_flight_when_the_engine_dies_is_answered(
+    place: EnginePlace, tmp_path: Path
+) -> None:
+    engines: list[Engine] = [Engine(place, SlowBackend(delay=5.0))]
+    loop = asyncio.get_running_loop()
+
+    def spawn(_config: EngineConfig, p: EnginePlace) -> int:
+        loop.call_soon_threadsafe(lambda: engines.append(Engine(p, SlowBackend(delay=0.01))))
+        return 0
+
+    backend = client_window(place, tmp_path)
+    backend._spawn = spawn  # type: ignore[attr-defined]
+    try:
+        await asyncio.wait_for(backend.start(), STEP_S)
+        generation = await backend.generate(request("k", n=2))
+        await asyncio.sleep(0.2)  # running, no token yet
+        for w in list(engines[0].server.windows.values()):
+            w.writer.transport.abort()  # the engine dies: connections reset
+        engines[0].server.stop("crash")
+        assert await asyncio.wait_for(text_of(generation), STEP_S) == "k:0 k:1 "
+        assert backend.restarts == 1 and len(engines) == 2
+    finally:
+        await backend.aclose()
+        for engine in engines:
+            if not engine.task.done():
+                await engine.stop()
+
+
+async def test_a_keystroke_in_flight_when_the_engine_cannot_come_back_runs_on_the_fallback(
+    place: EnginePlace, tmp_path: Path
+) -> None:
+    """The engine dies once more than a window restarts it: the keystroke it was running
+    is answered by the window's own model (the user is told once), not failed."""
+    engine = Engine(place, SlowBackend(delay=5.0))
+    notices: list[str] = []
+    backend, fallback = shared_backend(place, tmp_path, [], notices)
+    try:
+        await asyncio.wait_for(backend.start(), STEP_S)
+        backend.restarts = MAX_RESTARTS  # restarted as often as a window does already
+        generation = await backend.generate(request("k", n=2))
+        long = await backend.generate(request("c", n=10_000))  # sent; no token yet
+        for w in list(engine.server.windows.values()):
+            w.writer.transport.abort()  # the engine dies: connections reset
+        engine.server.stop("crash")
+        assert await asyncio.wait_for(text_of(generation), STEP_S) == "k:0 k:1 "
+        assert sorted(fallback.started) == ["c", "k"]
+        assert generation.stats.completion_tokens == 2
+        assert generation.stats.finish_reason is FinishReason.LENGTH
+        assert len(notices) == 1 and "stopped again" in notices[0]
+        assert backend.engine_info["kind"] == "inProcess"
+        # cancelling one that runs there stops the fallback's generation
+        chunks = aiter(long)
+        assert (await asyncio.wait_for(anext(chunks), STEP_S)).text == "c:0 "
+        await asyncio.wait_for(long.cancel(), STEP_S)
+        assert long.stats.finish_reason is FinishReason.CANCELLED
+        assert fallback.counters.generations == 2  # both ended there: nothing left running
+    finally:
+        await backend.aclose()
+        if not engine.task.done():
+            await engine.stop()
+
+
+async def test_the_window_knows_the_prompt_is_evaluated_at_the_first_token(
+    place: EnginePlace, tmp_path: Path
+) -> None:
+    """Not only when the generation ends: a generation being cancelled must not make the
+    window prepare (evaluate again) the prompt it already evaluated (#15, fault 1)."""
+    engine = Engine(place, SlowBackend(delay=0.05))
+
+    backend = client_window(place, tmp_path)
+    try:
+        await asyncio.wait_for(backend.start(), STEP_S)
+        prompt = request("d", n=100).prompt
+        assert backend.cached_prefix(prompt) == (0, len(prompt))
+        generation = await backend.generate(request("d", n=100))
+        chunks = aiter(generation)
+        await asyncio.wait_for(anext(chunks), STEP_S)
+        assert not generation.done
+        assert backend.cached_prefix(prompt) == (len(prompt) - 1, len(prompt))
+        await asyncio.wait_for(generation.cancel(), STEP_S)
+        assert generation.stats.finish_reason is FinishReason.CANCELLED
+    finally:
+        await backend.aclose()
+        await engine.stop()
+
+
+async def test_token_healing_goes_through_the_shared_engine(
+    place: EnginePlace, tmp_path: Path
+) -> None:
+    """``tokenHealing`` with a shared engine: the window finds the text to heal with its
+    vocabulary, and the request carries it to the engine, whose backend constrains."""
+    engine = Engine(place, SlowBackend(delay=0.01))
+    seen: list[str] = []
+    original = engine.backend.generate
+
+    async def generate(request: GenerationRequest) -> SlowGeneration:
+        seen.append(request.heal)
+        return await original(request)
+
+    engine.backend.generate = generate  # type: ignore[method-assign]
+
+    backend = client_window(place, tmp_path)
+    try:
+        await asyncio.wait_for(backend.start(), STEP_S)
+        assert isinstance(backend, TokenHealing)
+        assert backend.last_token_chars("self.pro") == 1  # one character per token here
+        assert backend.last_token_chars("") == 0
+        heal = GenerationRequest(prompt="x = self.pr", max_tokens=1, heal="o")
+        await asyncio.wait_for(text_of(await backend.generate(heal)), STEP_S)
+        assert seen == ["o"]
+    finally:
+        await backend.aclose()
+        await engine.stop()
+
+
+async def test_a_window_gives_up_an_engine_whose_work_stands_still(
+    place: EnginePlace, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The engine still beats (its event loop runs) but makes no progress: the window
+    ends it, restarts it once, and the keystroke is answered by the new one (#15)."""
+    stuck = Engine(place, StuckBackend())
+    stuck.server.heartbeat_s = 0.05
+    engines = [stuck]
+    ended: list[int] = []
+    loop = asyncio.get_running_loop()
+
+    def spawn(_config: EngineConfig, p: EnginePlace) -> int:
+        loop.call_soon_threadsafe(lambda: engines.append(Engine(p, SlowBackend(delay=0.01))))
+        return 0
+
+    def end(pid: int) -> None:  # the real one signals the engine's process
+        ended.append(pid)
+        loop.call_soon_threadsafe(stuck.server.stop, "ended as hung")
+
+    backend = client_window(place, tmp_path)
+    backend._spawn = spawn  # type: ignore[attr-defined]
+    backend._end_hung = end  # type: ignore[attr-defined]
+    backend.silent_s, backend.stall_s = 5.0, 0.5
+    caplog.set_level(logging.WARNING, logger="kode.engine")
+    try:
+        await asyncio.wait_for(backend.start(), STEP_S)
+        generation = await backend.generate(request("k", n=2))
+        assert await asyncio.wait_for(text_of(generation), STEP_S) == "k:0 k:1 "
+        # given up for its progress standing still (``stall_s``), not for silence
+        assert "hung (" in caplog.text and "stopped answering" not in caplog.text
+        assert ended == [os.getpid()]  # the engine's pid, as the kernel gave it
+        assert backend.restarts == 1 and len(engines) == 2
+    finally:
+        await backend.aclose()
+        for engine in engines:
+            if not engine.task.done():
+                await engine.stop()
