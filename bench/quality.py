@@ -31,8 +31,17 @@ Modes:
   trimming: the difference to ``engine`` is what the stop rules are worth.
 - ``heal``: ``engine`` with ``tokenHealing`` on; it differs only where the cursor
   follows a word character, and the difference to ``engine`` is what healing is worth.
+- ``before``: ``engine`` with ``structuralStops`` off: generation stops only where the
+  model ends it, at two blank lines, ``maxLines`` or ``maxTokens``, and the stop rules
+  cut afterwards; the difference to ``engine`` is what stopping early saves and costs.
 - ``llama-server``: the same tasks through llama.cpp's ``/infill`` endpoint
   (``input_prefix`` / ``input_suffix``), when a ``llama-server`` binary is on ``PATH``.
+
+Each task runs its modes back to back, in turn first and last (task 0 in the order
+given, task 1 reversed, ...): the second mode on a task finds the first one's prompt in
+the cache, so neither pays the prefill more often. Per set and mode the report counts
+tokens generated, tokens shown (the shown text counted by the model's tokenizer), the
+ones never shown, and the engine's seconds (prefill and decoding, from its own clock).
 """
 
 from __future__ import annotations
@@ -51,7 +60,7 @@ import msgspec
 from kode.bench import common, sandbox
 from kode.bench.common import HumanEvalTask, fmt, fmt_ratio, markdown_table
 
-MODES = ("engine", "raw", "moved", "spm", "heal", "llama-server")
+MODES = ("engine", "before", "raw", "moved", "spm", "heal", "llama-server")
 DEFAULT_MODES = ("engine", "raw", "llama-server")
 MOVED_CHARS = 12  # characters typed between the cached prompt and the measured one
 SETS = ("single", "multi")  # the default sets
@@ -85,6 +94,11 @@ class Result:
     tokens: int | None = None
     error: str = ""
     moved: int | None = None  # mode moved: prompt tokens moved, not evaluated again
+    generated: str = ""  # what the model generated (Kode's modes; ``completion`` is shown)
+    finish: str = ""  # why the generation ended (``FinishReason``), Kode's modes
+    shown_tokens: int | None = None  # ``completion`` counted by the model's tokenizer
+    engine_ms: float | None = None  # the generation's own time: prefill and decoding
+    decode_ms: float | None = None  # of it, after the first token
 
     @property
     def passed(self) -> bool:
@@ -101,6 +115,11 @@ class Row:
     timeouts: int
     errors: int
     median_ms: float | None
+    generated: int = 0  # tokens, summed over the tasks that report them
+    shown: int = 0
+    unshown: int = 0  # generated but never shown (per task: generated - shown, at least 0)
+    engine_s: float = 0.0
+    decode_s: float = 0.0
 
     @property
     def pass_at_1(self) -> float | None:
@@ -157,6 +176,15 @@ def summarize(results: Sequence[Result]) -> list[Row]:
                 timeouts=sum(r.verdict == sandbox.Verdict.TIMEOUT for r in got),
                 errors=sum(bool(r.error) for r in got),
                 median_ms=common.median(r.ms for r in got if not r.error),
+                generated=sum(r.tokens or 0 for r in got),
+                shown=sum(r.shown_tokens or 0 for r in got),
+                unshown=sum(
+                    max(0, r.tokens - r.shown_tokens)
+                    for r in got
+                    if r.tokens is not None and r.shown_tokens is not None
+                ),
+                engine_s=sum(r.engine_ms or 0.0 for r in got) / 1000.0,
+                decode_s=sum(r.decode_ms or 0.0 for r in got) / 1000.0,
             )
         )
     return rows
@@ -164,7 +192,20 @@ def summarize(results: Sequence[Result]) -> list[Row]:
 
 def render_table(rows: Sequence[Row]) -> str:
     return markdown_table(
-        ["model", "set", "mode", "pass@1", "timeouts", "errors", "median ms/task"],
+        [
+            "model",
+            "set",
+            "mode",
+            "pass@1",
+            "timeouts",
+            "errors",
+            "median ms/task",
+            "tokens generated",
+            "tokens shown",
+            "never shown",
+            "engine s",
+            "decode s",
+        ],
         [
             [
                 r.model,
@@ -174,6 +215,11 @@ def render_table(rows: Sequence[Row]) -> str:
                 r.timeouts,
                 r.errors,
                 fmt(r.median_ms, 0),
+                r.generated,
+                r.shown,
+                r.unshown,
+                fmt(r.engine_s, 1),
+                fmt(r.decode_s, 1),
             ]
             for r in rows
         ],
@@ -316,8 +362,9 @@ async def _one_model(
             engine.update_settings(pass_settings)
             backend = await engine.backend()
             for set_, chosen in tasks.items():
-                for task in chosen:
-                    for mode in modes:
+                for number, task in enumerate(chosen):
+                    # In turn first and last: the second mode finds the prompt cached.
+                    for mode in modes if number % 2 == 0 else modes[::-1]:
                         if mode == "llama-server" and server is None:
                             continue
                         bar.set_postfix_str(f"{model} {task.task_id} {mode}", refresh=False)
@@ -363,6 +410,7 @@ async def _one_task(
     tokens: int | None = None
     moved: int | None = None
     completion, error = "", ""
+    done: Any = None
     try:
         if mode == "moved":
             done = await _moved(engine, backend, task, moved_settings, max_tokens)
@@ -377,7 +425,9 @@ async def _one_task(
             offset = len(task.prompt)
             if mode == "raw":
                 completion, tokens = await _raw(engine, backend, uri, offset, max_tokens)
-            else:  # engine, spm, heal
+            else:  # engine, before, spm, heal
+                if mode == "before":
+                    engine.update_settings(msgspec.structs.replace(exact, structural_stops=False))
                 position = engine.documents.get(uri).position_at(offset)
                 done = await engine.complete(uri, position, max_tokens=max_tokens)
                 completion, tokens = done.text, done.stats.completion_tokens
@@ -390,7 +440,14 @@ async def _one_task(
         engine.update_settings(exact)
     ms = (time.perf_counter() - started) * 1000.0
     verdict = "error" if error else "pending"
-    return Result("", "", mode, task.task_id, verdict, completion, ms, tokens, error, moved)
+    result = Result("", "", mode, task.task_id, verdict, completion, ms, tokens, error, moved)
+    if done is not None:
+        stats = done.stats
+        result.generated = done.generated
+        result.finish = "" if stats.finish_reason is None else str(stats.finish_reason)
+        result.shown_tokens = backend.count_tokens(completion) if completion else 0
+        result.engine_ms, result.decode_ms = stats.total_ms, stats.total_ms - stats.ttft_ms
+    return result
 
 
 async def measure(options: Options) -> tuple[list[Result], dict[str, str]]:

@@ -90,7 +90,7 @@ def register(subparsers: Any) -> None:
         "--modes",
         type=_csv,
         default=("engine", "raw", "llama-server"),
-        help="comma list of engine,raw,moved,spm,heal,middle,llama-server "
+        help="comma list of engine,before,raw,moved,spm,heal,llama-server "
         "(default engine,raw,llama-server)",
     )
     quality.add_argument("--speculation", default="auto")

@@ -325,6 +325,7 @@ class CompletionEngine:
             total_ms=(time.perf_counter() - started) * 1000.0,
             single_line=live.rules.single_line,
             from_cache=bool(typed) or live.started_before(started),
+            generated=live.raw,
         )
         if answer:
             self.last_answer = completion

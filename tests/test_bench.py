@@ -317,16 +317,20 @@ def test_stdlib_files_are_large_modules() -> None:
 
 def test_quality_summary() -> None:
     results = [
-        quality.Result("m", "single", "engine", "a", "passed", "x", 10.0),
-        quality.Result("m", "single", "engine", "b", "timeout", "x", 30.0),
+        quality.Result("m", "single", "engine", "a", "passed", "x", 10.0, 12, shown_tokens=3),
+        quality.Result("m", "single", "engine", "b", "timeout", "x", 30.0, 2, shown_tokens=4),
         quality.Result("m", "single", "raw", "a", "failed", "x", 20.0),
     ]
+    results[0].engine_ms, results[0].decode_ms = 1500.0, 1000.0
     rows = quality.summarize(results)
     assert [(r.mode, r.passed, r.total, r.timeouts) for r in rows] == [
         ("engine", 1, 2, 1),
         ("raw", 0, 1, 0),
     ]
-    assert "| m | single | engine | 1/2 (50%) | 1 | 0 | 20 |" in quality.render_table(rows)
+    # generated 12 + 2, shown 3 + 4, never shown 9 + 0 (not -2)
+    assert [(r.generated, r.shown, r.unshown, r.engine_s) for r in rows][0] == (14, 7, 9, 1.5)
+    table = quality.render_table(rows)
+    assert "| m | single | engine | 1/2 (50%) | 1 | 0 | 20 | 14 | 7 | 9 | 1.5 | 1.0 |" in table
 
 
 class _FakeGeneration:
