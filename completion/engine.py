@@ -209,6 +209,7 @@ class CompletionEngine:
             mode=settings.multiline,
             stop_texts=template.stop_texts,
             max_lines=settings.max_lines,
+            structural=settings.structural_stops,
         )
         request = GenerationRequest(
             prompt=prompt,
@@ -230,7 +231,7 @@ class CompletionEngine:
             after=after,
             rules=rules,
             fits=(syntax.checker if rules.mid_line else syntax.lazy_checker)(
-                doc.language_id, before, after
+                doc.language_id, before, after, tree_sitter=settings.structural_stops
             ),
             generation=generation,
             model=backend.model_name,

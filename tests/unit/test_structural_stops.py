@@ -1,0 +1,140 @@
+"""Structural stops (``StopRules.structural``) and fill checks in other languages."""
+
+from __future__ import annotations
+
+import pytest
+from kode.completion import syntax
+from kode.completion.stops import StopRules
+from kode.completion.templates import QWEN25_CODER
+
+
+def rules(line_prefix: str, line_suffix: str = "", suffix: str = "", **kw: object) -> StopRules:
+    return StopRules.build(
+        line_prefix,
+        line_suffix,
+        line_suffix + suffix,
+        stop_texts=QWEN25_CODER.stop_texts,
+        structural=True,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_a_first_line_that_wrote_the_rest_of_the_cursor_line_ends_the_fill() -> None:
+    r = rules("    x = foo(", ")", "\n    return x\n")
+    text = "a, b)\n    y = 2\n"
+    cut = r.scan(text)
+    assert cut.stop and text[: cut.keep] == "a, b)"
+    assert r.finish(text) == "a, b"
+    # What the rules without structural stops show once the model ran on: the same.
+    before = StopRules.build("    x = foo(", ")", ")\n    return x\n")
+    assert not before.scan(text).stop and before.finish(text + "z = 3\n" * 40) == "a, b"
+    # The rest holds a word: cut where it begins, as where a fill runs into the suffix.
+    r = rules("    x = ", "foo(y)", "\n    return x\n")
+    assert r.finish("z + foo(y)\n    more") == "z + "
+
+
+def test_a_mid_line_fill_the_model_ends_still_spans_lines() -> None:
+    r = rules("        if", "ue", "\n")
+    fill = " n % k == 0:\n            return False\n    return Tr"
+    assert not any(r.scan(fill[:end]).stop for end in range(1, len(fill) + 1))
+    assert r.finish(fill, ended=True) == fill
+
+
+def test_a_mid_line_fill_that_reaches_the_suffixs_next_line_ends() -> None:
+    r = rules("    if a < 0:\n        ", "area = a * a", "\n    return area\n")
+    text = "return -1\n    area = a*a\n    return area\n"
+    cut = r.scan(text)
+    assert cut.stop
+    assert r.finish(text[: cut.keep]) == "return -1"
+    assert not r.scan(text[: -len("return area\n")]).stop
+
+
+def test_a_mid_line_fill_that_starts_a_new_definition_ends() -> None:
+    r = rules("    y = f(x", " + 1", "\n    return y\n")
+    assert not r.scan(")\n    z = 2\n}\n").stop  # a closing bracket may end the hole's block
+    text = ")\n    z = 2\ndef g():\n"
+    assert r.scan(text).stop
+    assert r.finish(text) == ")"
+    assert not r.scan(")\n    z = 2\ndef g():").stop  # the line is not complete yet
+
+
+def test_after_a_dedent_that_opened_the_suffixs_block_its_closing_ends_the_fill() -> None:
+    after = "\n        if n % 2 == 1:\n            odd.append(n)\n    return odd\n"
+    r = rules("        odd =", "", after)
+    text = " [n]\n    while n > 1:\n        n = n // 2\n    return odd\n"
+    cut = r.scan(text)
+    assert cut.stop and cut.fallback == len(" [n]")
+    assert r.finish(text, ended=False) == " [n]"
+    # An ``else:`` at that indentation opens another block: generation goes on.
+    assert not r.scan(" [n]\n    while n > 1:\n        n -= 1\n    else:\n").stop
+    # Without structural stops the model is left to end it.
+    plain = StopRules.build("        odd =", "", after)
+    assert not plain.scan(text).stop
+
+
+def _parses(language: str) -> None:
+    pytest.importorskip("tree_sitter_language_pack")  # the ``structure`` extra
+    assert syntax.has_parser(language)
+
+
+@pytest.mark.parametrize(
+    ("language", "before", "after", "good", "bad"),
+    [
+        (
+            "typescript",
+            "function f(x: number): number {\n  const y = g(",
+            ");\n  return y;\n}\n",
+            "\n    x,\n    1",
+            "x, 1\n  }\n  h(0",
+        ),
+        (
+            "javascript",
+            "const f = (x) => {\n  const y = g(",
+            ");\n  return y;\n};\n",
+            "x,\n    1",
+            "x, 1\n  }\n  h(0",
+        ),
+        (
+            "go",
+            "func f(x int) int {\n\ty := g(",
+            ")\n\treturn y\n}\n",
+            "x,\n\t\t1",
+            "x, 1\n\t}\n\th(0",
+        ),
+        (
+            "rust",
+            "fn f(x: i32) -> i32 {\n    let y = g(",
+            ");\n    y\n}\n",
+            "\n        x,\n        1",
+            "x, 1\n    }\n    h(0",
+        ),
+    ],
+)
+def test_a_mid_line_fill_spans_lines_only_where_it_parses_in_every_language(
+    language: str, before: str, after: str, good: str, bad: str
+) -> None:
+    _parses(language)
+    fits = syntax.checker(language, before, after)
+    assert fits is not None and fits(good) and not fits(bad)
+    line_prefix = before.rsplit("\n", 1)[-1]
+    line_suffix, _, rest = after.partition("\n")
+    r = rules(line_prefix, line_suffix, "\n" + rest)
+    assert r.finish(good, ended=True, fits=fits) == good
+    # Its first line parses, the whole does not: the first line is shown.
+    assert r.finish(bad, ended=True, fits=fits) == "x, 1"
+    # Without tree-sitter (``structuralStops`` off) only Python is judged.
+    assert syntax.checker(language, before, after, tree_sitter=False) is None
+
+
+def test_the_fill_check_of_a_brace_language_parses_only_the_function_around_the_cursor() -> None:
+    _parses("go")
+    before = "package main\n\nfunc f() int {\n\treturn "
+    after = "\n}\n\nfunc broken( {\n"  # an unrelated error further down
+    fits = syntax.checker("go", before, after)
+    assert fits is not None and fits("1") and not fits("1 +")
+
+
+def test_prose_and_unknown_languages_are_not_judged() -> None:
+    assert syntax.checker("plaintext", "a", "b") is None
+    assert syntax.checker("markdown", "a", "b") is None
+    assert syntax.checker("no-such-language", "a", "b") is None
