@@ -64,7 +64,7 @@ MODES = ("engine", "before", "raw", "moved", "spm", "heal", "llama-server")
 DEFAULT_MODES = ("engine", "raw", "llama-server")
 MOVED_CHARS = 12  # characters typed between the cached prompt and the measured one
 SETS = ("single", "multi")  # the default sets
-ALL_SETS = ("single", "multi", "span", "file", "file-lines")
+ALL_SETS = ("single", "multi", "span", "file", "file-lines", "js-lines")
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +129,8 @@ class Row:
 def task_uri(task: HumanEvalTask) -> str:
     """A file URI per task (the file name shows in the prompt's ``<|file_sep|>`` line)."""
     name = re.sub(r"[^A-Za-z0-9_]+", "_", task.task_id).strip("_").lower()
-    return f"file:///kode-bench/humaneval/{name}.py"
+    suffix = {"python": "py", "javascript": "js", "typescript": "ts"}.get(task.language, "txt")
+    return f"file:///kode-bench/humaneval/{name}.{suffix}"
 
 
 def document_text(task: HumanEvalTask) -> str:
@@ -149,6 +150,13 @@ def load_set(
     if name in ("file", "file-lines"):
         return common.file_span_tasks(
             common.stdlib_files(), 20 if n is None else n, seed, line_start=name == "file-lines"
+        )
+    if name == "js-lines":
+        files = common.npm_files()
+        if not files:
+            raise ValueError("set js-lines: npm's sources were not found (no npm on PATH)")
+        return common.file_span_tasks(
+            files, 20 if n is None else n, seed, line_start=True, language="javascript"
         )
     raise ValueError(f"unknown set {name!r}; known: {', '.join(ALL_SETS)}")
 
@@ -300,10 +308,10 @@ async def _moved(
     uri = task_uri(task)
     cut = max(0, len(task.prompt) - MOVED_CHARS)
     engine.update_settings(settings)
-    engine.documents.open(uri, task.prompt[:cut] + task.separator + task.suffix, 0, "python")
+    engine.documents.open(uri, task.prompt[:cut] + task.separator + task.suffix, 0, task.language)
     await _raw(engine, backend, uri, cut, 1)  # leaves the earlier prompt in the cache
     engine.documents.close(uri)
-    engine.documents.open(uri, document_text(task), 1, "python")
+    engine.documents.open(uri, document_text(task), 1, task.language)
     position = engine.documents.get(uri).position_at(len(task.prompt))
     return await engine.complete(uri, position, max_tokens=max_tokens)
 
@@ -421,7 +429,7 @@ async def _one_task(
             completion = str(data.get("content", ""))
             tokens = (data.get("timings") or {}).get("predicted_n")
         else:
-            engine.documents.open(uri, document_text(task), 0, "python")
+            engine.documents.open(uri, document_text(task), 0, task.language)
             offset = len(task.prompt)
             if mode == "raw":
                 completion, tokens = await _raw(engine, backend, uri, offset, max_tokens)
