@@ -40,6 +40,9 @@ ended it:
   (the fill ran into the suffix without writing the rest of the cursor's line as it is),
   or one at column 0, where the cursor's line and the suffix's next line of code are
   indented, that is not a closing bracket (the fill left the definition the hole is in).
+- Multi-line, also: a complete line that is the second or third line of code of the
+  suffix (at least 8 characters), as for its next line above: cut before it (the fill
+  ran into the suffix, having written its next line its own way).
 - Multi-line, after a dedent that opened a block the suffix continues in: a complete
   line back at that dedent's indentation that opens no block (the block it opened has
   closed, so the suffix can no longer be its body): cut at the dedent.
@@ -58,6 +61,9 @@ from kode.backends.stop_strings import find_stop
 from kode.completion.syntax import FillCheck
 
 _TAB = 4
+# Structural stops: a fill that writes one of the suffix's first lines of code after its
+# next one ran into the suffix (having written that next line its own way).
+_LATER_SUFFIX_LINES = 2
 # Places ``_joined_later`` parses the document at, at most (about 1 ms each, on the
 # event loop).
 _MAX_JOIN_PARSES = 8
@@ -107,6 +113,9 @@ class StopRules:
     suffix_head: str = ""  # mid-line: the rest of the cursor line, its break and the next line
     suffix_indent: int | None = None  # indent of the suffix's next line of code; None: none
     structural: bool = False  # stop as soon as the shown text is decided (module doc)
+    # The suffix's next lines of code after ``next_suffix_line`` (stripped, at most
+    # ``_LATER_SUFFIX_LINES``, each long enough to be told apart): structural stops only.
+    later_suffix_lines: tuple[str, ...] = ()
 
     @classmethod
     def build(
@@ -132,6 +141,7 @@ class StopRules:
         head = ""
         if mid_line and rest and rest[0].strip():
             head = line_suffix + "\n" + rest[0]
+        code_lines = [line.strip() for line in rest if line.strip()]
         code = next((line for line in rest if line.strip()), None)
         next_line = "" if code is None else code.strip()
         base = indent_width(line_prefix)
@@ -149,6 +159,11 @@ class StopRules:
             suffix_head=head,
             suffix_indent=None if code is None else indent_width(code),
             structural=structural,
+            later_suffix_lines=tuple(
+                line for line in code_lines[1 : 1 + _LATER_SUFFIX_LINES] if len(line) >= 8
+            )
+            if structural
+            else (),
         )
 
     def scan(self, text: str) -> Cut:
@@ -302,7 +317,9 @@ class StopRules:
         return None
 
     def _runs_into_suffix(self, stripped: str) -> bool:
-        return len(self.next_suffix_line) >= 3 and stripped == self.next_suffix_line
+        if len(self.next_suffix_line) >= 3 and stripped == self.next_suffix_line:
+            return True
+        return stripped in self.later_suffix_lines  # it wrote the next line otherwise
 
     def finish(self, text: str, *, ended: bool = False, fits: FillCheck | None = None) -> str:
         """The text to show once generation ended: cut, then trimmed against the suffix.

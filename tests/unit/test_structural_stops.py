@@ -138,3 +138,15 @@ def test_prose_and_unknown_languages_are_not_judged() -> None:
     assert syntax.checker("plaintext", "a", "b") is None
     assert syntax.checker("markdown", "a", "b") is None
     assert syntax.checker("no-such-language", "a", "b") is None
+
+
+def test_a_fill_that_writes_the_suffixs_second_line_ran_into_the_suffix() -> None:
+    suffix = "\n    b = compute(2)\n    c = compute(3)\n    return c\n"
+    r = rules("    ", "", suffix)
+    text = "a = 1\n    b = compute(22)\n    c = compute(3)\n    more\n"
+    cut = r.scan(text)
+    assert cut.stop and r.finish(text[: cut.keep]) == "a = 1\n    b = compute(22)"
+    # Short lines (``}``, ``else:``) are too common to tell: only the next line counts.
+    assert rules("    ", "", "\n    x()\n    }\n    else {\n").later_suffix_lines == ()
+    plain = StopRules.build("    ", "", suffix)
+    assert not plain.scan(text).stop
