@@ -1,8 +1,8 @@
 """``kode bench``: the benchmarks (speculation, quality, latency); see docs/benchmarks.md.
 
 kode bench speculation [--model M] [--tasks N] [--max-tokens N] [--methods a,b] [--seed S]
-kode bench quality [--model M ... | --models a,b] [--set both|all|single,multi,span,file,file-lines,js-lines]
-                   [--tasks N | --full]
+kode bench quality [--model M ... | --models a,b]
+                   [--set both|all|single,multi,span,file,file-lines,js-lines] [--tasks N | --full]
 kode bench latency [--model M] [--cadence-ms 120] [--files F ...] [--humaneval N]
 kode bench context [--model M] [--holes 24] [--retrieval-tokens 512] [--latency-files 5000]
 

@@ -328,7 +328,8 @@ def test_quality_summary() -> None:
         ("raw", 0, 1, 0),
     ]
     # generated 12 + 2, shown 3 + 4, never shown 9 + 0 (not -2)
-    assert [(r.generated, r.shown, r.unshown, r.engine_s) for r in rows][0] == (14, 7, 9, 1.5)
+    first = rows[0]
+    assert (first.generated, first.shown, first.unshown, first.engine_s) == (14, 7, 9, 1.5)
     table = quality.render_table(rows)
     assert "| m | single | engine | 1/2 (50%) | 1 | 0 | 20 | 14 | 7 | 9 | 1.5 | 1.0 |" in table
 
