@@ -36,6 +36,8 @@ ended it:
   line again (the one-line trim would cut it, or it ends with that rest, a word in it):
   the model took the hole to end on this line, and what it writes next is the code
   after it. Shown: the first line, trimmed.
+- Mid-line, after 8 lines the model has not ended (``maxLines`` if smaller): holes
+  spanning more are rare (3.75% of HumanEval's random spans), fills running on common.
 - Mid-line, past the first line: a complete line that is the suffix's next line of code
   (the fill ran into the suffix without writing the rest of the cursor's line as it is),
   or one at column 0, where the cursor's line and the suffix's next line of code are
@@ -64,6 +66,11 @@ _TAB = 4
 # Structural stops: a fill that writes one of the suffix's first lines of code after its
 # next one ran into the suffix (having written that next line its own way).
 _LATER_SUFFIX_LINES = 2
+# Structural stops: the most lines a mid-line fill waits for the model to end it. Of the
+# random-span holes (HumanEval, seeds 0 and 1, 160 each) 3.75% span more than 8 lines;
+# the stdlib ``file`` holes at most 4. A fill the model has not ended by then shows its
+# first line, as it would at ``max_tokens`` (0.5B, ``file``: 128-token fills ran 10+ lines).
+_MID_LINE_LINES = 8
 # Places ``_joined_later`` parses the document at, at most (about 1 ms each, on the
 # event loop).
 _MAX_JOIN_PARSES = 8
@@ -273,7 +280,8 @@ class StopRules:
             if at != -1:
                 return Cut(at, True, joined=True)
         lines = text.split("\n")
-        if len(lines) > self.max_lines:
+        limit = min(self.max_lines, _MID_LINE_LINES) if self.structural else self.max_lines
+        if len(lines) > limit:
             return Cut(len(text), True)
         if any(not a.strip() and not b.strip() for a, b in itertools.pairwise(lines[1:-1])):
             return Cut(len(text), True)

@@ -150,3 +150,13 @@ def test_a_fill_that_writes_the_suffixs_second_line_ran_into_the_suffix() -> Non
     assert rules("    ", "", "\n    x()\n    }\n    else {\n").later_suffix_lines == ()
     plain = StopRules.build("    ", "", suffix)
     assert not plain.scan(text).stop
+
+
+def test_a_mid_line_fill_waits_at_most_eight_lines_for_the_model_to_end_it() -> None:
+    r = rules("    y = f(x", " + 1", "\n    return y\n")
+    seven = ")\n" + "".join(f"    z{i} = {i}\n" for i in range(6))  # 7 line breaks
+    assert not r.scan(seven).stop
+    eight = seven + "    z6 = 6\n"
+    assert r.scan(eight).stop and r.finish(eight) == ")"
+    plain = StopRules.build("    y = f(x", " + 1", " + 1\n    return y\n", max_lines=32)
+    assert not plain.scan(eight).stop
