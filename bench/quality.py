@@ -39,7 +39,8 @@ Modes:
 
 Each task runs its modes back to back, in turn first and last (task 0 in the order
 given, task 1 reversed, ...): the second mode on a task finds the first one's prompt in
-the cache, so neither pays the prefill more often. Per set and mode the report counts
+the cache, so neither pays the prefill more often; with ``fresh_prefill`` (``--fresh-prefill``)
+none finds it, and the modes generate alike token for token. Per set and mode the report counts
 tokens generated, tokens shown (the shown text counted by the model's tokenizer), the
 ones never shown, and the engine's seconds (prefill and decoding, from its own clock).
 """
@@ -80,6 +81,11 @@ class Options:
     out: Path = Path("results/quality")
     data_dir: Path | None = None
     settings: tuple[tuple[str, Any], ...] = ()  # more settings for every Kode mode (camelCase)
+    # Every Kode mode evaluates its whole prompt: no cached prompt is kept or reused, so
+    # modes on one task generate alike token for token (a prompt resumed from the cache
+    # evaluates its last tokens in another batch, and greedy decoding flipped on 7 of 40
+    # 0.5B tasks between ``before`` and ``engine``).
+    fresh_prefill: bool = False
 
 
 @dataclass(slots=True)
@@ -338,6 +344,7 @@ async def _one_model(
             "speculation": options.speculation,
             "firstAnswerMs": 0,
             "engine": "inProcess",
+            **({"kvMemoryMb": 0} if options.fresh_prefill else {}),
             **dict(options.settings),
         }
     )
@@ -376,6 +383,8 @@ async def _one_model(
                         if mode == "llama-server" and server is None:
                             continue
                         bar.set_postfix_str(f"{model} {task.task_id} {mode}", refresh=False)
+                        if options.fresh_prefill and mode != "llama-server":
+                            await _forget_prompt(engine, backend)
                         result = await _one_task(
                             engine, backend, server, task, mode, moved_settings, max_tokens
                         )
@@ -390,6 +399,16 @@ async def _one_model(
     finally:
         await engine.aclose()
         await pool.aclose()
+
+
+async def _forget_prompt(engine: Any, backend: Any) -> None:
+    """Replace the cached prompt (``kvMemoryMb`` 0 keeps no other) with a one-token one."""
+    uri = "file:///kode-bench/forget.py"
+    engine.documents.open(uri, "\n", 0, "python")
+    try:
+        await _raw(engine, backend, uri, 0, 1)
+    finally:
+        engine.documents.close(uri)
 
 
 def _append_partial(out: Path, result: Result) -> None:
@@ -506,6 +525,7 @@ def report(options: Options, results: list[Result], facts: dict[str, str]) -> st
         f"- models: {', '.join(options.models)}; sets: {', '.join(options.sets)} ({sizes}, "
         f"seed {options.seed}); greedy; speculation `{options.speculation}`; settings: "
         + ("".join(f"`{k}`={v!r}; " for k, v in options.settings) or "defaults")
+        + ("; fresh prefill (no cached prompt reused)" if options.fresh_prefill else "")
         + "\n"
         "- engine: `CompletionEngine.complete` (stop rules, trimming); raw: the same prompt, "
         "the model's output up to its end token; llama-server: its `/infill` endpoint\n"

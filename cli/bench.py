@@ -93,6 +93,12 @@ def register(subparsers: Any) -> None:
         help="comma list of engine,before,raw,moved,spm,heal,llama-server "
         "(default engine,raw,llama-server)",
     )
+    quality.add_argument(
+        "--fresh-prefill",
+        action="store_true",
+        help="every Kode mode evaluates its whole prompt (kvMemoryMb 0, the cache emptied "
+        "before each): modes generate alike token for token",
+    )
     quality.add_argument("--speculation", default="auto")
     quality.add_argument("--seed", type=int, default=0)
     quality.add_argument("--timeout", type=float, default=10.0, help="seconds per test program")
@@ -344,6 +350,7 @@ def run(args: argparse.Namespace) -> int:
                 timeout_s=args.timeout,
                 out=args.out,
                 settings=tuple(_setting(item) for item in args.setting),
+                fresh_prefill=args.fresh_prefill,
             )
         )
     if args.bench_command == "latency":
