@@ -36,15 +36,14 @@ ended it:
   line again (the one-line trim would cut it, or it ends with that rest, a word in it):
   the model took the hole to end on this line, and what it writes next is the code
   after it. Shown: the first line, trimmed.
-- Mid-line, after 8 lines the model has not ended (``maxLines`` if smaller): holes
-  spanning more are rare (3.75% of HumanEval's random spans), fills running on common.
-- Mid-line, past the first line: a complete line that is the suffix's next line of code
-  (the fill ran into the suffix without writing the rest of the cursor's line as it is),
-  or one at column 0, where the cursor's line and the suffix's next line of code are
-  indented, that is not a closing bracket (the fill left the definition the hole is in).
-- Multi-line, also: a complete line that is the second or third line of code of the
-  suffix (at least 8 characters), as for its next line above: cut before it (the fill
-  ran into the suffix, having written its next line its own way).
+- Mid-line, after 12 lines the model has not ended (``maxLines`` if smaller): holes
+  spanning more are rare (under 1% of HumanEval's random spans), fills running on common.
+- Mid-line, past the first line: a complete line at column 0, where the cursor's line
+  and the suffix's next line of code are indented, that is not a closing bracket (the
+  fill left the definition the hole is in).
+- Multi-line, also: two complete lines that are the suffix's second and third lines of
+  code (12 characters or more together), as for its next line above: cut before them
+  (the fill ran into the suffix, having written its next line its own way).
 - Multi-line, after a dedent that opened a block the suffix continues in: a complete
   line back at that dedent's indentation that opens no block (the block it opened has
   closed, so the suffix can no longer be its body): cut at the dedent.
@@ -63,14 +62,16 @@ from kode.backends.stop_strings import find_stop
 from kode.completion.syntax import FillCheck
 
 _TAB = 4
-# Structural stops: a fill that writes one of the suffix's first lines of code after its
-# next one ran into the suffix (having written that next line its own way).
-_LATER_SUFFIX_LINES = 2
 # Structural stops: the most lines a mid-line fill waits for the model to end it. Of the
-# random-span holes (HumanEval, seeds 0 and 1, 160 each) 3.75% span more than 8 lines;
-# the stdlib ``file`` holes at most 4. A fill the model has not ended by then shows its
-# first line, as it would at ``max_tokens`` (0.5B, ``file``: 128-token fills ran 10+ lines).
-_MID_LINE_LINES = 8
+# random-span holes (HumanEval, seeds 0 and 1, 160 each) 3.75% span more than 8 lines,
+# under 1% more than 12; the stdlib ``file`` holes at most 4. A fill the model has not
+# ended by then shows its first line, as it would at ``max_tokens`` (0.5B, ``file``:
+# 128-token fills ran 10+ lines). 8 cut a passing 9-line fill (1.5B, HumanEval/81).
+_MID_LINE_LINES = 12
+# Structural stops: the suffix's second and third lines of code, written one after the
+# other, tell that the fill ran into the suffix when together at least this long (one
+# short line repeats too often in real code: ``return False``).
+_MIN_LATER_CHARS = 12
 # Places ``_joined_later`` parses the document at, at most (about 1 ms each, on the
 # event loop).
 _MAX_JOIN_PARSES = 8
@@ -120,8 +121,8 @@ class StopRules:
     suffix_head: str = ""  # mid-line: the rest of the cursor line, its break and the next line
     suffix_indent: int | None = None  # indent of the suffix's next line of code; None: none
     structural: bool = False  # stop as soon as the shown text is decided (module doc)
-    # The suffix's next lines of code after ``next_suffix_line`` (stripped, at most
-    # ``_LATER_SUFFIX_LINES``, each long enough to be told apart): structural stops only.
+    # The suffix's second and third lines of code (stripped; structural stops only, and
+    # only when long enough to be told apart, ``_MIN_LATER_CHARS``); else ().
     later_suffix_lines: tuple[str, ...] = ()
 
     @classmethod
@@ -166,11 +167,7 @@ class StopRules:
             suffix_head=head,
             suffix_indent=None if code is None else indent_width(code),
             structural=structural,
-            later_suffix_lines=tuple(
-                line for line in code_lines[1 : 1 + _LATER_SUFFIX_LINES] if len(line) >= 8
-            )
-            if structural
-            else (),
+            later_suffix_lines=_later_lines(code_lines) if structural else (),
         )
 
     def scan(self, text: str) -> Cut:
@@ -212,7 +209,9 @@ class StopRules:
                     and not _opens_block(line)
                 ):
                     return Cut(offset - 1, True, fallback=fallback)  # its block closed
-                if complete and self._runs_into_suffix(stripped):
+                if complete and (
+                    self._runs_into_suffix(stripped) or self._writes_later_lines(lines, number)
+                ):
                     return Cut(offset - 1, True, joined=True, fallback=fallback)
             elif complete:
                 blank_run += 1
@@ -291,7 +290,7 @@ class StopRules:
                 return Cut(keep, True)
             for line in lines[1:-1]:  # the complete lines after the first
                 stripped = line.strip()
-                if stripped and (self._runs_into_suffix(stripped) or self._left_block(line)):
+                if stripped and self._left_block(line):
                     return Cut(len(text), True)
         return Cut(len(text), stop)
 
@@ -325,9 +324,14 @@ class StopRules:
         return None
 
     def _runs_into_suffix(self, stripped: str) -> bool:
-        if len(self.next_suffix_line) >= 3 and stripped == self.next_suffix_line:
-            return True
-        return stripped in self.later_suffix_lines  # it wrote the next line otherwise
+        return len(self.next_suffix_line) >= 3 and stripped == self.next_suffix_line
+
+    def _writes_later_lines(self, lines: list[str], number: int) -> bool:
+        """Line ``number`` of ``lines`` and the complete one after it are the suffix's
+        second and third lines of code (the fill wrote its next line its own way)."""
+        if not self.later_suffix_lines or number + 2 >= len(lines):
+            return False
+        return (lines[number].strip(), lines[number + 1].strip()) == self.later_suffix_lines
 
     def finish(self, text: str, *, ended: bool = False, fits: FillCheck | None = None) -> str:
         """The text to show once generation ended: cut, then trimmed against the suffix.
@@ -367,6 +371,12 @@ class StopRules:
             kept = text if _WORD_START.match(self.line_suffix) else text.rstrip()
             return _trim_overlap(self.line_prefix, kept, self.line_suffix.rstrip())
         return text.rstrip()
+
+
+def _later_lines(code_lines: list[str]) -> tuple[str, ...]:
+    """``StopRules.later_suffix_lines`` from the suffix's lines of code (stripped)."""
+    later = tuple(code_lines[1:3])
+    return later if len(later) == 2 and sum(map(len, later)) >= _MIN_LATER_CHARS else ()
 
 
 def _opens_block(line: str) -> bool:

@@ -40,13 +40,17 @@ def test_a_mid_line_fill_the_model_ends_still_spans_lines() -> None:
     assert r.finish(fill, ended=True) == fill
 
 
-def test_a_mid_line_fill_that_reaches_the_suffixs_next_line_ends() -> None:
-    r = rules("    if a < 0:\n        ", "area = a * a", "\n    return area\n")
-    text = "return -1\n    area = a*a\n    return area\n"
-    cut = r.scan(text)
-    assert cut.stop
-    assert r.finish(text[: cut.keep]) == "return -1"
-    assert not r.scan(text[: -len("return area\n")]).stop
+def test_a_mid_line_fill_may_repeat_a_short_line_of_the_suffix() -> None:
+    # HumanEval/124 as a random span (1.5B passed it): ``return False`` is the suffix's
+    # next line and the hole's second one too.
+    r = rules(
+        "        if month in [1,3] and day < 1 or day ",
+        "    if month == 2 and day > 29:",
+        "\n            return False\n    return True\n",
+    )
+    fill = "> 31:\n            return False\n        if month in [4,6] and day < 1 or day > 30:"
+    fill += "\n            return False\n    "
+    assert not r.scan(fill).stop
 
 
 def test_a_mid_line_fill_that_starts_a_new_definition_ends() -> None:
@@ -140,23 +144,24 @@ def test_prose_and_unknown_languages_are_not_judged() -> None:
     assert syntax.checker("no-such-language", "a", "b") is None
 
 
-def test_a_fill_that_writes_the_suffixs_second_line_ran_into_the_suffix() -> None:
+def test_a_fill_that_writes_the_suffixs_second_and_third_lines_ran_into_the_suffix() -> None:
     suffix = "\n    b = compute(2)\n    c = compute(3)\n    return c\n"
     r = rules("    ", "", suffix)
-    text = "a = 1\n    b = compute(22)\n    c = compute(3)\n    more\n"
+    text = "a = 1\n    b = compute(22)\n    c = compute(3)\n    return c\n"
+    assert not r.scan(text[: -len("return c\n")]).stop  # one line of them is not enough
     cut = r.scan(text)
     assert cut.stop and r.finish(text[: cut.keep]) == "a = 1\n    b = compute(22)"
-    # Short lines (``}``, ``else:``) are too common to tell: only the next line counts.
+    # Short lines (``}``, ``else {``) are too common to tell.
     assert rules("    ", "", "\n    x()\n    }\n    else {\n").later_suffix_lines == ()
     plain = StopRules.build("    ", "", suffix)
     assert not plain.scan(text).stop
 
 
-def test_a_mid_line_fill_waits_at_most_eight_lines_for_the_model_to_end_it() -> None:
+def test_a_mid_line_fill_waits_at_most_twelve_lines_for_the_model_to_end_it() -> None:
     r = rules("    y = f(x", " + 1", "\n    return y\n")
-    seven = ")\n" + "".join(f"    z{i} = {i}\n" for i in range(6))  # 7 line breaks
-    assert not r.scan(seven).stop
-    eight = seven + "    z6 = 6\n"
-    assert r.scan(eight).stop and r.finish(eight) == ")"
+    eleven = ")\n" + "".join(f"    z{i} = {i}\n" for i in range(10))  # 11 line breaks
+    assert not r.scan(eleven).stop
+    twelve = eleven + "    z10 = 10\n"
+    assert r.scan(twelve).stop and r.finish(twelve) == ")"
     plain = StopRules.build("    y = f(x", " + 1", " + 1\n    return y\n", max_lines=32)
-    assert not plain.scan(eight).stop
+    assert not plain.scan(twelve).stop
