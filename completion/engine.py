@@ -210,6 +210,7 @@ class CompletionEngine:
             stop_texts=template.stop_texts,
             max_lines=settings.max_lines,
             structural=settings.structural_stops,
+            prefix=ctx.prefix,
         )
         request = GenerationRequest(
             prompt=prompt,

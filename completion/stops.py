@@ -38,9 +38,12 @@ ended it:
   after it. Shown: the first line, trimmed.
 - Mid-line, after 12 lines the model has not ended (``maxLines`` if smaller): holes
   spanning more are rare (under 1% of HumanEval's random spans), fills running on common.
-- Mid-line, past the first line: a complete line at column 0, where the cursor's line
-  and the suffix's next line of code are indented, that is not a closing bracket (the
-  fill left the definition the hole is in).
+- Mid-line, past the first line: a complete line indented less than the cursor's line
+  and the suffix's next line of code that starts at column 0 (not a closing bracket) or
+  starts a definition (the fill left the definition the hole is in); or a complete line
+  that is the suffix's next line of code, where that line appears nowhere before the
+  cursor (the fill ran into the suffix; a line that repeats, ``return False``, may be
+  the hole's own).
 - Multi-line, also: two complete lines that are the suffix's second and third lines of
   code (12 characters or more together), as for its next line above: cut before them
   (the fill ran into the suffix, having written its next line its own way).
@@ -124,6 +127,9 @@ class StopRules:
     # The suffix's second and third lines of code (stripped; structural stops only, and
     # only when long enough to be told apart, ``_MIN_LATER_CHARS``); else ().
     later_suffix_lines: tuple[str, ...] = ()
+    # The suffix's next line of code appears nowhere before the cursor: a fill writing it
+    # ran into the suffix (``return False`` may be the hole's own line too).
+    next_line_distinct: bool = False
 
     @classmethod
     def build(
@@ -136,8 +142,11 @@ class StopRules:
         stop_texts: tuple[str, ...] = (),
         max_lines: int = 64,
         structural: bool = False,
+        prefix: str = "",
     ) -> StopRules:
         """Rules for a cursor after ``line_prefix`` and before ``line_suffix`` on its line.
+
+        ``prefix``: the text before the cursor (the prompt's), for ``next_line_distinct``.
 
         Example: cursor in ``print(|)`` gives mid-line rules (``)`` follows it);
         cursor at the start of an empty, 4-space indented line gives multi-line rules
@@ -168,6 +177,9 @@ class StopRules:
             suffix_indent=None if code is None else indent_width(code),
             structural=structural,
             later_suffix_lines=_later_lines(code_lines) if structural else (),
+            next_line_distinct=structural
+            and len(next_line) >= 3
+            and not re.search(rf"^[ \t]*{re.escape(next_line)}[ \t]*$", prefix, re.MULTILINE),
         )
 
     def scan(self, text: str) -> Cut:
@@ -236,12 +248,16 @@ class StopRules:
 
     def _left_block(self, line: str) -> bool:
         """A mid-line fill's later ``line`` (whole) is outside the definition the hole is
-        in: it starts at column 0 where the cursor's line and the suffix's next line of
-        code are indented, and it closes no bracket (``}`` may end the hole's block)."""
+        in: indented less than the cursor's line and the suffix's next line of code, it
+        starts at column 0 and closes no bracket (``}`` may end the hole's block), or it
+        starts a definition (``def``, ``class``, ``function``, ``fn``, ``func``)."""
         limit = indent_width(self.line_prefix)
         if self.suffix_indent is not None:
             limit = min(limit, self.suffix_indent)
-        return limit > 0 and indent_width(line) == 0 and line[:1] not in _CLOSE
+        width = indent_width(line)
+        if width >= limit:
+            return False
+        return (width == 0 and line[:1] not in _CLOSE) or _DEFINITION.match(line) is not None
 
     def _rewrote_line_end(self, first: str) -> int | None:
         """Where to cut a fill whose first line ``first`` ends by writing the rest of the
@@ -290,7 +306,10 @@ class StopRules:
                 return Cut(keep, True)
             for line in lines[1:-1]:  # the complete lines after the first
                 stripped = line.strip()
-                if stripped and self._left_block(line):
+                if stripped and (
+                    self._left_block(line)
+                    or (self.next_line_distinct and self._runs_into_suffix(stripped))
+                ):
                     return Cut(len(text), True)
         return Cut(len(text), stop)
 
@@ -394,6 +413,9 @@ def _seam_without_indent(text: str) -> str:
 
 _OPEN, _CLOSE = "([{", ")]}"
 _WORD_START = re.compile(r"\w")
+_DEFINITION = re.compile(
+    r"\s*(?:export\s+|pub(?:\([^)]*\))?\s+|async\s+)*(?:def|class|function|fn|func)\b"
+)
 
 
 def _excess_closers(text: str) -> int:

@@ -42,11 +42,12 @@ def test_a_mid_line_fill_the_model_ends_still_spans_lines() -> None:
 
 def test_a_mid_line_fill_may_repeat_a_short_line_of_the_suffix() -> None:
     # HumanEval/124 as a random span (1.5B passed it): ``return False`` is the suffix's
-    # next line and the hole's second one too.
+    # next line, the hole's second one, and a line before the cursor.
     r = rules(
         "        if month in [1,3] and day < 1 or day ",
         "    if month == 2 and day > 29:",
         "\n            return False\n    return True\n",
+        prefix="def valid(month, day):\n    if day < 1:\n        return False\n",
     )
     fill = "> 31:\n            return False\n        if month in [4,6] and day < 1 or day > 30:"
     fill += "\n            return False\n    "
@@ -165,3 +166,32 @@ def test_a_mid_line_fill_waits_at_most_twelve_lines_for_the_model_to_end_it() ->
     assert r.scan(twelve).stop and r.finish(twelve) == ")"
     plain = StopRules.build("    y = f(x", " + 1", " + 1\n    return y\n", max_lines=32)
     assert not plain.scan(twelve).stop
+
+
+def test_a_mid_line_fill_that_writes_a_new_next_line_of_the_suffix_ran_into_it() -> None:
+    # inspect.py:1101 cut mid-line (1.5B): the fill wrote the suffix's next line and ran
+    # on for 128 tokens.
+    after = "b_frame\n    if isframe(object):\n        object = object.f_code\n"
+    text = "ect):\n        object = object.__code__\n    if isframe(object):\n"
+    new = StopRules.build(
+        "    if isfunction(obj", "b_frame", after, structural=True, prefix="def f(obj):\n"
+    )
+    assert new.next_line_distinct and new.scan(text).stop
+    assert new.finish(text) == "ect):"
+    seen = "def f(obj):\n    if isframe(object):\n        pass\n"
+    repeated = StopRules.build(
+        "    if isfunction(obj", "b_frame", after, structural=True, prefix=seen
+    )
+    assert not repeated.next_line_distinct and not repeated.scan(text).stop
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["    def getcanvas(self):", "  export async function g() {", "    pub(crate) fn g() {"],
+)
+def test_a_mid_line_fill_that_starts_a_definition_further_out_ends(line: str) -> None:
+    r = rules("        x = f(", "y)", "\n        return x\n")
+    text = "a, b\n        z = 1\n" + line + "\n"
+    assert r.scan(text).stop and r.finish(text) == "a, b"
+    # At the cursor's own depth a definition may be the hole's (a nested function).
+    assert not r.scan("a, b\n        def g():\n").stop
