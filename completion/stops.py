@@ -32,8 +32,9 @@ running on to ``max_tokens`` and being cut afterwards (0.5B, ``kode bench qualit
 mid-line holes of real files were never shown). What is shown is what the rules above
 make of the text so far, the model not having ended it, except where a rule says
 otherwise (a first line ending with the rest of the cursor's line, the suffix's later
-lines): where the model would have ended a fill after such a point, its multi-line fill
-is not shown (measured: 4 such fills in 108 tasks, none passing before, one after).
+lines). Where the model would have ended the fill after a structural stop, the
+multi-line fill it would have ended is not shown (measured: 4 fills in 108 tasks, each
+one that ran past the hole; none passed before, one passes after).
 
 - Mid-line, at the first line break, when the first line wrote the rest of the cursor's
   line again (the one-line trim would cut it, or it ends with that rest, a word in it):
