@@ -132,6 +132,7 @@ class GenerationStats:
     speculation: SpeculationStats = field(default_factory=SpeculationStats)
     route: BackendKind | None = None  # which backend served it (LOCAL or REMOTE), set by a router
     route_reason: str = ""  # why (e.g. "remote timed out after 1500 ms")
+    worker: str = ""  # the server that generated it, as it names itself (X-Kode-Worker)
 
     @property
     def ms_per_token(self) -> float:

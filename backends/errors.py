@@ -4,6 +4,8 @@
     ├── ModelError                 a model file is missing, corrupt or unloadable
     │   └── ModelPartMissing       a PyPI part package of a default model is absent
     ├── BackendError               a backend could not produce tokens
+    │   ├── BackendClosed          the window closed it (a settings change, shutdown): the
+    │   │                          request it served is obsolete, not failed; never shown
     │   ├── ContextOverflow        the prompt does not fit the context window
     │   ├── PrefillAborted         a cancel stopped a prompt evaluation (never reaches a user)
     │   ├── RemoteError            a remote server failed (HTTP status, malformed stream)
@@ -41,6 +43,13 @@ class ModelPartMissing(ModelError):
 
 class BackendError(KodeError):
     """A backend could not produce tokens."""
+
+
+class BackendClosed(BackendError):
+    """The window closed the backend under a generation, or asked a closed one: its
+    settings changed (another model, another engine) or it is shutting down. The
+    request is obsolete, as one a newer request supersedes: answered empty, never shown
+    to the user as a failure."""
 
 
 class ContextOverflow(BackendError):

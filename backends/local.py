@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from kode.backends.base import FinishReason, GenerationRequest, Sampling, SpeculationMethod
-from kode.backends.errors import BackendError, ContextOverflow, PrefillAborted
+from kode.backends.errors import BackendClosed, BackendError, ContextOverflow, PrefillAborted
 from kode.backends.heal_index import HealIndex
 from kode.backends.speculative import CostCurve
 from kode.backends.steppers import (
@@ -233,7 +233,7 @@ class LocalBackend(Generic[T]):
 
     async def generate(self, request: GenerationRequest) -> WorkerGeneration:
         if self._closed:
-            raise BackendError("backend is closed")
+            raise BackendClosed("backend is closed")
         if request.max_tokens < 1:
             raise BackendError("max_tokens must be at least 1")
         if request.heal and not self.engine.heals:

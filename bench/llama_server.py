@@ -27,10 +27,10 @@ from typing import IO, Any
 
 import httpx
 from kode.backends.defaults import CONTEXT_SIZE
-from kode.bench import common
+from kode.bench import harness
 
 STARTUP_S = 180.0
-REQUEST_S = 600.0
+REQUEST_S = harness.STEP_S
 
 
 def find_binary() -> Path | None:
@@ -193,7 +193,7 @@ async def serve(
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=str(log_dir),
-            preexec_fn=common.die_with_parent,
+            preexec_fn=harness.die_with_parent,
         )
         url = f"http://127.0.0.1:{port}"
         try:
@@ -201,13 +201,7 @@ async def serve(
                 await _wait_healthy(client, url, proc, log_path)
                 yield Server(mode, url, client)
         finally:
-            if proc.returncode is None:
-                proc.terminate()
-                try:
-                    await asyncio.wait_for(proc.wait(), 15)
-                except TimeoutError:
-                    proc.kill()
-                    await proc.wait()
+            await harness.stop_async(proc)
 
 
 def _open_log(path: Path) -> IO[bytes]:

@@ -42,6 +42,11 @@ def register(subparsers: Any) -> None:
     run.set_defaults(func=_run)
 
 
+# How long a starting engine tries for its lock: a window looking whether it is held
+# holds it for a moment (``lock_is_held``); a running engine holds it for good.
+ENGINE_LOCK_WAIT_S = 0.5
+
+
 def _run(args: argparse.Namespace) -> int:
     # libgomp reads its settings once, when llama.cpp's library loads: before the import
     # (``main`` chose them already; ``_run`` may also be called on its own).
@@ -60,7 +65,7 @@ def _run(args: argparse.Namespace) -> int:
     )
     place = place_for(config)
     lock = EngineLock(place.lock)
-    if not lock.acquire():
+    if not lock.acquire(wait_s=ENGINE_LOCK_WAIT_S):
         log.info("another engine holds %s; leaving it the work", place.lock)
         return 0
     try:

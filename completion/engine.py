@@ -40,6 +40,9 @@ BackendFactory = Callable[[Settings], Awaitable[Backend]]
 # After a request is cancelled, how long to wait for the edit (or new request) that
 # may keep its suggestion alive before stopping the generation.
 _CANCEL_GRACE_S = 0.1
+# How long closing waits for background work to end (a stopped generation's last step,
+# a re-index waiting for the user's pause) before it cancels what is left.
+CLOSE_WAIT_S = 2.0
 
 
 class CompletionEngine:
@@ -435,13 +438,20 @@ class CompletionEngine:
     async def aclose(self) -> None:
         # The start-up timing and any preparation end as cancelled, not cut off by the
         # backend closing under them (which a shared engine's window reports as a failure).
-        # The index build stops too (it was awaited to its end) and its child exits.
+        # The index's build and updates are stopped, never waited for (their threads may
+        # be in a read), and its child exits. Bounded: what does not end in CLOSE_WAIT_S
+        # is cancelled.
         self.project.close()
         await self.preparation.aclose()
         for uri in list(self._live):
             await self.cancel(uri)
-        for task in list(self._background):
-            await task
+        if self._background:
+            done, late = await asyncio.wait(set(self._background), timeout=CLOSE_WAIT_S)
+            for task in late:
+                task.cancel()
+            for task in done:
+                if not task.cancelled() and (failure := task.exception()) is not None:
+                    log.debug("background work failed: %s", describe_failure(failure))
 
     # -- background work ---------------------------------------------------------------
 

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
 
+from kode.completion.index_worker import WORD, Definition
 from kode.completion.templates import Snippet
-from kode.completion.workspace import WORD, Definition
 
 HEADER_CHARS = 100  # one outline line at most
 _MAX_MISFITS = 8  # outline members in a row that do not fit: the outline is full

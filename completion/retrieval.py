@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
 
+from kode.completion.index_worker import WORD, Definition, words
 from kode.completion.outline import (
     CHARS,
     Measure,
@@ -46,7 +47,7 @@ from kode.completion.outline import (
     subwords,
 )
 from kode.completion.templates import Snippet
-from kode.completion.workspace import WORD, Definition, WorkspaceIndex, words
+from kode.completion.workspace import WorkspaceIndex
 
 ReadText = Callable[[Path], str | None]
 

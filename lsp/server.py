@@ -21,14 +21,16 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import sys
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from threading import Event
 from typing import Any, BinaryIO, ClassVar
 
 from kode.backends.defaults import KODE_VERSION
-from kode.backends.errors import DocumentError, Superseded, describe
+from kode.backends.errors import BackendClosed, DocumentError, Superseded, describe
 from kode.completion import settings as settings_mod
 from kode.completion.backend_factory import BackendPool, load_backend
 from kode.completion.documents import Position, Range, file_name, file_path
@@ -53,6 +55,12 @@ log = logging.getLogger("kode.lsp")
 STATS_METHOD = "kode/stats"
 PARTIAL_METHOD = "kode/inlineCompletionPartial"
 CURSOR_METHOD = "kode/didMoveCursor"
+# ``shutdown`` is answered within SHUTDOWN_S, whatever is still closing (a model being
+# loaded, an engine that does not answer); after ``exit``, or the end of the client's
+# stream, the process is gone within EXIT_S, whatever threads still run (a read stuck
+# in a hung filesystem, a generation's last step): an editor that closes leaves nothing.
+SHUTDOWN_S = 5.0
+EXIT_S = 1.0
 
 
 class _HideSource(logging.Filter):
@@ -180,6 +188,8 @@ class KodeServer(LanguageServer):
         self.told: set[str] = set()  # completion failures shown to the user (tell_once)
         self.workspace_roots: list[Path] = []
         self._warmup: asyncio.Task[Any] | None = None
+        self._own_process = False  # served by ``start_io``/``start_tcp``: may end it
+        self._exit_timer: threading.Timer | None = None
 
     def report_server_error(self, error: Exception, source: Any) -> None:
         """Log only: a failed request already got its error response."""
@@ -188,6 +198,7 @@ class KodeServer(LanguageServer):
     def start_io(self, stdin: BinaryIO | None = None, stdout: BinaryIO | None = None) -> None:
         """pygls' stdio server, reading through ``lsp.framing`` (resynchronising)."""
         self._stop_event = Event()
+        self._own_process = True
         self.protocol.set_writer(StdoutWriter(stdout or sys.stdout.buffer))
         read = framing.stdin_reader(stdin or sys.stdin.buffer, self.thread_pool)
         try:
@@ -197,11 +208,13 @@ class KodeServer(LanguageServer):
         except (KeyboardInterrupt, SystemExit):
             pass
         finally:
+            self.exit_soon()
             self.shutdown()  # type: ignore[no-untyped-call]
 
     def start_tcp(self, host: str, port: int) -> None:
         """pygls' TCP server (one client), reading through ``lsp.framing``."""
         self._stop_event = Event()
+        self._own_process = True
 
         async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             self.protocol.set_writer(writer)
@@ -213,8 +226,11 @@ class KodeServer(LanguageServer):
             async with self._server:
                 await self._server.serve_forever()
 
-        with contextlib.suppress(asyncio.CancelledError):
-            asyncio.run(main())
+        try:
+            with contextlib.suppress(asyncio.CancelledError):
+                asyncio.run(main())
+        finally:
+            self.exit_soon()
 
     async def _serve(self, read: Callable[[], Awaitable[bytes]]) -> None:
         protocol = self.protocol
@@ -228,6 +244,20 @@ class KodeServer(LanguageServer):
             stopped=lambda: stop is None or stop.is_set(),
             idle_s=self.frame_idle_s,
         )
+        self.exit_soon()  # the client's stream ended: nothing more will be asked
+
+    def exit_soon(self) -> None:
+        """End this process within ``EXIT_S``: the clean ending goes on meanwhile, and
+        whatever it would wait for (a thread in a read, in a generation's step, in a
+        model's load; ``asyncio.run`` and the interpreter join such threads) is not
+        waited for. Only a process this server owns (``start_io``, ``start_tcp``),
+        never a test's that serves it in its own loop."""
+        if not self._own_process or self._exit_timer is not None:
+            return
+        code = 0 if getattr(self.protocol, "_shutdown", False) else 1  # LSP: 1 unasked
+        self._exit_timer = threading.Timer(EXIT_S, _end_process, args=(code,))
+        self._exit_timer.daemon = True
+        self._exit_timer.start()
 
     def apply_settings(self, raw: Any) -> list[str]:
         parsed, problems = settings_mod.parse(raw)
@@ -400,7 +430,7 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
             on_partial = _partial_sender(server, server.protocol.msg_id, uri, params.position, info)
         try:
             result = await engine.complete(uri, pos, on_partial=on_partial, selected=selected)
-        except Superseded:
+        except (Superseded, BackendClosed):  # obsolete: a newer request, new settings
             return types.InlineCompletionList(items=[])
         except DocumentError as exc:  # this request's own fault: answer it, every time
             raise to_lsp_error(exc) from None
@@ -435,15 +465,39 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
 
     @server.feature(types.SHUTDOWN)
     async def shutdown(params: Any) -> None:
-        warmup = server._warmup
-        if warmup is not None and not warmup.done():
-            warmup.cancel()  # nothing to tell the user about a window that is closing
-            with contextlib.suppress(asyncio.CancelledError):
-                await warmup
-        await server.engine.aclose()
-        await server.pool.aclose()
+        try:
+            async with asyncio.timeout(SHUTDOWN_S):
+                await _close(server)
+        except TimeoutError:
+            log.warning("closing took more than %.0f s; the rest ends with the process", SHUTDOWN_S)
+
+    @server.feature(types.EXIT)
+    def on_exit(params: Any) -> None:
+        server.exit_soon()
 
     return server
+
+
+async def _close(server: KodeServer) -> None:
+    warmup = server._warmup
+    if warmup is not None and not warmup.done():
+        warmup.cancel()  # nothing to tell the user about a window that is closing
+        with contextlib.suppress(asyncio.CancelledError):
+            await warmup
+    await server.engine.aclose()
+    await server.pool.aclose()
+
+
+def _end_process(code: int) -> None:
+    """``EXIT_S`` after ``exit`` the process is still there: something it would wait
+    for still runs. Said once in the log, then the process ends without waiting."""
+    others = (threading.current_thread(), threading.main_thread())
+    running = [t.name for t in threading.enumerate() if t not in others]
+    log.warning("ending the process; still running: %s", ", ".join(sorted(running)) or "-")
+    for stream in (sys.stderr, sys.stdout):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _partial_sender(
@@ -482,6 +536,8 @@ async def _warm_up(server: KodeServer) -> None:
     and learn this machine's prefill speed."""
     try:
         await server.engine.warm_up()
+    except BackendClosed:
+        pass  # the settings changed meanwhile: the new backend warms up on first use
     except Exception as exc:  # told once: the first completion failing the same way is quiet
         server.tell_once(to_lsp_error(exc).message)
 

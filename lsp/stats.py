@@ -90,7 +90,10 @@ def _index_stats(engine: CompletionEngine) -> dict[str, Any] | None:
             "ignored": stats.skipped_ignored,
             "binary": stats.skipped_binary,
             "large": stats.skipped_large,
+            "special": stats.skipped_special,  # FIFOs, sockets, devices: never opened
+            "unreadable": stats.skipped_unreadable,
             "crashedParser": stats.crashed,
+            "parseTimedOut": stats.timed_out,
         },
         "parsedInChild": stats.parsed_in_child,
         "parsedInServer": stats.parsed_here,

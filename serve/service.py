@@ -423,6 +423,8 @@ class CompletionService:
         if job.abort_cause is not None:
             metrics.aborted.inc(job.abort_cause)
             metrics.finished.inc("abort")
+            if ran:
+                metrics.aborted_tokens.inc(by=stats.completion_tokens)
         elif ended is None:
             metrics.finished.inc("error")
         else:

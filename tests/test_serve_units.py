@@ -257,7 +257,8 @@ def test_sglang_command_data_parallel_with_router() -> None:
         "--speculative-algorithm EAGLE3 --speculative-draft-model-path D "
         "--host 127.0.0.1 --port 30002",
         "python -m sglang_router.launch_router --worker-urls http://127.0.0.1:30001 "
-        "http://127.0.0.1:30002 --policy cache_aware --host 127.0.0.1 --port 30000",
+        "http://127.0.0.1:30002 --policy cache_aware --cb-failure-threshold 3 "
+        "--host 127.0.0.1 --port 30000",
     ]
     remote = sglang_args(
         "--target", "T", "--algorithm", "NGRAM", "--num-draft-tokens", "8",

@@ -50,9 +50,16 @@ from kode.backends.daemon.paths import (
     EngineConfig,
     EnginePlace,
     lock_is_held,
+    socket_obstacle,
 )
 from kode.backends.defaults import KODE_VERSION
-from kode.backends.errors import EngineError, EngineSetupError, describe
+from kode.backends.errors import (
+    BackendClosed,
+    BackendError,
+    EngineError,
+    EngineSetupError,
+    describe,
+)
 from kode.backends.kv_reuse import MOVED_REFRESH, plan_moved_tail, prefix_reach
 from kode.backends.system import alive, peer_credentials
 from kode.backends.worker import BackendCounters
@@ -313,7 +320,7 @@ class Connection:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError, ConnectionError):
             await self._task
-        self._fail_all(EngineError("this window closed its connection to the Kode engine"))
+        self._fail_all(BackendClosed("this window closed its connection to the Kode engine"))
 
     async def _read(self) -> None:
         why = "closed the connection"
@@ -392,7 +399,7 @@ class Connection:
             if not future.done():
                 future.set_result(message.info)
 
-    def _fail_all(self, exc: EngineError) -> None:
+    def _fail_all(self, exc: BackendError) -> None:
         generations, self._generations = self._generations, {}
         for generation in generations.values():
             generation.fail(exc)
@@ -439,7 +446,10 @@ async def connect(
 
     Connect; else, if no engine holds its lock, take the start lock and spawn one (the
     others, finding the start lock taken, only wait); then retry with backoff until the
-    engine answers or ``timeout_s`` passes.
+    engine answers or ``timeout_s`` passes. At most one engine is spawned: one that
+    ends before it answers (its log says why) is not spawned again, and what stands at
+    the socket path that no engine can clear (``socket_obstacle``: a folder) is said
+    at once, before any spawn (#34: a folder there made a window spawn 73 engines).
     """
 
     def default_spawn(c: EngineConfig, p: EnginePlace) -> int:
@@ -449,6 +459,7 @@ async def connect(
     deadline = time.monotonic() + timeout_s
     delay = 0.02
     start_lock = place.lock.with_suffix(".start")
+    spawned: int | None = None  # the engine this call started
     while True:
         try:
             return await Connection.open(
@@ -462,10 +473,20 @@ async def connect(
             )
         except (FileNotFoundError, ConnectionRefusedError):
             pass
+        obstacle = socket_obstacle(place.socket)
+        if obstacle is not None:
+            raise EngineSetupError(obstacle)
         if not start:
             raise EngineError(f"no Kode engine is running on {place.socket}")
         if not lock_is_held(place.lock):
-            await asyncio.to_thread(_start_once, start_lock, place, config, spawn, deadline)
+            if spawned is not None:
+                raise EngineError(
+                    f"the Kode engine this window started (pid {spawned}) ended before it "
+                    f"answered; its log: {place.log}"
+                )
+            spawned = await asyncio.to_thread(
+                _start_once, start_lock, place, config, spawn, deadline
+            )
         if time.monotonic() >= deadline:
             raise EngineError(
                 f"no Kode engine answered on {place.socket} within {timeout_s:.0f} s "
@@ -481,23 +502,25 @@ def _start_once(
     config: EngineConfig,
     spawn: Callable[[EngineConfig, EnginePlace], int],
     deadline: float,
-) -> None:
+) -> int | None:
     """Spawn the engine unless another window is doing it; hold the start lock until the
-    engine holds its own lock (or it gave up), so that exactly one is spawned."""
+    engine holds its own lock (or it gave up), so that exactly one is spawned. The pid
+    spawned, None if none was."""
     fd = os.open(start_lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            return  # another window is starting it
+            return None  # another window is starting it
         if lock_is_held(place.lock):
-            return
+            return None
         pid = spawn(config, place)
         log.info("started the Kode engine (pid %d) for %s", pid, config.model.name)
         while time.monotonic() < deadline and not lock_is_held(place.lock):
             if not alive(pid):
-                return
+                break
             time.sleep(0.02)
+        return pid
     finally:
         os.close(fd)
 
@@ -625,7 +648,7 @@ class SharedEngineBackend:
 
     async def generate(self, request: GenerationRequest) -> Any:
         if self._closed:
-            raise EngineError("backend is closed")
+            raise BackendClosed("backend is closed")
         conn = await self._connection()
         if conn is None:
             assert self._fallback is not None

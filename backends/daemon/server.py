@@ -12,7 +12,6 @@ to the user's state folder and never holds source code.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import os
@@ -36,7 +35,7 @@ from kode.backends.base import (
     SpeculationMethod,
 )
 from kode.backends.daemon import protocol as wire
-from kode.backends.daemon.paths import EnginePlace
+from kode.backends.daemon.paths import EnginePlace, clear_socket_path, remove_socket
 from kode.backends.daemon.scheduler import EngineJob, Plan, Scheduler
 from kode.backends.defaults import KODE_VERSION
 from kode.backends.errors import EngineError, EngineSetupError, describe
@@ -118,8 +117,7 @@ class EngineServer:
         if signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop, f"signal {sig.name}")
-        with contextlib.suppress(FileNotFoundError):
-            self.place.socket.unlink()  # a dead engine's (we hold the lock)
+        clear_socket_path(self.place.socket)  # a dead engine's (we hold the lock)
         server = await asyncio.start_unix_server(self._connection, path=str(self.place.socket))
         os.chmod(self.place.socket, 0o600)
         log.info("engine %s listening on %s", os.getpid(), self.place.socket)
@@ -145,8 +143,7 @@ class EngineServer:
         finally:
             server.close()
             await self._shutdown()
-            with contextlib.suppress(FileNotFoundError):
-                self.place.socket.unlink()
+            remove_socket(self.place.socket)
 
     async def _time_prefill(self, backend: Backend) -> None:
         """Time a synthetic prompt once, before any window is welcomed, so that every

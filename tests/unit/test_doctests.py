@@ -8,12 +8,15 @@ import importlib
 import pytest
 
 MODULES = [
+    "kode.backends.daemon.paths",
     "kode.backends.daemon.scheduler",
     "kode.backends.kv_reuse",
     "kode.backends.latest",
+    "kode.bench.load",
     "kode.completion.clock",
     "kode.completion.documents",
     "kode.completion.outline",
+    "kode.completion.index_worker",
     "kode.completion.preparation",
     "kode.completion.windows",
 ]

@@ -9,6 +9,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import msgspec
@@ -106,6 +107,24 @@ def test_lock_is_exclusive_across_processes(tmp_path: Path) -> None:
     lock.release()
     assert not lock_is_held(path)
     assert path.read_text().strip() == str(os.getpid())
+
+
+def test_a_starting_engine_gets_its_lock_past_a_windows_look(tmp_path: Path) -> None:
+    """A window's ``lock_is_held`` takes the lock for a moment; an engine starting in
+    that moment must not conclude another engine runs (it exited, and its window, which
+    spawns once, fell back to its own model)."""
+    path = tmp_path / "e.lock"
+    look = EngineLock(path)
+    assert look.acquire(write_pid=False)  # the window looking
+    assert not EngineLock(path).acquire()  # no wait: taken for another engine
+    engine = EngineLock(path)
+    got: list[bool] = []
+    trying = threading.Thread(target=lambda: got.append(engine.acquire(wait_s=30)))
+    trying.start()
+    look.release()  # the look ends
+    trying.join(30)
+    assert got == [True] and lock_is_held(path)
+    engine.release()
 
 
 # -- the protocol --------------------------------------------------------------------------

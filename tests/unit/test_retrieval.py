@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from kode.completion import retrieval
 from kode.completion.context import Budget, gather
 from kode.completion.documents import Document
+from kode.completion.index_worker import Definition, python_definitions, read_text
 from kode.completion.outline import Measure, MemberFacts, rank_members, render_outline
 from kode.completion.retrieval import (
     Binding,
@@ -26,7 +27,7 @@ from kode.completion.retrieval import (
     select,
 )
 from kode.completion.templates import Snippet
-from kode.completion.workspace import Definition, WorkspaceIndex, python_definitions, read_text
+from kode.completion.workspace import WorkspaceIndex
 
 
 def write(root: Path, rel: str, text: str) -> Path:
