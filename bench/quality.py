@@ -31,8 +31,18 @@ Modes:
   trimming: the difference to ``engine`` is what the stop rules are worth.
 - ``heal``: ``engine`` with ``tokenHealing`` on; it differs only where the cursor
   follows a word character, and the difference to ``engine`` is what healing is worth.
+- ``before``: ``engine`` with ``structuralStops`` off: generation stops only where the
+  model ends it, at two blank lines, ``maxLines`` or ``maxTokens``, and the stop rules
+  cut afterwards; the difference to ``engine`` is what stopping early saves and costs.
 - ``llama-server``: the same tasks through llama.cpp's ``/infill`` endpoint
   (``input_prefix`` / ``input_suffix``), when a ``llama-server`` binary is on ``PATH``.
+
+Each task runs its modes back to back, in turn first and last (task 0 in the order
+given, task 1 reversed, ...): the second mode on a task finds the first one's prompt in
+the cache, so neither pays the prefill more often; with ``fresh_prefill`` (``--fresh-prefill``)
+none finds it, and the modes generate alike token for token. Per set and mode the report counts
+tokens generated, tokens shown (the shown text counted by the model's tokenizer), the
+ones never shown, and the engine's seconds (prefill and decoding, from its own clock).
 """
 
 from __future__ import annotations
@@ -51,11 +61,11 @@ from kode.bench import charts, report, sandbox, tasks
 from kode.bench.report import fmt, fmt_ratio, markdown_table
 from kode.bench.tasks import HumanEvalTask
 
-MODES = ("engine", "raw", "moved", "spm", "heal", "llama-server")
+MODES = ("engine", "before", "raw", "moved", "spm", "heal", "llama-server")
 DEFAULT_MODES = ("engine", "raw", "llama-server")
 MOVED_CHARS = 12  # characters typed between the cached prompt and the measured one
 SETS = ("single", "multi")  # the default sets
-ALL_SETS = ("single", "multi", "span", "file", "file-lines")
+ALL_SETS = ("single", "multi", "span", "file", "file-lines", "js-lines")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +81,11 @@ class Options:
     out: Path = Path("results/quality")
     data_dir: Path | None = None
     settings: tuple[tuple[str, Any], ...] = ()  # more settings for every Kode mode (camelCase)
+    # Every Kode mode evaluates its whole prompt: no cached prompt is kept or reused, so
+    # modes on one task generate alike token for token (a prompt resumed from the cache
+    # evaluates its last tokens in another batch, and greedy decoding flipped on 7 of 40
+    # 0.5B tasks between ``before`` and ``engine``).
+    fresh_prefill: bool = False
 
 
 @dataclass(slots=True)
@@ -85,6 +100,11 @@ class Result:
     tokens: int | None = None
     error: str = ""
     moved: int | None = None  # mode moved: prompt tokens moved, not evaluated again
+    generated: str = ""  # what the model generated (Kode's modes; ``completion`` is shown)
+    finish: str = ""  # why the generation ended (``FinishReason``), Kode's modes
+    shown_tokens: int | None = None  # ``completion`` counted by the model's tokenizer
+    engine_ms: float | None = None  # the generation's own time: prefill and decoding
+    decode_ms: float | None = None  # of it, after the first token
 
     @property
     def passed(self) -> bool:
@@ -101,6 +121,11 @@ class Row:
     timeouts: int
     errors: int
     median_ms: float | None
+    generated: int = 0  # tokens, summed over the tasks that report them
+    shown: int = 0
+    unshown: int = 0  # generated but never shown (per task: generated - shown, at least 0)
+    engine_s: float = 0.0
+    decode_s: float = 0.0
 
     @property
     def pass_at_1(self) -> float | None:
@@ -110,7 +135,8 @@ class Row:
 def task_uri(task: HumanEvalTask) -> str:
     """A file URI per task (the file name shows in the prompt's ``<|file_sep|>`` line)."""
     name = re.sub(r"[^A-Za-z0-9_]+", "_", task.task_id).strip("_").lower()
-    return f"file:///kode-bench/humaneval/{name}.py"
+    suffix = {"python": "py", "javascript": "js", "typescript": "ts"}.get(task.language, "txt")
+    return f"file:///kode-bench/humaneval/{name}.{suffix}"
 
 
 def document_text(task: HumanEvalTask) -> str:
@@ -130,6 +156,13 @@ def load_set(
     if name in ("file", "file-lines"):
         return tasks.file_span_tasks(
             tasks.stdlib_files(), 20 if n is None else n, seed, line_start=name == "file-lines"
+        )
+    if name == "js-lines":
+        files = tasks.npm_files()
+        if not files:
+            raise ValueError("set js-lines: npm's sources were not found (no npm on PATH)")
+        return tasks.file_span_tasks(
+            files, 20 if n is None else n, seed, line_start=True, language="javascript"
         )
     raise ValueError(f"unknown set {name!r}; known: {', '.join(ALL_SETS)}")
 
@@ -157,6 +190,15 @@ def summarize(results: Sequence[Result]) -> list[Row]:
                 timeouts=sum(r.verdict == sandbox.Verdict.TIMEOUT for r in got),
                 errors=sum(bool(r.error) for r in got),
                 median_ms=report.median(r.ms for r in got if not r.error),
+                generated=sum(r.tokens or 0 for r in got),
+                shown=sum(r.shown_tokens or 0 for r in got),
+                unshown=sum(
+                    max(0, r.tokens - r.shown_tokens)
+                    for r in got
+                    if r.tokens is not None and r.shown_tokens is not None
+                ),
+                engine_s=sum(r.engine_ms or 0.0 for r in got) / 1000.0,
+                decode_s=sum(r.decode_ms or 0.0 for r in got) / 1000.0,
             )
         )
     return rows
@@ -164,7 +206,20 @@ def summarize(results: Sequence[Result]) -> list[Row]:
 
 def render_table(rows: Sequence[Row]) -> str:
     return markdown_table(
-        ["model", "set", "mode", "pass@1", "timeouts", "errors", "median ms/task"],
+        [
+            "model",
+            "set",
+            "mode",
+            "pass@1",
+            "timeouts",
+            "errors",
+            "median ms/task",
+            "tokens generated",
+            "tokens shown",
+            "never shown",
+            "engine s",
+            "decode s",
+        ],
         [
             [
                 r.model,
@@ -174,6 +229,11 @@ def render_table(rows: Sequence[Row]) -> str:
                 r.timeouts,
                 r.errors,
                 fmt(r.median_ms, 0),
+                r.generated,
+                r.shown,
+                r.unshown,
+                fmt(r.engine_s, 1),
+                fmt(r.decode_s, 1),
             ]
             for r in rows
         ],
@@ -243,10 +303,10 @@ async def _moved(
     uri = task_uri(task)
     cut = max(0, len(task.prompt) - MOVED_CHARS)
     engine.update_settings(settings)
-    engine.documents.open(uri, task.prompt[:cut] + task.separator + task.suffix, 0, "python")
+    engine.documents.open(uri, task.prompt[:cut] + task.separator + task.suffix, 0, task.language)
     await _raw(engine, backend, uri, cut, 1)  # leaves the earlier prompt in the cache
     engine.documents.close(uri)
-    engine.documents.open(uri, document_text(task), 1, "python")
+    engine.documents.open(uri, document_text(task), 1, task.language)
     position = engine.documents.get(uri).position_at(len(task.prompt))
     return await engine.complete(uri, position, max_tokens=max_tokens)
 
@@ -273,6 +333,7 @@ async def _one_model(
             "speculation": options.speculation,
             "firstAnswerMs": 0,
             "engine": "inProcess",
+            **({"kvMemoryMb": 0} if options.fresh_prefill else {}),
             **dict(options.settings),
         }
     )
@@ -305,11 +366,14 @@ async def _one_model(
             engine.update_settings(pass_settings)
             backend = await engine.backend()
             for set_, chosen in by_set.items():
-                for task in chosen:
-                    for mode in modes:
+                for number, task in enumerate(chosen):
+                    # In turn first and last: the second mode finds the prompt cached.
+                    for mode in modes if number % 2 == 0 else modes[::-1]:
                         if mode == "llama-server" and server is None:
                             continue
                         bar.set_postfix_str(f"{model} {task.task_id} {mode}", refresh=False)
+                        if options.fresh_prefill and mode != "llama-server":
+                            await _forget_prompt(engine, backend)
                         result = await _one_task(
                             engine, backend, server, task, mode, moved_settings, max_tokens
                         )
@@ -324,6 +388,16 @@ async def _one_model(
     finally:
         await engine.aclose()
         await pool.aclose()
+
+
+async def _forget_prompt(engine: Any, backend: Any) -> None:
+    """Replace the cached prompt (``kvMemoryMb`` 0 keeps no other) with a one-token one."""
+    uri = "file:///kode-bench/forget.py"
+    engine.documents.open(uri, "\n", 0, "python")
+    try:
+        await _raw(engine, backend, uri, 0, 1)
+    finally:
+        engine.documents.close(uri)
 
 
 def _append_partial(out: Path, result: Result) -> None:
@@ -350,6 +424,7 @@ async def _one_task(
     tokens: int | None = None
     moved: int | None = None
     completion, error = "", ""
+    done: Any = None
     try:
         if mode == "moved":
             done = await _moved(engine, backend, task, moved_settings, max_tokens)
@@ -360,11 +435,13 @@ async def _one_task(
             completion = str(data.get("content", ""))
             tokens = (data.get("timings") or {}).get("predicted_n")
         else:
-            engine.documents.open(uri, document_text(task), 0, "python")
+            engine.documents.open(uri, document_text(task), 0, task.language)
             offset = len(task.prompt)
             if mode == "raw":
                 completion, tokens = await _raw(engine, backend, uri, offset, max_tokens)
-            else:  # engine, spm, heal
+            else:  # engine, before, spm, heal
+                if mode == "before":
+                    engine.update_settings(msgspec.structs.replace(exact, structural_stops=False))
                 position = engine.documents.get(uri).position_at(offset)
                 done = await engine.complete(uri, position, max_tokens=max_tokens)
                 completion, tokens = done.text, done.stats.completion_tokens
@@ -377,7 +454,14 @@ async def _one_task(
         engine.update_settings(exact)
     ms = (time.perf_counter() - started) * 1000.0
     verdict = "error" if error else "pending"
-    return Result("", "", mode, task.task_id, verdict, completion, ms, tokens, error, moved)
+    result = Result("", "", mode, task.task_id, verdict, completion, ms, tokens, error, moved)
+    if done is not None:
+        stats = done.stats
+        result.generated = done.generated
+        result.finish = "" if stats.finish_reason is None else str(stats.finish_reason)
+        result.shown_tokens = backend.count_tokens(completion) if completion else 0
+        result.engine_ms, result.decode_ms = stats.total_ms, stats.total_ms - stats.ttft_ms
+    return result
 
 
 async def measure(options: Options) -> tuple[list[Result], dict[str, str]]:
@@ -429,6 +513,7 @@ def write_report(options: Options, results: list[Result], facts: dict[str, str])
         f"- models: {', '.join(options.models)}; sets: {', '.join(options.sets)} ({sizes}, "
         f"seed {options.seed}); greedy; speculation `{options.speculation}`; settings: "
         + (report.settings_note(options.settings) or "defaults")
+        + ("; fresh prefill (no cached prompt reused)" if options.fresh_prefill else "")
         + "\n"
         "- engine: `CompletionEngine.complete` (stop rules, trimming); raw: the same prompt, "
         "the model's output up to its end token; llama-server: its `/infill` endpoint\n"

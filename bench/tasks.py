@@ -27,6 +27,7 @@ import json
 import os
 import random
 import re
+import shutil
 import sysconfig
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -72,6 +73,7 @@ class HumanEvalTask:
     entry_point: str
     separator: str = "\n"
     judge: Judge = Judge.TESTS
+    language: str = "python"  # the LSP language identifier the document is opened with
 
     def document(self) -> str:
         """The text the editor holds, the cursor at ``len(prompt)``."""
@@ -134,6 +136,7 @@ def file_span_tasks(
     after_lines: int = 20,
     max_span_lines: int = 3,
     line_start: bool = False,
+    language: str = "python",
 ) -> list[HumanEvalTask]:
     """``n`` holes cut from real files, round-robin over ``files``: each starts at a
     random character inside a line with code on both sides of it (a mid-line cursor)
@@ -160,7 +163,7 @@ def file_span_tasks(
         row = rng.randrange(before_lines, max(before_lines + 1, len(lines) - after_lines - 4))
         line = lines[row].rstrip("\r\n") if row < len(lines) else ""
         body = line.strip()
-        if len(body) < 12 or body.startswith(("#", '"', "'")):
+        if len(body) < 12 or body.startswith(("#", '"', "'", "//", "/*", "*")):
             continue
         indent = len(line) - len(line.lstrip())
         start = indent if line_start else rng.randrange(indent + 1, len(line))
@@ -193,9 +196,23 @@ def file_span_tasks(
                 entry_point="",
                 separator="",
                 judge=Judge.EXACT,
+                language=language,
             )
         )
     return out
+
+
+def npm_files(count: int = 12) -> list[Path]:
+    """The ``count`` largest JavaScript modules of npm's own sources (its ``lib`` and its
+    ``@npmcli`` packages' ``lib``, hand-written code), largest first; none without npm."""
+    found_npm = shutil.which("npm")
+    if found_npm is None:
+        return []
+    root = Path(found_npm).resolve().parent.parent  # .../npm/bin/npm-cli.js
+    found = [*root.glob("lib/**/*.js"), *root.glob("node_modules/@npmcli/*/lib/**/*.js")]
+    found = [p for p in found if p.is_file()]
+    found.sort(key=lambda p: (-p.stat().st_size, str(p)))
+    return found[:count]
 
 
 def stdlib_files(count: int = 12) -> list[Path]:

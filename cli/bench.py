@@ -1,8 +1,8 @@
 """``kode bench``: the benchmarks (speculation, quality, latency); see docs/benchmarks.md.
 
 kode bench speculation [--model M] [--tasks N] [--max-tokens N] [--methods a,b] [--seed S]
-kode bench quality [--model M ... | --models a,b] [--set both|all|single,multi,span,file,file-lines]
-                   [--tasks N | --full]
+kode bench quality [--model M ... | --models a,b]
+                   [--set both|all|single,multi,span,file,file-lines,js-lines] [--tasks N | --full]
 kode bench latency [--model M] [--cadence-ms 120] [--files F ...] [--humaneval N]
 kode bench context [--model M] [--holes 24] [--retrieval-tokens 512] [--latency-files 5000]
 kode bench load (--through-router | --spawn-server | --url URL) [--users 8] [--seconds 20]
@@ -109,7 +109,7 @@ def register(subparsers: Any) -> None:
         "--set",
         type=_csv,
         default=("both",),
-        help="comma list of single,multi,span,file,file-lines; both = single,multi; "
+        help="comma list of single,multi,span,file,file-lines,js-lines; both = single,multi; "
         "all = every set",
     )
     size = quality.add_mutually_exclusive_group()
@@ -120,8 +120,14 @@ def register(subparsers: Any) -> None:
         "--modes",
         type=_csv,
         default=("engine", "raw", "llama-server"),
-        help="comma list of engine,raw,moved,spm,heal,middle,llama-server "
+        help="comma list of engine,before,raw,moved,spm,heal,llama-server "
         "(default engine,raw,llama-server)",
+    )
+    quality.add_argument(
+        "--fresh-prefill",
+        action="store_true",
+        help="every Kode mode evaluates its whole prompt (kvMemoryMb 0, the cache emptied "
+        "before each): modes generate alike token for token",
     )
     quality.add_argument("--speculation", default="auto")
     quality.add_argument("--seed", type=int, default=0)
@@ -379,6 +385,7 @@ def run(args: argparse.Namespace) -> int:
                 timeout_s=args.timeout,
                 out=args.out,
                 settings=tuple(_setting(item) for item in args.setting),
+                fresh_prefill=args.fresh_prefill,
             )
         )
     if args.bench_command == "latency":

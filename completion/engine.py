@@ -212,6 +212,8 @@ class CompletionEngine:
             mode=settings.multiline,
             stop_texts=template.stop_texts,
             max_lines=settings.max_lines,
+            structural=settings.structural_stops,
+            prefix=ctx.prefix,
         )
         request = GenerationRequest(
             prompt=prompt,
@@ -233,7 +235,7 @@ class CompletionEngine:
             after=after,
             rules=rules,
             fits=(syntax.checker if rules.mid_line else syntax.lazy_checker)(
-                doc.language_id, before, after
+                doc.language_id, before, after, tree_sitter=settings.structural_stops
             ),
             generation=generation,
             model=backend.model_name,
@@ -328,6 +330,7 @@ class CompletionEngine:
             total_ms=(time.perf_counter() - started) * 1000.0,
             single_line=live.rules.single_line,
             from_cache=bool(typed) or live.started_before(started),
+            generated=live.raw,
         )
         if answer:
             self.last_answer = completion

@@ -83,6 +83,9 @@ class Settings(
     seed: Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)] | None = None  # llama.cpp: uint32
     speculation: SpeculationMethod = SpeculationMethod.AUTO
     multiline: MultilineMode = MultilineMode.AUTO
+    # Stop generating where the code says the fill is done (completion/stops.py,
+    # completion/structure.py), not only where the model ends it; false: as before.
+    structural_stops: bool = True
     # Local engine: a cursor inside a word backs the prompt off to a token boundary and
     # constrains the first generated token(s) to spell the removed text (token healing).
     # Off by default: +1 task of 14 mid-word on one sample, a suspected loss on another

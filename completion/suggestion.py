@@ -41,6 +41,7 @@ class Completion:
     total_ms: float
     single_line: bool
     from_cache: bool = False  # answered from a suggestion started by an earlier request
+    generated: str = ""  # what the model generated for it (``text`` is what of it is shown)
 
 
 class Suggestion:

@@ -74,6 +74,9 @@ def test_cli_parses_each_benchmark() -> None:
     assert args.full
     args = _parse(["bench", "quality", "--set", "span,file"])
     assert cli_bench._quality_sets(args.set) == ("span", "file")
+    assert not args.fresh_prefill
+    args = _parse(["bench", "quality", "--modes", "before,engine", "--fresh-prefill"])
+    assert args.fresh_prefill and args.modes == ("before", "engine")
     assert cli_bench._quality_sets(("both",)) == ("single", "multi")
     assert cli_bench._quality_sets(("all", "single")) == quality.ALL_SETS
     assert cli_bench._quality_sets(("single", "nope")) is None

@@ -96,16 +96,21 @@ def test_random_spans_start_and_end_anywhere_and_their_solutions_pass() -> None:
 
 def test_quality_summary() -> None:
     results = [
-        quality.Result("m", "single", "engine", "a", "passed", "x", 10.0),
-        quality.Result("m", "single", "engine", "b", "timeout", "x", 30.0),
+        quality.Result("m", "single", "engine", "a", "passed", "x", 10.0, 12, shown_tokens=3),
+        quality.Result("m", "single", "engine", "b", "timeout", "x", 30.0, 2, shown_tokens=4),
         quality.Result("m", "single", "raw", "a", "failed", "x", 20.0),
     ]
+    results[0].engine_ms, results[0].decode_ms = 1500.0, 1000.0
     rows = quality.summarize(results)
     assert [(r.mode, r.passed, r.total, r.timeouts) for r in rows] == [
         ("engine", 1, 2, 1),
         ("raw", 0, 1, 0),
     ]
-    assert "| m | single | engine | 1/2 (50%) | 1 | 0 | 20 |" in quality.render_table(rows)
+    # generated 12 + 2, shown 3 + 4, never shown 9 + 0 (not -2)
+    first = rows[0]
+    assert (first.generated, first.shown, first.unshown, first.engine_s) == (14, 7, 9, 1.5)
+    table = quality.render_table(rows)
+    assert "| m | single | engine | 1/2 (50%) | 1 | 0 | 20 | 14 | 7 | 9 | 1.5 | 1.0 |" in table
 
 
 class _FakeGeneration:

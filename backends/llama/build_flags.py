@@ -2,7 +2,8 @@
 
 Run before installing, with any Python 3 (standard library only)::
 
-    CMAKE_ARGS="$(python3 backends/llama/build_flags.py)" .venv/bin/pip install -e '.[models]'
+    CMAKE_ARGS="$(python3 backends/llama/build_flags.py)" \\
+        .venv/bin/pip install -e '.[models,structure]'
 
 llama.cpp's default "native" build compiles for every instruction set the CPU lists, and
 on some virtual machines (ours among them) that includes AMX tiles the kernel does not

@@ -135,6 +135,26 @@ def test_file_lines_start_after_the_indentation_and_end_at_a_line_end(tmp_path: 
         assert not task.prompt.rsplit("\n", 1)[-1].strip() and task.suffix.startswith("\n")
 
 
+def test_javascript_lines_skip_comments_and_open_as_javascript(tmp_path: Path) -> None:
+    lines = [
+        f"  // step {i}: the running total\n"
+        if i % 2
+        else f"  total_{i} = add(total_{i - 1}, {i});\n"
+        for i in range(120)
+    ]
+    path = tmp_path / "big.js"
+    path.write_text("".join(lines), encoding="utf-8")
+    found = tasks.file_span_tasks(
+        [path], 6, 0, before_lines=10, after_lines=5, line_start=True, language="javascript"
+    )
+    assert len(found) == 6
+    for task in found:
+        assert task.language == "javascript"
+        assert task.canonical_solution.startswith("total_")  # never a // comment line
+        assert quality.task_uri(task).endswith(".js")
+    assert quality.task_uri(HumanEvalTask("T/0", "", "", "", "", "")).endswith("/t_0.py")
+
+
 def test_stdlib_files_are_large_modules() -> None:
     files = tasks.stdlib_files(3)
     assert len(files) == 3

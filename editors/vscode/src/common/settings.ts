@@ -23,6 +23,7 @@ export const SERVER_KEYS = [
   "speculation",
   "multiline",
   "maxLines",
+  "structuralStops",
   "prefixTokens",
   "suffixTokens",
   "movedSuffixDrift",
