@@ -10,6 +10,7 @@ import pytest
 MODULES = [
     "kode.backends.daemon.scheduler",
     "kode.backends.kv_reuse",
+    "kode.backends.monitor",
     "kode.completion.clock",
     "kode.completion.documents",
     "kode.completion.preparation",
