@@ -15,15 +15,25 @@ from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from kode.backends.base import Backend, GenerationRequest, PrefillRate, Sampling
+from kode.backends.base import Backend, GenerationRequest, PrefillRate, Sampling, TokenHealing
 from kode.backends.errors import DocumentError
+from kode.backends.monitor import Names
 from kode.completion import context as ctxmod
 from kode.completion import syntax
 from kode.completion.clock import Clock, SystemClock
-from kode.completion.documents import Document, DocumentStore, Position, Range, with_selected
+from kode.completion.documents import (
+    Document,
+    DocumentStore,
+    Position,
+    Range,
+    file_path,
+    with_selected,
+)
+from kode.completion.members import Resolver
 from kode.completion.partials import PartialPacer
 from kode.completion.preparation import Preparation
 from kode.completion.project import ProjectContext
+from kode.completion.receivers import Receivers
 from kode.completion.retrieval import Retrieved
 from kode.completion.settings import DEFAULT, BackendKind, Settings
 from kode.completion.stops import StopRules
@@ -79,6 +89,7 @@ class CompletionEngine:
             lambda: self._settings, self.documents, self._spawn, self.clock
         )
         self._requests = 0  # requests (``complete``) not answered yet
+        self.receivers = Receivers(Resolver(self._module_path))
 
     @property
     def settings(self) -> Settings:
@@ -213,6 +224,11 @@ class CompletionEngine:
             stop_texts=template.stop_texts,
             max_lines=settings.max_lines,
         )
+        names = None
+        if isinstance(backend, TokenHealing):  # a backend that sees every logit
+            names = await self._names(
+                doc, offset, ctx.line_prefix[: len(ctx.line_prefix) - len(heal)]
+            )
         request = GenerationRequest(
             prompt=prompt,
             max_tokens=max_tokens or settings.max_tokens,
@@ -223,6 +239,7 @@ class CompletionEngine:
             background=background or yields,
             document=uri,
             heal=heal,
+            names=names,
         )
         generation = await backend.generate(request)
         before, after = doc.text[:offset], doc.text[offset:]
@@ -247,6 +264,24 @@ class CompletionEngine:
         if not background:  # a background one is never a document's suggestion
             self._live[uri] = live
         return live
+
+    def _module_path(self, name: str) -> Path | None:
+        index = self.project.index
+        return None if index is None else index.module_path(name)
+
+    async def _names(self, doc: Document, offset: int, line: str) -> Names | None:
+        """The receivers at the cursor whose members are known (the names monitor), for
+        a Python document with the setting on; worked out in a thread (the first time
+        a document's imports are read costs tens to hundreds of ms), cached by the text
+        around the cursor's line."""
+        if not self._settings.names_monitor or doc.language_id != "python":
+            return None
+        path = file_path(doc.uri)
+        index = self.project.index
+        module = (index.module_of(path) if index is not None and path else None) or ""
+        package = path is not None and path.name == "__init__.py"
+        receivers = self.receivers
+        return await asyncio.to_thread(receivers.names, doc.text, offset, line, module, package)
 
     async def _answer(
         self,
