@@ -5,6 +5,7 @@ kode bench quality [--model M ... | --models a,b] [--set both|all|single,multi,s
                    [--tasks N | --full]
 kode bench latency [--model M] [--cadence-ms 120] [--files F ...] [--humaneval N]
 kode bench context [--model M] [--holes 24] [--retrieval-tokens 512] [--latency-files 5000]
+kode bench names [--model small] [--holes 24] [--windows full,short]
 
 Only argument parsing lives here; the benchmark modules are imported when one runs, so
 ``kode`` itself starts fast.
@@ -282,6 +283,18 @@ def register(subparsers: Any) -> None:
         "(the model's tokenizer only, no completion)",
     )
 
+    names = sub.add_parser(
+        "names", help="the first name after receiver., with and without the names monitor"
+    )
+    names.add_argument("--model", default="small", help="default | small | a GGUF path")
+    names.add_argument("--holes", type=int, default=24)
+    names.add_argument("--seed", type=int, default=0)
+    names.add_argument("--packages", type=_csv, default=None, help="comma list (stdlib)")
+    names.add_argument("--windows", type=_csv, default=("full", "short"), help="full,short")
+    names.add_argument("--max-tokens", type=int, default=12)
+    names.add_argument("--threads", type=int, default=0, help="llama.cpp threads (0: all)")
+    names.add_argument("--out", type=Path, default=Path("results/names"))
+
 
 def _setting(item: str) -> tuple[str, object]:
     """``KEY=JSON`` (a bare word that is not JSON is taken as a string)."""
@@ -412,6 +425,25 @@ def run(args: argparse.Namespace) -> int:
                 in_process=args.in_process,
                 seed=args.seed,
                 lossless=args.lossless,
+            )
+        )
+    if args.bench_command == "names":
+        from kode.bench import names as names_bench
+
+        unknown = [w for w in args.windows if w not in names_bench.WINDOWS]
+        if unknown:
+            print(f"kode bench names: unknown window(s) {', '.join(unknown)}", file=sys.stderr)
+            return 2
+        return names_bench.main(
+            names_bench.Options(
+                model=args.model,
+                holes=args.holes,
+                seed=args.seed,
+                packages=args.packages or names_bench.DEFAULT_PACKAGES,
+                windows=tuple(args.windows),
+                max_tokens=args.max_tokens,
+                threads=args.threads,
+                out=args.out,
             )
         )
     if args.bench_command == "context":
