@@ -245,6 +245,13 @@ def read_module(tree: ast.Module, name: str, package: bool) -> ModuleInfo:
         for n in _targets(target)
     }
     for node in ast.walk(tree):
+        # a binding in any scope may shadow an import (``def f(json): json.``)
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            info.rebound.add(node.id)
+        elif isinstance(node, ast.arg):
+            info.rebound.add(node.arg)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            info.rebound.add(node.name)
         if isinstance(node, ast.Global):
             for n in node.names:
                 bind(n)

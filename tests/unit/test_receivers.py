@@ -134,6 +134,12 @@ def test_receivers_of_a_document(resolver: Resolver) -> None:
     assert "path" not in members
 
 
+def test_a_name_bound_in_any_scope_is_left_free(resolver: Resolver) -> None:
+    text = "import json\nimport os\n\ndef f(json):\n    for os in []:\n        pass\n    x = \n"
+    found = Receivers(resolver).names(text, len(text) - 1, "    x = ")
+    assert found is None or not {"json", "os"} & set(found.members)
+
+
 def test_self_begins_free_in_init_only(resolver: Resolver) -> None:
     text = DOC.replace("CURSOR_INIT", "self.").replace("CURSOR_GROW", "pass")
     offset = text.index("self.\n") + 5
