@@ -77,7 +77,7 @@ class GenerationRequest:
     others ignore it.
     ``heal`` (token healing): the prompt ends just before this text, which the
     generation must begin with; its first token(s) are constrained to spell it
-    (``backends/healing.py``) and are emitted like any other. Only a backend that
+    (``backends/heal_index.py``) and are emitted like any other. Only a backend that
     implements ``TokenHealing`` accepts a non-empty ``heal``.
     """
 
@@ -142,6 +142,7 @@ class GenerationStats:
     speculation: SpeculationStats = field(default_factory=SpeculationStats)
     route: BackendKind | None = None  # which backend served it (LOCAL or REMOTE), set by a router
     route_reason: str = ""  # why (e.g. "remote timed out after 1500 ms")
+    worker: str = ""  # the server that generated it, as it names itself (X-Kode-Worker)
 
     @property
     def ms_per_token(self) -> float:

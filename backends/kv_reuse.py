@@ -18,6 +18,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+# A moved tail's first tokens are evaluated again: in PSM they are <|fim_suffix|> and the
+# text right after the cursor, which carry what the model knows of the cursor's
+# surroundings. Measured with `kode bench quality --modes moved` (1.5B, 20+20 tasks, 12
+# characters typed): re-evaluating 0 tokens ignored the typed text; 1 or 4 tokens lost one
+# multi-line task (9/20 -> 8/20); 8 tokens lost none (single 16/20, multi 10/20 vs 9/20).
+MOVED_REFRESH = 8
+
 
 @dataclass(frozen=True, slots=True)
 class MovedTail:

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from kode.backends.base import FinishReason, GenerationRequest, Sampling, SpeculationMethod
-from kode.backends.errors import BackendError, ContextOverflow, PrefillAborted
+from kode.backends.errors import BackendClosed, BackendError, ContextOverflow, PrefillAborted
 from kode.backends.guided import Guide
-from kode.backends.healing import HealIndex
+from kode.backends.heal_index import HealIndex
 from kode.backends.monitor import Monitor, VocabIndex
 from kode.backends.speculative import CostCurve
 from kode.backends.steppers import (
@@ -43,11 +43,11 @@ from kode.backends.steppers import (
 )
 from kode.backends.worker import (
     BackendCounters,
-    Job,
     Live,
     NgramLearning,
     Steps,
     WorkerGeneration,
+    WorkerJob,
     WorkerRun,
 )
 
@@ -180,7 +180,7 @@ class LocalBackend(Generic[T]):
         self.learning = NgramLearning(curve)
         self._executor = executor
         self._owns_executor = owns_executor
-        self._inbox: deque[Job] = deque()  # arrived, not started yet (at most ``width`` run)
+        self._inbox: deque[WorkerJob] = deque()  # arrived, not started yet (at most ``width`` run)
         self._inbox_lock = threading.Lock()
         self._serving = False  # ``_serve`` runs or is queued on the worker
         self._live = 0  # generations ``_serve`` steps now
@@ -246,7 +246,7 @@ class LocalBackend(Generic[T]):
 
     async def generate(self, request: GenerationRequest) -> WorkerGeneration:
         if self._closed:
-            raise BackendError("backend is closed")
+            raise BackendClosed("backend is closed")
         if request.max_tokens < 1:
             raise BackendError("max_tokens must be at least 1")
         if request.heal and not self.engine.heals:
@@ -256,7 +256,7 @@ class LocalBackend(Generic[T]):
         if refusal is not None:
             raise BackendError(refusal)
         loop = asyncio.get_running_loop()
-        job = Job(request, loop)
+        job = WorkerJob(request, loop)
         self._jobs.add(job.done)
         job.done.add_done_callback(self._jobs.discard)
         with self._inbox_lock:
@@ -374,7 +374,7 @@ class LocalBackend(Generic[T]):
 class LocalRun(WorkerRun, Generic[T]):
     """One generation, executed on the worker thread."""
 
-    def __init__(self, backend: LocalBackend[T], job: Job) -> None:
+    def __init__(self, backend: LocalBackend[T], job: WorkerJob) -> None:
         super().__init__(job)
         self.backend = backend
         self.engine = backend.engine

@@ -29,7 +29,7 @@ from typing import Protocol, TypeVar
 import numpy as np
 import numpy.typing as npt
 from kode.backends.base import SpeculationMethod, SpeculationStats
-from kode.backends.healing import HealIndex
+from kode.backends.heal_index import HealIndex
 from kode.backends.speculative import (
     AdaptivePolicy,
     CostCurve,

@@ -131,7 +131,7 @@ class NgramLearning:
             self.history.append(generated)
 
 
-class Job:
+class WorkerJob:
     """State shared between one generation's worker run and its async consumer (made on
     the event loop: ``done`` is one of its futures)."""
 
@@ -164,7 +164,7 @@ def _resolve(done: asyncio.Future[None]) -> None:
 class WorkerGeneration:
     """Handle of one generation running on a backend's worker thread."""
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: WorkerJob) -> None:
         self._job = job
         self._done = job.done
 
@@ -216,7 +216,7 @@ class WorkerRun:
     as text, the decode loop (stop token, ``max_tokens``, cancel before every step) and
     the timing. A subclass turns tokens into text (``text_of``, ``text_tail``)."""
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: WorkerJob) -> None:
         self.job = job
         self.stats = job.stats
         self.start = time.perf_counter()
@@ -308,7 +308,7 @@ class Live(Generic[R]):
     updates its counters and closes its stream, however it ended. Errors reach the
     consumer, never get lost."""
 
-    def __init__(self, job: Job, run: R) -> None:
+    def __init__(self, job: WorkerJob, run: R) -> None:
         self.job, self.run = job, run
         self._steps = run.steps()
         self.want: Plain | None = None

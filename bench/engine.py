@@ -22,17 +22,9 @@ A keystroke here is a character typed at the end of a line, then an inline compl
 request; the next one follows the answer after ``PAUSE_S``. One the window answers from
 the suggestion it shows (no generation) is recorded but left out of the figures.
 
-``--lossless N`` measures instead how often two generations decoded in one batch (the
-shared engine's two slots) write other text than each alone in a one-slot backend (what
-a window ran before): N pairs of real prompts (standard-library files cut at a line's
-end), greedy, 32 tokens; where they differ, the reference's top-2 logit gap at the
-first differing token (batched rows compute other logits by kernel noise, so only a
-near tie may flip).
-
-``--busy`` measures instead how llama.cpp degrades under one busy process per core:
-prefill and decode speed for how OpenMP's threads wait (spin, sleep at once, or the
-engine's short spin), threads (1, 2) and priority (nice 0, 5), against the quiet machine,
-in rounds as well (``--rounds``).
+``--lossless N`` measures instead how often two generations in one batch write other
+text than each alone (``bench/engine_lossless.py``); ``--busy`` how llama.cpp degrades
+under one busy process per core (``bench/engine_busy.py``).
 """
 
 from __future__ import annotations
@@ -43,9 +35,6 @@ import json
 import os
 import random
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -53,11 +42,21 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kode.bench import common, latency
-from kode.cli.engine import SPIN_COUNT
+from kode.bench import engine_busy, engine_lossless, harness, tasks
+from kode.bench.client import Window
+from kode.bench.report import (
+    UNKNOWN,
+    append_jsonl,
+    fmt,
+    machine_note,
+    markdown_table,
+    median,
+    percentile,
+    prepare_out,
+    read_jsonl,
+)
 
 PAUSE_S = 0.05  # between an answer and the next keystroke
-STEP_S = 600.0  # the longest one step may take (a model load on a busy machine)
 TYPED = "zqxjvkwq"  # characters the model does not predict at the cursor
 SMALL_DOC = (
     "import math\n\n\n"
@@ -83,212 +82,6 @@ class Options:
     in_process: bool = False  # rounds with a model per window instead of the shared engine
     seed: int = 0
     lossless: int = 0  # pairs of prompts for the batched-decoding comparison (0: off)
-
-
-# -- processes ----------------------------------------------------------------------------
-
-
-def proc_state(pid: int) -> str | None:
-    """The state letter of ``pid`` (``Z``: a zombie), None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-
-
-def alive(pid: int) -> bool:
-    state = proc_state(pid)
-    return state is not None and state != "Z"
-
-
-def engine_pids(folder: Path) -> list[int]:
-    """Live ``kode engine run`` processes whose ``XDG_RUNTIME_DIR`` is ``folder``."""
-    found = []
-    want = f"XDG_RUNTIME_DIR={folder}".encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-            if b"engine" not in cmdline or b"run" not in cmdline:
-                continue
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if want in environ and alive(int(entry.name)):
-            found.append(int(entry.name))
-    return sorted(found)
-
-
-def stop_engines(folder: Path, timeout_s: float = 20.0) -> list[int]:
-    """SIGTERM every engine of ``folder``; the pids still running after ``timeout_s``
-    (then killed)."""
-    pids = engine_pids(folder)
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    stubborn = [p for p in pids if alive(p)]
-    for pid in stubborn:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    return stubborn
-
-
-def pss_mb(pids: Sequence[int]) -> float:
-    """Proportional set size summed over ``pids`` (shared pages split among sharers)."""
-    total_kb = 0
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-                if line.startswith("Pss:"):
-                    total_kb += int(line.split()[1])
-    return total_kb / 1024.0
-
-
-# -- a window -------------------------------------------------------------------------------
-
-
-class Window:
-    """One ``kode lsp`` process with a pygls client, as an editor window runs it."""
-
-    def __init__(self, env: dict[str, str] | None = None) -> None:
-        from pygls.lsp.client import LanguageClient
-
-        self.client = LanguageClient("kode-bench", "0.1.0")
-        self.env = env
-        self.shown: list[str] = []
-        self._n = 0
-        self._versions: dict[str, int] = {}
-        self._texts: dict[str, str] = {}
-
-        def show(params: Any) -> None:
-            self.shown.append(params.message)
-
-        self.client.feature("window/showMessage")(show)
-
-    @property
-    def pid(self) -> int:
-        server = self.client._server
-        assert server is not None
-        return int(server.pid)
-
-    async def start(self, options: dict[str, Any]) -> None:
-        from lsprotocol import types
-
-        await self.client.start_io(
-            sys.executable, "-m", "kode.cli.main", "lsp", cwd=str(common.REPO_ROOT), env=self.env
-        )
-        await self.client.initialize_async(
-            types.InitializeParams(
-                capabilities=types.ClientCapabilities(),
-                process_id=None,
-                root_uri=None,
-                initialization_options=options,
-            )
-        )
-        self.client.initialized(types.InitializedParams())
-
-    def open(self, uri: str, text: str) -> None:
-        from lsprotocol import types
-
-        self._versions[uri], self._texts[uri] = 1, text
-        self.client.text_document_did_open(
-            types.DidOpenTextDocumentParams(
-                text_document=types.TextDocumentItem(
-                    uri=uri, language_id="python", version=1, text=text
-                )
-            )
-        )
-
-    def end_of(self, uri: str) -> tuple[int, int]:
-        """The position after the last character of ``uri``."""
-        lines = self._texts[uri].split("\n")
-        return len(lines) - 1, len(lines[-1].encode("utf-16-le")) // 2
-
-    def type(self, uri: str, text: str) -> None:
-        """Append ``text`` to ``uri`` (an incremental ``didChange`` at its end)."""
-        from lsprotocol import types
-
-        line, character = self.end_of(uri)
-        self._versions[uri] += 1
-        self._texts[uri] += text
-        at = types.Position(line=line, character=character)
-        self.client.text_document_did_change(
-            types.DidChangeTextDocumentParams(
-                text_document=types.VersionedTextDocumentIdentifier(
-                    uri=uri, version=self._versions[uri]
-                ),
-                content_changes=[
-                    types.TextDocumentContentChangePartial(
-                        range=types.Range(start=at, end=at), text=text
-                    )
-                ],
-            )
-        )
-
-    def replace(self, uri: str, text: str) -> None:
-        """Set the whole text of ``uri`` (a full-document ``didChange``)."""
-        from lsprotocol import types
-
-        self._versions[uri] += 1
-        self._texts[uri] = text
-        self.client.text_document_did_change(
-            types.DidChangeTextDocumentParams(
-                text_document=types.VersionedTextDocumentIdentifier(
-                    uri=uri, version=self._versions[uri]
-                ),
-                content_changes=[types.TextDocumentContentChangeWholeDocument(text=text)],
-            )
-        )
-
-    def move_cursor(self, uri: str, line: int, character: int) -> None:
-        self.client.protocol.notify(
-            "kode/didMoveCursor",
-            {"textDocument": {"uri": uri}, "position": {"line": line, "character": character}},
-        )
-
-    def request(self, uri: str, line: int, character: int) -> asyncio.Future[Any]:
-        from lsprotocol import types
-
-        params = types.InlineCompletionParams(
-            text_document=types.TextDocumentIdentifier(uri=uri),
-            position=types.Position(line=line, character=character),
-            context=types.InlineCompletionContext(
-                trigger_kind=types.InlineCompletionTriggerKind.Invoked
-            ),
-        )
-        self._n += 1
-        future = self.client.protocol.send_request(
-            types.TEXT_DOCUMENT_INLINE_COMPLETION, params, msg_id=f"c{self._n}"
-        )
-        return asyncio.wrap_future(future)
-
-    async def complete(self, uri: str, line: int, character: int, timeout_s: float) -> str:
-        result = await asyncio.wait_for(self.request(uri, line, character), timeout_s)
-        items = getattr(result, "items", None) or []
-        return str(items[0].insert_text) if items else ""
-
-    async def stats(self) -> dict[str, Any]:
-        reply = await asyncio.wait_for(
-            self.client.protocol.send_request_async("kode/stats", {}), 60
-        )
-        plain: dict[str, Any] = latency.plain(reply)
-        return plain
-
-    async def stop(self) -> None:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.client.shutdown_async(None), 20)
-            self.client.exit(None)
-        server = self.client._server
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.client.stop(), 20)  # type: ignore[no-untyped-call]
-        if server is not None and server.returncode is None:
-            server.kill()
-            await server.wait()
 
 
 # -- the windows benchmark -------------------------------------------------------------------
@@ -349,9 +142,7 @@ class Report:
     def add(self, keys: list[Key]) -> None:
         self.keys += keys
         if self.sink is not None:
-            with open(self.sink, "a", encoding="utf-8") as handle:
-                for key in keys:
-                    handle.write(json.dumps(asdict(key)) + "\n")
+            append_jsonl(self.sink, (asdict(key) for key in keys))
 
 
 def material(seed: int, round_: int, window: str, n: int) -> str:
@@ -359,13 +150,6 @@ def material(seed: int, round_: int, window: str, n: int) -> str:
     of the round, none of them one the model predicts after the text before it."""
     rng = random.Random(f"{seed}/{round_}/{window}")
     return "".join(rng.choice(TYPED) for _ in range(n))
-
-
-def conditions_in(round_: int, conditions: Sequence[str]) -> list[str]:
-    """The order of ``round_``: forwards in even rounds, backwards in odd ones, so that no
-    condition always comes first (a fresh engine state, the first time a prompt is seen)
-    or last."""
-    return list(conditions) if round_ % 2 == 0 else list(reversed(conditions))
 
 
 async def type_keys(
@@ -378,7 +162,7 @@ async def type_keys(
         window.type(uri, key)
         line, character = window.end_of(uri)
         start = time.perf_counter()
-        answer = await window.complete(uri, line, character, STEP_S)
+        answer = await window.complete(uri, line, character, harness.STEP_S)
         ms = (time.perf_counter() - start) * 1000.0
         last = (await window.stats()).get("lastCompletion") or {} if answer else {}
         out.append(
@@ -420,7 +204,7 @@ async def open_and_answer(window: Window, settings: dict[str, Any], uri: str, te
     await window.start(settings)
     window.open(uri, text)
     line, character = window.end_of(uri)
-    await window.complete(uri, line, character, STEP_S)
+    await window.complete(uri, line, character, harness.STEP_S)
     return time.perf_counter() - start
 
 
@@ -444,7 +228,7 @@ async def play_round(
     keys_c = material(options.seed, round_, "c", options.keys)
     load = os.getloadavg()[0]
     out: list[Key] = []
-    for condition in conditions_in(round_, conditions):
+    for condition in harness.round_order(conditions, round_):
         cast.a.replace(cast.uri_a, SMALL_DOC)
         cast.c.replace(cast.uri_c, OTHER_DOC)
         await asyncio.sleep(0.5)
@@ -496,7 +280,9 @@ async def shared_run(options: Options, report: Report, large: tuple[str, str], f
         for n, (window, (uri, text)) in enumerate(zip(windows, docs, strict=True)):
             firsts.append(await open_and_answer(window, settings, uri, text))
             await asyncio.sleep(1.0)
-            memory.append(pss_mb([*engine_pids(folder), *(w.pid for w in windows[: n + 1])]))
+            memory.append(
+                harness.pss_mb([*harness.engine_pids(folder), *(w.pid for w in windows[: n + 1])])
+            )
         report.first_answer_s["shared"] = firsts
         report.memory_mb["shared"] = memory
         process = (await windows[1].stats()).get("engineProcess") or {}
@@ -507,16 +293,16 @@ async def shared_run(options: Options, report: Report, large: tuple[str, str], f
         await warm_up(cast)
         for round_ in range(first, first + options.rounds):
             report.add(await play_round(cast, round_, SHARED_CONDITIONS, options))
-            report.notes.append(f"round {round_} done: {common.machine_note()}")
+            report.notes.append(f"round {round_} done: {machine_note()}")
         counters = (await windows[0].stats()).get("counters")
         report.notes.append(f"shared: window A counters {json.dumps(counters)[:400]}")
     finally:
         await asyncio.gather(*(w.stop() for w in windows))
-        left = stop_engines(folder)
+        left = harness.stop_engines(folder)
         if left:
             report.notes.append(f"engines that ignored SIGTERM: {left}")
         for log in (folder / "st" / "kode").glob("*.log"):
-            shutil.copy(log, common.prepare_out(options.out) / f"engine-{first}.log")
+            shutil.copy(log, prepare_out(options.out) / f"engine-{first}.log")
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -529,14 +315,14 @@ async def in_process_run(options: Options, report: Report, first: int) -> None:
         for n, (window, (uri, text)) in enumerate(zip(windows, docs, strict=True)):
             firsts.append(await open_and_answer(window, settings, uri, text))
             await asyncio.sleep(1.0)
-            memory.append(pss_mb([w.pid for w in windows[: n + 1]]))
+            memory.append(harness.pss_mb([w.pid for w in windows[: n + 1]]))
         report.first_answer_s["in-process"] = firsts
         report.memory_mb["in-process"] = memory
         cast = Cast(windows[0], windows[1], None, ("", ""))
         await warm_up(cast)
         for round_ in range(first, first + options.rounds):
             report.add(await play_round(cast, round_, IN_PROCESS_CONDITIONS, options))
-            report.notes.append(f"round {round_} done: {common.machine_note()}")
+            report.notes.append(f"round {round_} done: {machine_note()}")
     finally:
         await asyncio.gather(*(w.stop() for w in windows))
 
@@ -556,7 +342,7 @@ class Paired:
 
     @property
     def median(self) -> float | None:
-        return common.median(self.ratios)
+        return median(self.ratios)
 
 
 def paired(keys: Sequence[Key]) -> list[Paired]:
@@ -577,8 +363,8 @@ def paired(keys: Sequence[Key]) -> list[Paired]:
     for condition, window in seen:
         ratios = []
         for round_ in sorted({key.round for key in keys}):
-            this = common.median(by.get((round_, condition, window), []))
-            base = common.median(by.get((round_, BASELINE[condition], window), []))
+            this = median(by.get((round_, condition, window), []))
+            base = median(by.get((round_, BASELINE[condition], window), []))
             if this is not None and base:
                 ratios.append(this / base)
         out.append(Paired(condition, window, tuple(ratios)))
@@ -587,8 +373,8 @@ def paired(keys: Sequence[Key]) -> list[Paired]:
 
 def render(report: Report) -> str:
     def ms(values: list[float]) -> str:
-        med, p90 = common.median(values), common.percentile(values, 90)
-        return f"{common.fmt(med, 0)} / {common.fmt(p90, 0)}"
+        med, p90 = median(values), percentile(values, 90)
+        return f"{fmt(med, 0)} / {fmt(p90, 0)}"
 
     lines = [f"# kode bench engine ({report.model})", "", f"- machine: {report.machine}", ""]
     rows = []
@@ -599,12 +385,12 @@ def render(report: Report) -> str:
                 kind,
                 " / ".join(f"{v:.1f}" for v in values),
                 " / ".join(f"{v:.0f}" for v in mem),
-                f"{mem[-1] / mem[0]:.2f}x" if len(mem) > 1 and mem[0] else common.UNKNOWN,
+                f"{mem[-1] / mem[0]:.2f}x" if len(mem) > 1 and mem[0] else UNKNOWN,
             ]
         )
     if rows:
         lines.append(
-            common.markdown_table(
+            markdown_table(
                 [
                     "engine",
                     "first answer per window (s)",
@@ -636,34 +422,32 @@ def render(report: Report) -> str:
                     window.upper(),
                     len(mine),
                     ms([k.ms for k in mine]),
-                    common.fmt(common.median(tokens), 0),
-                    common.fmt(common.median(gen), 0),
+                    fmt(median(tokens), 0),
+                    fmt(median(gen), 0),
                 ]
             )
     lines.append(
-        common.markdown_table(
+        markdown_table(
             ["condition", "window", "keys", "median / p90", "tokens (median)", "generation ms"],
             krows,
         )
     )
     prows = []
     for pair in paired(keys):
-        spread = (
-            f"{min(pair.ratios):.2f}-{max(pair.ratios):.2f}x" if pair.ratios else common.UNKNOWN
-        )
+        spread = f"{min(pair.ratios):.2f}-{max(pair.ratios):.2f}x" if pair.ratios else UNKNOWN
         prows.append(
             [
                 f"{pair.condition} / {BASELINE[pair.condition]}",
                 pair.window.upper(),
                 len(pair.ratios),
-                common.fmt(pair.median, 2, "x"),
+                fmt(pair.median, 2, "x"),
                 spread,
                 " ".join(f"{r:.2f}" for r in pair.ratios),
             ]
         )
     lines += ["", "Paired: per round, the median keystroke against the same keys alone:", ""]
     lines.append(
-        common.markdown_table(
+        markdown_table(
             ["condition", "window", "rounds", "median ratio", "range", "per round"], prows
         )
     )
@@ -672,296 +456,32 @@ def render(report: Report) -> str:
 
 
 def load_keys(path: Path) -> list[Key]:
-    if not path.exists():
-        return []
-    return [Key(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+    return [Key(**record) for record in read_jsonl(path)]
 
 
 async def windows_bench(options: Options, earlier: list[Key], sink: Path) -> Report:
-    report = Report(model=options.model, machine=common.machine_note(), sink=sink)
-    path = options.large or Path(common.stdlib_files(1)[0]).parent / "argparse.py"
+    report = Report(model=options.model, machine=machine_note(), sink=sink)
+    path = options.large or Path(tasks.stdlib_files(1)[0]).parent / "argparse.py"
     large = (path.resolve().as_uri(), path.read_text())
     first = max((key.round for key in earlier), default=-1) + 1
     if options.in_process:
         await in_process_run(options, report, first)
     else:
         await shared_run(options, report, large, first)
-    report.machine += f"; after: {common.machine_note()}"
+    report.machine += f"; after: {machine_note()}"
     return report
 
 
-# -- the busy machine ---------------------------------------------------------------------
-
-# One fresh process per setting: libgomp reads how its threads wait once, when it loads. The
-# prompt is synthetic (no user code); plain decoding, no calibration (a fixed cost curve).
-_PROBE = """
-import asyncio, json, os, sys
-from pathlib import Path
-from kode.backends.base import GenerationRequest, SpeculationMethod
-from kode.backends.llama.backend import LlamaBackend
-from kode.backends.speculative import CostCurve
-
-model, threads, nice = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-os.nice(nice)
-text = "".join(f"def step_{i}(value, scale={i}):\\n    return value * scale + {i}\\n\\n"
-               for i in range(24))
-
-async def main():
-    backend = await LlamaBackend.load(model, n_threads=threads, curve=CostCurve({1: 1.0}))
-    request = GenerationRequest(prompt=text, max_tokens=24, speculation=SpeculationMethod.NONE)
-    generation = await backend.generate(request)
-    async for _ in generation:
-        pass
-    s = await generation.wait()
-    await backend.aclose()
-    print(json.dumps({"prefill_tok_s": s.evaluated_prompt_tokens / (s.prefill_ms / 1000),
-                      "ms_per_token": s.ms_per_token, "prompt": s.evaluated_prompt_tokens,
-                      "tokens": s.completion_tokens}))
-
-asyncio.run(main())
-"""
-
-
-# How OpenMP threads wait, as the environment says it (nothing else of the two is set).
-ACTIVE, PASSIVE = "OMP_WAIT_POLICY=ACTIVE", "OMP_WAIT_POLICY=PASSIVE"
-SHORT_SPIN = f"GOMP_SPINCOUNT={SPIN_COUNT}"  # the engine's own (cli/engine.py)
-
-
-def busy_configs(cores: int) -> list[tuple[str, str, int, int]]:
-    """(load, waiting, threads, nice) for every setting the busy bench runs."""
-    configs = [("quiet", waiting, cores, 0) for waiting in (ACTIVE, PASSIVE, SHORT_SPIN)]
-    configs += [("busy", waiting, cores, 0) for waiting in (ACTIVE, PASSIVE, SHORT_SPIN)]
-    if cores > 1:
-        configs.append(("busy", SHORT_SPIN, 1, 0))
-    configs.append(("busy", SHORT_SPIN, cores, 5))
-    return configs
-
-
-def probe(model: Path, load: str, waiting: str, threads: int, nice: int) -> dict[str, Any]:
-    """One setting in a fresh process, with one busy process per core if ``load`` says."""
-    cores = len(os.sched_getaffinity(0))
-    hogs = []
-    if load == "busy":
-        hogs = [
-            subprocess.Popen(
-                [sys.executable, "-c", "while True: pass"], preexec_fn=common.die_with_parent
-            )
-            for _ in range(cores)
-        ]
-    try:
-        chosen = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
-        env = {k: v for k, v in os.environ.items() if k not in chosen}
-        name, _, value = waiting.partition("=")
-        env[name] = value
-        done = subprocess.run(
-            [sys.executable, "-c", _PROBE, str(model), str(threads), str(nice)],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=STEP_S,
-            check=False,
-        )
-    finally:
-        for hog in hogs:
-            hog.kill()
-            hog.wait()
-    row: dict[str, Any] = {"load": load, "waiting": waiting, "threads": threads, "nice": nice}
-    if done.returncode != 0:
-        return {**row, "failed": done.stderr[-200:]}
-    return {**row, **json.loads(done.stdout.strip().splitlines()[-1])}
-
-
-def busy_slowdowns(results: Sequence[dict[str, Any]], cores: int) -> dict[str, list[float]]:
-    """Per round, how much the engine's own setting (a short spin, every core, nice 0) slows
-    under the busy processes against the same round's quiet run: prefill (tokens/s,
-    quiet / busy) and decode (ms/token, busy / quiet).
-
-    >>> rows = [{"round": 0, "load": "quiet", "waiting": SHORT_SPIN, "threads": 2, "nice": 0,
-    ...          "prefill_tok_s": 40.0, "ms_per_token": 50.0},
-    ...         {"round": 0, "load": "busy", "waiting": SHORT_SPIN, "threads": 2, "nice": 0,
-    ...          "prefill_tok_s": 20.0, "ms_per_token": 125.0}]
-    >>> busy_slowdowns(rows, 2)
-    {'prefill': [2.0], 'decode': [2.5]}
-    """
-    out: dict[str, list[float]] = {"prefill": [], "decode": []}
-    mine = [
-        r
-        for r in results
-        if (r["waiting"], r["threads"], r["nice"]) == (SHORT_SPIN, cores, 0) and "failed" not in r
-    ]
-    for round_ in sorted({r["round"] for r in mine}):
-        quiet = [r for r in mine if r["round"] == round_ and r["load"] == "quiet"]
-        busy = [r for r in mine if r["round"] == round_ and r["load"] == "busy"]
-        if quiet and busy:
-            out["prefill"].append(quiet[0]["prefill_tok_s"] / busy[0]["prefill_tok_s"])
-            out["decode"].append(busy[0]["ms_per_token"] / quiet[0]["ms_per_token"])
-    return out
-
-
-def busy_bench(options: Options) -> str:
-    """Prefill and decode under one busy process per core, per thread setting: every
-    setting once per round, in the opposite order in odd rounds; rounds add up across
-    ``--resume`` runs (``out/busy.jsonl``)."""
-    from kode.backends import models
-
-    model = models.resolve(options.model)
-    cores = len(os.sched_getaffinity(0))
-    path = options.out / "busy.jsonl"
-    if not options.resume:
-        path.unlink(missing_ok=True)
-    results = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    first = max((r["round"] for r in results), default=-1) + 1
-    for round_ in range(first, first + options.rounds):
-        configs = busy_configs(cores)
-        for config in configs if round_ % 2 == 0 else reversed(configs):
-            before = os.getloadavg()[0]
-            row = {"round": round_, **probe(model, *config), "loadBefore": before}
-            row["loadAfter"] = os.getloadavg()[0]
-            results.append(row)
-            with open(path, "a", encoding="utf-8") as handle:
-                handle.write(json.dumps(row) + "\n")
-    rows = []
-    for load, waiting, threads, nice in busy_configs(cores):
-        mine = [
-            r
-            for r in results
-            if (r["load"], r["waiting"], r["threads"], r["nice"]) == (load, waiting, threads, nice)
-            and "failed" not in r
-        ]
-        rows.append(
-            [
-                load,
-                waiting,
-                threads,
-                nice,
-                len(mine),
-                common.fmt(common.median(r["prefill_tok_s"] for r in mine), 0),
-                common.fmt(common.median(r["ms_per_token"] for r in mine), 1),
-            ]
-        )
-    table = common.markdown_table(
-        ["load", "threads wait", "threads", "nice", "runs", "prefill tok/s", "ms/token"],
-        rows,
-    )
-    slow = busy_slowdowns(results, cores)
-    # ``cores`` busy processes and Kode share the cores: Kode's fair share is one process's
-    # (cores / (cores + 1) of a core, against every core quiet): cores + 1 times slower.
-    fair = float(cores + 1)
-    lines = [f"# kode bench engine --busy ({options.model})", "", table]
-    lines.append(
-        f"Busy against quiet, {SHORT_SPIN} with {cores} threads, per round (a fair share of the "
-        f"cores costs {fair:.0f}x):"
-    )
-    for what, values in slow.items():
-        med = common.median(values)
-        lines.append(
-            f"- {what}: median {common.fmt(med, 2, 'x')} "
-            f"({common.fmt(None if med is None else med / fair, 2)} of the fair share); "
-            f"per round {' '.join(f'{v:.2f}' for v in values)}"
-        )
-    failed = [r for r in results if "failed" in r]
-    lines += [f"- failed: {r}" for r in failed]
-    return "\n".join(lines)
-
-
-# -- batched decoding against each alone ----------------------------------------------------
-
-
-def lossless_prompts(n: int, seed: int) -> list[str]:
-    """``n`` FIM prompts from the standard library's largest files, each cut at the end of
-    a random line (about 1,200 characters before it, 200 after)."""
-    rng = random.Random(seed)
-    files = common.stdlib_files(max(4, n))
-    out = []
-    for i in range(n):
-        text = files[i % len(files)].read_text(encoding="utf-8")
-        cuts = [m for m in range(1200, len(text) - 200) if text[m] == "\n"]
-        cut = rng.choice(cuts) + 1
-        before, after = text[cut - 1200 : cut], text[cut : cut + 200]
-        out.append(f"<|fim_prefix|>{before}<|fim_suffix|>{after}<|fim_middle|>")
-    return out
-
-
-async def lossless_bench(options: Options) -> str:
-    from kode.backends import models
-    from kode.backends.base import GenerationRequest, SpeculationMethod
-    from kode.backends.llama.backend import LlamaBackend
-    from kode.backends.llama.target import LlamaTarget
-    from kode.backends.speculative import CostCurve
-    from kode.cli.engine import ENGINE_SLOTS
-
-    path = await asyncio.to_thread(models.resolve, options.model)
-    prompts = lossless_prompts(2 * options.lossless, options.seed)
-    curve = CostCurve({1: 1.0})
-    one = await LlamaBackend.load(path, curve=curve)
-    two = await LlamaBackend.load(path, n_slots=ENGINE_SLOTS, curve=curve, kv_memory_mb=512)
-
-    async def tokens(backend: LlamaBackend, prompt: str) -> list[int]:
-        request = GenerationRequest(prompt, 32, speculation=SpeculationMethod.NONE)
-        generation = await backend.generate(request)
-        return [t async for chunk in generation for t in chunk.token_ids]
-
-    out = common.prepare_out(options.out)
-    rows: list[dict[str, Any]] = []
-    try:
-        for i in range(0, len(prompts), 2):
-            pair = prompts[i : i + 2]
-            alone = [await tokens(one, p) for p in pair]
-            engine_alone = [await tokens(two, p) for p in pair]
-            together = await asyncio.gather(*(tokens(two, p) for p in pair))
-            for prompt, want, solo, got in zip(pair, alone, engine_alone, together, strict=True):
-                row: dict[str, Any] = {"prompt": len(rows), "tokens": len(want)}
-                for name, seen in (("engineAlone", solo), ("together", got)):
-                    first = next(
-                        (k for k, (a, b) in enumerate(zip(seen, want, strict=False)) if a != b),
-                        None,
-                    )
-                    if first is None and len(seen) != len(want):
-                        first = min(len(seen), len(want))
-                    row[name] = first
-                    if first is not None:
-                        # The gap of the reference's logits where the texts part; where
-                        # the reference stopped there (its stop token is not in ``want``)
-                        # the other's token stands in: only the logits before it count.
-                        upto = [*want[:first], (want if first < len(want) else seen)[first]]
-                        gaps = await one.logit_gaps(prompt, upto)
-                        row[name + "Gap"] = round(gaps[first], 3)
-                rows.append(row)
-            (out / "lossless.json").write_text(json.dumps(rows, indent=1))  # a run cut short
-    finally:
-        await two.aclose()
-        await one.aclose()
-    lines = [
-        f"# kode bench engine --lossless ({options.model})",
-        "",
-        f"{len(rows)} prompts, 32 greedy tokens each, against each alone in a one-slot "
-        f"backend; a divergence is a near tie if the reference's top-2 gap there is below "
-        f"{LlamaTarget.near_tie} logits.",
-        "",
-    ]
-    for name, what in (("together", "two in one batch"), ("engineAlone", "alone, two slots")):
-        differ = [r for r in rows if r[name] is not None]
-        gaps = [r[name + "Gap"] for r in differ if name + "Gap" in r]
-        near = sum(g < LlamaTarget.near_tie for g in gaps)
-        at = ", ".join(f"token {r[name]} (gap {r.get(name + 'Gap')})" for r in differ)
-        lines.append(
-            f"- {what}: {len(rows) - len(differ)}/{len(rows)} texts identical; "
-            f"{len(differ)} differ, {near} of them at a near tie{': ' + at if at else ''}"
-        )
-    lines.append(f"- machine: {common.machine_note()}")
-    return "\n".join(lines)
-
-
 def main(options: Options) -> int:
-    out = common.prepare_out(options.out)
+    out = prepare_out(options.out)
     if options.lossless:
-        text = asyncio.run(lossless_bench(options))
+        text = asyncio.run(engine_lossless.lossless_bench(options))
         (out / "lossless.md").write_text(text + "\n")
         print(text)
         return 0
     if options.busy:
-        text = busy_bench(options)
-        text += f"\n\n- machine after: {common.machine_note()}"
+        text = engine_busy.busy_bench(options)
+        text += f"\n\n- machine after: {machine_note()}"
         (out / "busy.md").write_text(text + "\n")
         print(text)
         return 0

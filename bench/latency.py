@@ -23,18 +23,15 @@ import contextlib
 import functools
 import math
 import os
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kode.bench import common
-from kode.bench.common import fmt, fmt_ratio, markdown_table
-
-PARTIAL_METHOD = "kode/inlineCompletionPartial"
-STATS_METHOD = "kode/stats"
+from kode.bench import charts, harness, report, tasks
+from kode.bench.client import CANCELLED, PARTIAL_METHOD, LspClient, items, plain
+from kode.bench.report import fmt, fmt_ratio, markdown_table
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +53,7 @@ class Options:
     # Places: a pause before each word that follows a separator (``self.|x``, ``= |1``), as
     # a person stops to read the suggestion; 0 types each line through.
     word_pause_ms: float = 0.0
-    startup_s: float = 600.0  # first request: the model loads (and may be assembled)
+    startup_s: float = harness.STEP_S  # first request: the model loads (may be assembled)
     workspace: Path | None = None  # the workspace folder given to the server (rootUri)
     # The server's debug log (``kode -vv lsp``: which window answered each key, in sizes).
     debug_log: bool = False
@@ -122,7 +119,7 @@ def region_scripts(path: Path, text: str, n: int, seed: int, max_chars: int) -> 
         body = line.strip()
         if 8 <= len(body) <= max_chars and not body.startswith(("#", '"""', "'''")):
             candidates.append(i)
-    chosen = sorted(common.sample(candidates, n, seed))
+    chosen = sorted(tasks.sample(candidates, n, seed))
     out = []
     for i in chosen:
         line = lines[i]
@@ -143,10 +140,10 @@ def region_scripts(path: Path, text: str, n: int, seed: int, max_chars: int) -> 
 
 def humaneval_scripts(n: int, seed: int, max_chars: int) -> list[Script]:
     """The missing line of ``n`` seeded single-line HumanEval tasks, typed back."""
-    tasks = common.load_humaneval(common.humaneval_path("single"))
-    fits = [t for t in tasks if 0 < len(t.canonical_solution.strip()) <= max_chars]
+    rows = tasks.load_humaneval(tasks.humaneval_path("single"))
+    fits = [t for t in rows if 0 < len(t.canonical_solution.strip()) <= max_chars]
     out = []
-    for task in common.sample(fits, n, seed):
+    for task in tasks.sample(fits, n, seed):
         line = task.canonical_solution.rstrip("\n")
         indent = len(line) - len(line.lstrip())
         name = task.task_id.replace("/", "_")
@@ -219,12 +216,12 @@ def summarize(keys: Sequence[Keystroke], counters: dict[str, Any] | None) -> Sum
         keystrokes=len(keys),
         shown=sum(k.outcome == "shown" for k in keys),
         answered_before_next=sum(k.before_next_key for k in keys),
-        visible_p50=common.percentile(visible, 50),
-        visible_p95=common.percentile(visible, 95),
-        answer_p50=common.percentile(answers, 50),
-        answer_p95=common.percentile(answers, 95),
+        visible_p50=report.percentile(visible, 50),
+        visible_p95=report.percentile(visible, 95),
+        answer_p50=report.percentile(answers, 50),
+        answer_p95=report.percentile(answers, 95),
         visible_partial=sum(k.partial is not None for k in keys),
-        ms_per_token=common.median(per_token),
+        ms_per_token=report.median(per_token),
         matched=sum(bool(k.matched) for k in checked),
         match_checked=len(checked),
         cancelled=None if counters is None else counters.get("cancelled"),
@@ -263,44 +260,57 @@ def render_table(label: str, s: Summary, cadence_ms: float) -> str:
             "decode steps after cancel (stepsAfterCancel / cancelled)",
             f"{s.steps_after_cancel}/{s.cancelled} = {fmt(per_cancel, 2)}"
             if s.cancelled is not None
-            else common.UNKNOWN,
+            else report.UNKNOWN,
         ],
-        ["generations (server)", s.generations if s.generations is not None else common.UNKNOWN],
+        ["generations (server)", s.generations if s.generations is not None else report.UNKNOWN],
     ]
     return f"### {label}\n\n" + markdown_table(["measure", "value"], rows)
 
 
 def histogram(keys: Sequence[Keystroke], cadence_ms: float, path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     visible = [k.visible_ms for k in keys if k.visible_ms is not None]
-    fig, ax = plt.subplots(figsize=(7.0, 4.0))
-    if visible:
-        ax.hist(visible, bins=min(40, max(5, len(visible) // 2)), color="tab:blue")
-    ax.axvline(cadence_ms, color="tab:red", linestyle="--", label=f"next key ({cadence_ms:g} ms)")
-    ax.set_xlabel("keystroke -> first visible text (ms)")
-    ax.set_ylabel("keystrokes")
-    ax.set_title(title)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with charts.figure(path, (7.0, 4.0)) as ax:
+        if visible:
+            ax.hist(visible, bins=min(40, max(5, len(visible) // 2)), color="tab:blue")
+        ax.axvline(
+            cadence_ms, color="tab:red", linestyle="--", label=f"next key ({cadence_ms:g} ms)"
+        )
+        ax.set_xlabel("keystroke -> first visible text (ms)")
+        ax.set_ylabel("keystrokes")
+        ax.set_title(title)
+        ax.legend()
 
 
 # -- the client -------------------------------------------------------------------------
 
 
-class Replay:
-    """A pygls client connected to ``kode lsp``, replaying scripts."""
+def key_times(body: str, cadence_ms: float, word_pause_ms: float = 0.0) -> list[float]:
+    """When each key of ``body`` is typed, in ms from the first: every ``cadence_ms``, and
+    ``word_pause_ms`` more before each word that follows a separator (a word character is
+    a letter, a digit or ``_``): a person stops after ``self.`` or ``= `` to read.
+
+    >>> key_times("a.b", 100, 1000)
+    [0.0, 100.0, 1200.0]
+    """
+
+    def word(ch: str) -> bool:
+        return ch.isalnum() or ch == "_"
+
+    times, at = [], 0.0
+    for i, ch in enumerate(body):
+        times.append(at)
+        at += cadence_ms
+        if word_pause_ms and i + 1 < len(body) and not word(ch) and word(body[i + 1]):
+            at += word_pause_ms
+    return times
+
+
+class Replay(LspClient):
+    """A pygls client connected to ``kode lsp``, typing as an editor does."""
 
     def __init__(self, options: Options) -> None:
-        from pygls.lsp.client import LanguageClient
-
+        super().__init__({**os.environ, **dict(options.environ)})
         self.options = options
-        self.client = LanguageClient("kode-bench", "0.1.0")
         self.current: Keystroke | None = None
         self.by_id: dict[str, Keystroke] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -325,184 +335,132 @@ class Replay:
             key.partial = now
             key.partial_text = text
 
-    async def start(self) -> None:
-        from lsprotocol import types
-
-        out = self.options.out
-        await self.client.start_io(
-            sys.executable,
-            "-m",
-            "kode.cli.main",
-            *(["-vv"] if self.options.debug_log else []),
-            "lsp",
-            "--log-file",
-            str((out / "lsp.log").resolve()),
-            cwd=str(common.REPO_ROOT),
-            env={**os.environ, **dict(self.options.environ)},
-        )
-        # The default shared engine, gone when this replay's window closes (its idle
-        # time 0), so that no benchmark leaves an engine running.
+    async def start(
+        self,
+        options: dict[str, Any] | None = None,
+        *,
+        args: Sequence[str] = (),
+        root_uri: str | None = None,
+    ) -> None:
+        """``kode lsp`` with the replay's settings. The default shared engine goes when
+        this replay's window closes (its idle time 0), so that no benchmark leaves an
+        engine running."""
+        opts = self.options
         init: dict[str, Any] = {
-            "model": self.options.model,
+            "model": opts.model,
             "partialCompletions": True,
             "engineIdleMinutes": 0,
         }
-        if self.options.speculation:
-            init["speculation"] = self.options.speculation
-        init.update(dict(self.options.settings))
-        await self.client.initialize_async(
-            types.InitializeParams(
-                capabilities=types.ClientCapabilities(),
-                process_id=None,
-                root_uri=None
-                if self.options.workspace is None
-                else self.options.workspace.resolve().as_uri(),
-                initialization_options=init,
-            )
+        if opts.speculation:
+            init["speculation"] = opts.speculation
+        init.update(dict(opts.settings))
+        log = str((opts.out / "lsp.log").resolve())
+        verbose = ["-vv"] if opts.debug_log else []
+        await super().start(
+            {**init, **(options or {})},
+            args=[*verbose, "lsp", "--log-file", log, *args],
+            root_uri=root_uri or self.workspace_uri(),
         )
-        self.client.initialized(types.InitializedParams())
 
-    async def stop(self) -> None:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.client.shutdown_async(None), 30)
-            self.client.exit(None)
-        server = getattr(self.client, "_server", None)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.client.stop(), 30)  # type: ignore[no-untyped-call]
-        if server is not None and server.returncode is None:
-            server.kill()
-            await server.wait()
-
-    async def stats(self) -> dict[str, Any]:
-        reply = plain(await self.client.protocol.send_request_async(STATS_METHOD, {}))
-        return reply if isinstance(reply, dict) else {}
-
-    def _request(self, uri: str, line: int, character: int, msg_id: str) -> asyncio.Future[Any]:
-        from lsprotocol import types
-
-        params = types.InlineCompletionParams(
-            text_document=types.TextDocumentIdentifier(uri=uri),
-            position=types.Position(line=line, character=character),
-            context=types.InlineCompletionContext(
-                trigger_kind=types.InlineCompletionTriggerKind.Automatic
-            ),
-        )
-        future = self.client.protocol.send_request(
-            types.TEXT_DOCUMENT_INLINE_COMPLETION, params, msg_id=msg_id
-        )
-        return asyncio.wrap_future(future)
+    def workspace_uri(self) -> str | None:
+        workspace = self.options.workspace
+        return None if workspace is None else workspace.resolve().as_uri()
 
     async def warm_up(self) -> None:
         """Load the model with one request on a scratch document (not measured): the
         scripts' files are then read by their first keystroke, as after opening a file."""
-        from lsprotocol import types
-
         uri = "file:///kode-bench/scratch/warmup.py"
-        text = "def add(a, b):\n    return "
-        self.client.text_document_did_open(
-            types.DidOpenTextDocumentParams(
-                text_document=types.TextDocumentItem(
-                    uri=uri, language_id="python", version=1, text=text
-                )
-            )
-        )
+        self.open(uri, "def add(a, b):\n    return ")
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._request(uri, 1, 11, "warm-up"), self.options.startup_s)
-        self.client.text_document_did_close(
-            types.DidCloseTextDocumentParams(text_document=types.TextDocumentIdentifier(uri=uri))
-        )
+            await asyncio.wait_for(self.request(uri, 1, 11, "warm-up"), self.options.startup_s)
+        self.close(uri)
+
+    async def ask(
+        self, uri: str, line: int, character: int, prefix: str
+    ) -> tuple[Any, float | None]:
+        """One request at the cursor, waited for (up to ``startup_s``): its result and the
+        ms it took (None when it failed or timed out)."""
+        asked = time.perf_counter()
+        with contextlib.suppress(Exception):
+            result = await asyncio.wait_for(
+                self.request(uri, line, character, self.next_id(prefix)), self.options.startup_s
+            )
+            return result, (time.perf_counter() - asked) * 1000.0
+        return None, None
 
     def type_char(self, doc: Any, offset: int, ch: str, in_flight: str | None) -> None:
         """Type ``ch`` at ``offset`` of ``doc`` (a ``completion.documents.Document`` kept
         in step with the server's): cancel the request still in flight, as editors do,
         then send the edit as an incremental ``didChange``."""
         from kode.completion.documents import Range
-        from lsprotocol import types
 
         if in_flight is not None:
-            self.client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id=in_flight))
+            self.cancel(in_flight)
         at = doc.position_at(offset)
         doc.apply_change(ch, Range(at, at))
         doc.version += 1
-        self.client.text_document_did_change(
-            types.DidChangeTextDocumentParams(
-                text_document=types.VersionedTextDocumentIdentifier(
-                    uri=doc.uri, version=doc.version
-                ),
-                content_changes=[
-                    types.TextDocumentContentChangePartial(
-                        range=types.Range(
-                            start=types.Position(line=at.line, character=at.character),
-                            end=types.Position(line=at.line, character=at.character),
-                        ),
-                        text=ch,
-                    )
-                ],
-            )
-        )
+        self.change(doc.uri, doc.version, ch, (at.line, at.character))
 
-    async def replay(self, script: Script, counter: list[int], bar: Any) -> list[Keystroke]:
-        from kode.completion.documents import Document
-        from lsprotocol import types
-
-        opts = self.options
-        doc = Document(script.uri, script.text, 1, "python")
-        self.client.text_document_did_open(
-            types.DidOpenTextDocumentParams(
-                text_document=types.TextDocumentItem(
-                    uri=script.uri, language_id="python", version=1, text=script.text
-                )
-            )
-        )
+    async def type_line(
+        self,
+        doc: Any,
+        offset: int,
+        text: str,
+        times_ms: Sequence[float],
+        name: str,
+        bar: Any = None,
+    ) -> list[Keystroke]:
+        """Type ``text`` into ``doc`` at ``offset``, key ``i`` ``times_ms[i]`` after the
+        first, asking after every key (and cancelling the request still in flight); wait
+        up to ``settle_s`` for the answers, then mark which suggestions the keys typed
+        next matched."""
         keys: list[Keystroke] = []
-        in_flight: tuple[str, asyncio.Future[Any], Keystroke] | None = None
+        in_flight: tuple[str, asyncio.Future[Any]] | None = None
         pending: list[asyncio.Future[Any]] = []
-        offset = script.offset
-        if opts.place_pause_s > 0:
-            at = doc.position_at(offset)
-            counter[0] += 1
-            placed = time.perf_counter()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(
-                    self._request(script.uri, at.line, at.character, f"place-{counter[0]}"),
-                    opts.startup_s,
-                )
-                script.placed_ms = (time.perf_counter() - placed) * 1000.0
-            await asyncio.sleep(opts.place_pause_s)
         start = time.perf_counter()
-        cadence = opts.cadence_ms / 1000.0
-        for i, ch in enumerate(script.typed):
-            delay = start + i * cadence - time.perf_counter()
+        for i, ch in enumerate(text):
+            delay = start + times_ms[i] / 1000.0 - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            now = time.perf_counter()
             if keys:
-                keys[-1].next_key = now
+                keys[-1].next_key = time.perf_counter()
             pending_id = in_flight[0] if in_flight and not in_flight[1].done() else None
             self.type_char(doc, offset, ch, pending_id)
             offset += 1
-            key = Keystroke(script.name, i, ch, sent=time.perf_counter())
+            key = Keystroke(name, i, ch, sent=time.perf_counter())
             keys.append(key)
             self.current = key
-            pos = doc.position_at(offset)
-            counter[0] += 1
-            msg_id = f"k-{counter[0]}"
+            msg_id = self.next_id("k")
             self.by_id[msg_id] = key
-            future = self._request(script.uri, pos.line, pos.character, msg_id)
+            cursor = doc.position_at(offset)
+            future = self.request(doc.uri, cursor.line, cursor.character, msg_id)
             future.add_done_callback(functools.partial(self._answered, key))
             pending.append(future)
-            in_flight = (msg_id, future, key)
-            bar.update(1)
+            in_flight = (msg_id, future)
+            if bar is not None:
+                bar.update(1)
         if pending:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.wait(pending), opts.settle_s)
+                await asyncio.wait_for(asyncio.wait(pending), self.options.settle_s)
         self.current = None
-        self.client.text_document_did_close(
-            types.DidCloseTextDocumentParams(
-                text_document=types.TextDocumentIdentifier(uri=script.uri)
-            )
-        )
-        mark_matches(keys, script.typed)
+        mark_matches(keys, text)
+        return keys
+
+    async def replay(self, script: Script, bar: Any) -> list[Keystroke]:
+        """Open the script's file, place the cursor (one answered request, then
+        ``place_pause_s``), type the region back at ``cadence_ms``, close the file."""
+        from kode.completion.documents import Document
+
+        opts = self.options
+        doc = Document(script.uri, script.text, 1, "python")
+        self.open(script.uri, script.text)
+        if opts.place_pause_s > 0:
+            at = doc.position_at(script.offset)
+            _, script.placed_ms = await self.ask(script.uri, at.line, at.character, "place")
+            await asyncio.sleep(opts.place_pause_s)
+        times = key_times(script.typed, opts.cadence_ms)
+        keys = await self.type_line(doc, script.offset, script.typed, times, script.name, bar)
+        self.close(script.uri)
         return keys
 
     def _answered(self, key: Keystroke, future: asyncio.Future[Any]) -> None:
@@ -513,10 +471,10 @@ class Replay:
         exc = future.exception()
         if exc is not None:
             code = getattr(exc, "code", None)
-            key.outcome = "cancelled" if code == -32800 else "error"
+            key.outcome = "cancelled" if code == CANCELLED else "error"
             return
-        items = _items(future.result())
-        text = items[0] if items else ""
+        shown = items(future.result())
+        text = shown[0] if shown else ""
         key.suggestion = text
         key.outcome = "shown" if text else "empty"
         if text:
@@ -526,39 +484,9 @@ class Replay:
 
     async def _record_stats(self, key: Keystroke) -> None:
         with contextlib.suppress(Exception):
-            reply = await asyncio.wait_for(self.stats(), 10)
+            reply = await self.stats(10)
             counters = reply.get("counters") or {}
             key.stats = dict(counters.get("last") or {})
-
-
-def _items(result: Any) -> list[str]:
-    """Insert texts of an inlineCompletion result (a list object, a bare list, None)."""
-    if result is None:
-        return []
-    items = getattr(result, "items", result)
-    out: list[str] = []
-    for item in items or []:
-        text = getattr(item, "insert_text", None)
-        if text is None and isinstance(item, dict):
-            text = item.get("insertText")
-        if isinstance(text, str):
-            out.append(text)
-        elif text is not None:
-            out.append(str(getattr(text, "value", "")))
-    return out
-
-
-def plain(value: Any) -> Any:
-    """pygls hands unknown results over as attribute objects; make them dicts."""
-    if hasattr(value, "_asdict"):  # pygls.protocol.Object is a namedtuple
-        return {k: plain(v) for k, v in value._asdict().items()}
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [plain(v) for v in value]
-    if hasattr(value, "__dict__") and not isinstance(value, type):
-        return {k: plain(v) for k, v in vars(value).items()}
-    return value
 
 
 async def measure(
@@ -566,50 +494,50 @@ async def measure(
 ) -> tuple[list[Keystroke], dict[str, Any] | None, list[Script], dict[str, str]]:
     files = options.files
     if files is None:
-        files = tuple(sorted((common.REPO_ROOT / "examples").glob("*.py")))
+        files = tuple(sorted((tasks.REPO_ROOT / "examples").glob("*.py")))
     scripts: list[Script] = []
     for path in files:
         text = path.read_text(encoding="utf-8")
         scripts += region_scripts(path, text, options.regions, options.seed, options.max_chars)
     if options.humaneval:
         scripts += humaneval_scripts(options.humaneval, options.seed, options.max_chars)
-    common.prepare_out(options.out)
+    report.prepare_out(options.out)
     replay = Replay(options)
     keys: list[Keystroke] = []
     counters: dict[str, Any] | None = None
-    counters_note = {"machine_before": common.machine_note()}
-    bar = common.progress(sum(len(s.typed) for s in scripts), "latency")
+    facts = {"machine_before": report.machine_note()}
+    bar = report.progress(sum(len(s.typed) for s in scripts), "latency")
     try:
         await replay.start()
         await replay.warm_up()
-        counter = [0]
         for script in scripts:
             bar.set_postfix_str(script.name, refresh=False)
-            keys += await replay.replay(script, counter, bar)
+            keys += await replay.replay(script, bar)
         await asyncio.sleep(0.5)  # let the last stats requests land
         with contextlib.suppress(Exception):
-            counters = (await asyncio.wait_for(replay.stats(), 30)).get("counters")
+            counters = (await replay.stats(30)).get("counters")
     finally:
         bar.close()
         await replay.stop()
-    counters_note["machine_after"] = common.machine_note()
-    return keys, counters, scripts, counters_note
+    facts["machine_after"] = report.machine_note()
+    return keys, counters, scripts, facts
 
 
-def report(
+def write_report(
     options: Options,
     keys: list[Keystroke],
     counters: dict[str, Any] | None,
     scripts: list[Script],
     facts: dict[str, str],
-) -> str:
-    out = common.prepare_out(options.out)
+) -> tuple[str, str]:
+    """The report's text and its table; the keystrokes and the chart written to ``out``."""
+    out = report.prepare_out(options.out)
     summary = summarize(keys, counters)
     table = render_table(f"all ({len(scripts)} regions)", summary, options.cadence_ms)
     text = (
         "# Keystroke latency: replay through `kode lsp`\n\n"
         f"- model: `{options.model}`; cadence {options.cadence_ms:g} ms; "
-        + "".join(f"`{k}`={v!r}; " for k, v in options.settings)
+        + report.settings_note(options.settings)
         + f"{len(scripts)} regions, {len(keys)} keystrokes; "
         "client: pygls over stdio, VS Code-like (didChange + inlineCompletion per key, "
         "$/cancelRequest for the one in flight)\n"
@@ -624,11 +552,10 @@ def report(
             if options.place_pause_s > 0
             else "typing starts at once after the file is opened (cold)"
         )
-        + f"\n- machine: before {facts['machine_before']}; after {facts['machine_after']}\n\n"
+        + f"\n{report.machine_line(facts)}\n\n"
         + table
     )
-    (out / "report.md").write_text(text, encoding="utf-8")
-    common.write_jsonl(
+    report.write_jsonl(
         out / "keystrokes.jsonl",
         (
             {**asdict(k), "visible_ms": k.visible_ms, "before_next_key": k.before_next_key}
@@ -636,12 +563,11 @@ def report(
         ),
     )
     histogram(keys, options.cadence_ms, out / "latency.png", f"Keystroke latency ({options.model})")
-    return table
+    return text, table
 
 
 def main(options: Options) -> int:
     keys, counters, scripts, facts = asyncio.run(measure(options))
-    table = report(options, keys, counters, scripts, facts)
-    print(table)
-    print(f"report: {options.out / 'report.md'}  chart: {options.out / 'latency.png'}")
+    text, table = write_report(options, keys, counters, scripts, facts)
+    report.publish(options.out, "report.md", text, table, "latency.png")
     return 0

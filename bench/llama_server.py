@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import IO, Any
 
 import httpx
-from kode.bench import common
+from kode.backends.defaults import CONTEXT_SIZE
+from kode.bench import harness
 
 STARTUP_S = 180.0
-REQUEST_S = 600.0
+REQUEST_S = harness.STEP_S
 
 
 def find_binary() -> Path | None:
@@ -162,7 +163,7 @@ async def serve(
     mode: Mode,
     *,
     log_dir: Path,
-    n_ctx: int = 4096,
+    n_ctx: int = CONTEXT_SIZE,
     threads: int | None = None,
 ) -> AsyncIterator[Server]:
     """Start ``llama-server`` for ``model`` in ``mode``; stop it on exit, whatever happens."""
@@ -192,7 +193,7 @@ async def serve(
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=str(log_dir),
-            preexec_fn=common.die_with_parent,
+            preexec_fn=harness.die_with_parent,
         )
         url = f"http://127.0.0.1:{port}"
         try:
@@ -200,13 +201,7 @@ async def serve(
                 await _wait_healthy(client, url, proc, log_path)
                 yield Server(mode, url, client)
         finally:
-            if proc.returncode is None:
-                proc.terminate()
-                try:
-                    await asyncio.wait_for(proc.wait(), 15)
-                except TimeoutError:
-                    proc.kill()
-                    await proc.wait()
+            await harness.stop_async(proc)
 
 
 def _open_log(path: Path) -> IO[bytes]:

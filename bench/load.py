@@ -1,12 +1,23 @@
 """Load test for ``kode serve``: simulated users typing into their own documents.
 
-    python -m kode.bench.load --users 20 --seconds 30 --spawn-server --model small
-    python -m kode.bench.load --users 20 --seconds 30 \
-        --url http://127.0.0.1:8080 --keys-file keys.txt
+    kode bench load --users 20 --seconds 30 --spawn-server --model small
+    kode bench load --users 20 --seconds 30 --url http://127.0.0.1:8080 --keys-file keys.txt
+    kode bench load --through-router --users 8 --seconds 20
+
+``--through-router`` starts the team deployment of docs/team-server.md here
+(``bench/router_chain.py``: ``kode serve`` with keys -> SGLang's router, cache_aware ->
+two ``kode serve`` workers with the small model) and adds, per worker, its share of the
+requests, the users whose first request went there, and its own counters (aborted
+tokens, nothing left running), and the affinity: the share of each user's requests that
+ran on the worker their first one ran on (``meta_info.kode_worker`` says which). Two
+workers with one thread each on a 2-core machine show whether the router keeps a
+user's keystrokes where their prefix is cached and spreads users over both, and that an
+abort reaches the worker; not throughput, which needs GPU workers.
 
 Each user types into a source file of this repository: bursts of keystrokes 50-200 ms
 apart, then a pause of 0.5-2 s. Every keystroke sends a new streaming ``/generate``
-request for the same document (a FIM prompt around the cursor), so the server's
+request for the same document (a FIM prompt around the cursor whose prefix starts at a
+fixed place, as an editor's window does while the user types on), so the server's
 latest-wins rule aborts the previous one. Every user has an API key of their own
 (``--spawn-server`` writes them; otherwise ``--keys-file``, or one ``--api-key``).
 
@@ -21,27 +32,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
 import re
 import secrets
-import statistics
 import subprocess
-import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 from kode.backends.remote.sse import SSEDecoder
-from kode.bench import common
+from kode.bench import harness
+from kode.bench.report import percentile
+from kode.bench.tasks import REPO_ROOT as ROOT
 from kode.completion.templates import QWEN25_CODER, render
 from kode.serve.metrics import parse_text
 
-ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("backends", "completion", "serve", "lsp", "cli")
 
 
@@ -57,6 +69,7 @@ class Tally:
     latencies: list[float] = field(default_factory=list)  # completed requests, seconds
     ttfts: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    routes: dict[int, list[str]] = field(default_factory=dict)  # user -> workers, in order
 
 
 def documents(count: int) -> list[tuple[str, str]]:
@@ -70,10 +83,9 @@ def documents(count: int) -> list[tuple[str, str]]:
     ]
 
 
-def prompt_at(text: str, cursor: int) -> str:
-    prefix = text[max(0, cursor - 1500) : cursor]
-    suffix = text[cursor : cursor + 300]
-    return render(QWEN25_CODER, prefix, suffix)
+def prompt_at(text: str, cursor: int, anchor: int) -> str:
+    """The FIM prompt with the prefix from ``anchor`` (fixed while the user types on)."""
+    return render(QWEN25_CODER, text[anchor:cursor], text[cursor : cursor + 300])
 
 
 async def one_request(
@@ -84,6 +96,7 @@ async def one_request(
     max_tokens: int,
     tally: Tally,
     timeout_s: float,
+    route: list[str] | None = None,
 ) -> None:
     body = {
         "text": prompt,
@@ -94,7 +107,11 @@ async def one_request(
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     start = time.perf_counter()
     first: float | None = None
+    worker = ""
     tally.sent += 1
+    if route is not None:
+        slot = len(route)
+        route.append("")  # filled in once the answer names its worker
     try:
         async with asyncio.timeout(timeout_s):
             async with client.stream("POST", "/generate", json=body, headers=headers) as resp:
@@ -116,11 +133,16 @@ async def one_request(
                             raise RuntimeError(str(data["error"])[:200])
                         if first is None and data.get("text"):
                             first = time.perf_counter()
-                        finish = data["meta_info"]["finish_reason"] or finish
+                        meta = data["meta_info"]
+                        finish = meta["finish_reason"] or finish
+                        worker = meta.get("kode_worker") or worker
     except (httpx.HTTPError, RuntimeError, TimeoutError) as exc:
         tally.failed += 1
         tally.errors.append(f"{type(exc).__name__}: {exc}"[:200])
         return
+    finally:
+        if route is not None:
+            route[slot] = worker
     if finish is not None and finish.get("type") == "abort":
         tally.aborted += 1
         return
@@ -143,6 +165,8 @@ async def user(
     uri, text = document
     rng = random.Random(seed)
     cursor = rng.randrange(len(text) // 4, len(text) // 2)
+    anchor = max(0, cursor - 1500)
+    route = tally.routes.setdefault(seed, [])
     pending: set[asyncio.Task[None]] = set()
     while time.monotonic() < deadline:
         for _ in range(rng.randint(2, 8)):
@@ -154,10 +178,11 @@ async def user(
                     client,
                     key,
                     uri,
-                    prompt_at(text, cursor),
+                    prompt_at(text, cursor, anchor),
                     args.max_tokens,
                     tally,
                     args.request_timeout,
+                    route,
                 )
             )
             pending.add(task)
@@ -185,22 +210,72 @@ async def settle(client: httpx.AsyncClient, timeout_s: float = 15.0) -> dict[str
         await asyncio.sleep(0.2)
 
 
+def routing(routes: dict[int, list[str]]) -> dict[str, Any]:
+    """Where each user's requests ran (``""``: no answer named a worker; left out).
+
+    ``affinity``: of all the requests, the share that ran on the worker their user's
+    first request ran on; ``lowestUserAffinity``: the same for the user it is lowest for;
+    ``users``: how many users' first request each worker took; ``requests``: how many
+    requests each worker ran. User 0 moved once, user 1 never::
+
+        >>> routing({0: ["a", "a", "", "b"], 1: ["b", "b"]})
+        {'affinity': 0.8, 'lowestUserAffinity': 0.667, 'users': {'a': 1, 'b': 1}, \
+'requests': {'a': 2, 'b': 3}}
+    """
+    stay = total = 0
+    lowest = 1.0
+    users: dict[str, int] = {}
+    requests: dict[str, int] = {}
+    for route in routes.values():
+        known = [worker for worker in route if worker]
+        if not known:
+            continue
+        users[known[0]] = users.get(known[0], 0) + 1
+        for worker in known:
+            requests[worker] = requests.get(worker, 0) + 1
+        on_first = known.count(known[0])
+        stay += on_first
+        total += len(known)
+        lowest = min(lowest, on_first / len(known))
+    return {
+        "affinity": round(stay / total, 3) if total else float("nan"),
+        "lowestUserAffinity": round(lowest, 3) if total else float("nan"),
+        "users": dict(sorted(users.items())),
+        "requests": dict(sorted(requests.items())),
+    }
+
+
 def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+    got = percentile(values, q)
+    return float("nan") if got is None else got
 
 
-async def run_load(url: str, keys: list[str], args: argparse.Namespace) -> dict[str, Any]:
-    """Run the load and return the report (``leftRunning`` must be 0)."""
+def _left(samples: dict[str, float]) -> float:
+    return samples.get("kode_generations_active", 0.0) + samples.get("kode_jobs_in_flight", 0.0)
+
+
+async def run_load(
+    url: str,
+    keys: list[str],
+    args: argparse.Namespace,
+    workers: Sequence[tuple[str, str]] = (),
+) -> dict[str, Any]:
+    """Run the load and return the report (``leftRunning`` must be 0). ``workers``:
+    (name, URL) of the servers behind a router, whose own counters are reported too."""
     tally = Tally()
     docs = documents(args.users)
     limits = httpx.Limits(max_connections=args.users * 8, max_keepalive_connections=args.users)
     timeout = httpx.Timeout(args.request_timeout)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout) as client:
+    async with contextlib.AsyncExitStack() as stack:
+        client = await stack.enter_async_context(
+            httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout)
+        )
+        peers = {
+            name: await stack.enter_async_context(httpx.AsyncClient(base_url=peer, timeout=10))
+            for name, peer in workers
+        }
         before = await scrape(client)
+        before_peers = {name: await scrape(peer) for name, peer in peers.items()}
         started = time.monotonic()
         deadline = started + args.seconds
         users = [
@@ -210,12 +285,13 @@ async def run_load(url: str, keys: list[str], args: argparse.Namespace) -> dict[
         await asyncio.gather(*users)
         elapsed = time.monotonic() - started
         after = await settle(client)
+        after_peers = {name: await settle(peer) for name, peer in peers.items()}
 
     def delta(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)
 
-    left = after.get("kode_generations_active", 0.0) + after.get("kode_jobs_in_flight", 0.0)
-    return {
+    left = _left(after)
+    report: dict[str, Any] = {
         "users": args.users,
         "seconds": round(elapsed, 1),
         "requests": tally.sent,
@@ -237,6 +313,40 @@ async def run_load(url: str, keys: list[str], args: argparse.Namespace) -> dict[
         "leftRunning": left,
         "errors": sorted(set(tally.errors))[:5],
     }
+    if workers:
+        report["router"] = _router_report(tally, before_peers, after_peers)
+        report["leftRunning"] = left + sum(_left(samples) for samples in after_peers.values())
+    return report
+
+
+ROUTER_NOTE = (
+    "two 1-thread workers on this machine's cores: read affinity, spread and aborts, "
+    "not throughput (a GPU worker batches what these queue)"
+)
+
+
+def _router_report(
+    tally: Tally, before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]
+) -> dict[str, Any]:
+    """Affinity and spread from the answers, and each worker's own counters."""
+    out = routing(tally.routes)
+    per_worker: dict[str, Any] = {}
+    for name, samples in after.items():
+
+        def delta(metric: str, name: str = name, samples: dict[str, float] = samples) -> float:
+            return samples.get(metric, 0.0) - before[name].get(metric, 0.0)
+
+        per_worker[name] = {
+            "generationsStarted": delta("kode_generations_started_total"),
+            "abortedDisconnect": delta('kode_generations_aborted_total{cause="disconnect"}'),
+            "completionTokens": delta("kode_completion_tokens_total"),
+            "abortedTokens": delta("kode_aborted_completion_tokens_total"),
+            "leftRunning": _left(samples),
+        }
+    out["workers"] = per_worker
+    out["abortedTokens"] = sum(w["abortedTokens"] for w in per_worker.values())
+    out["note"] = ROUTER_NOTE
+    return out
 
 
 def spawn_server(
@@ -246,13 +356,13 @@ def spawn_server(
     keys = [secrets.token_hex(16) for _ in range(args.users)]
     keyfile = workdir / "keys.txt"
     keyfile.write_text("".join(f"user{i}:{k}\n" for i, k in enumerate(keys)))
-    cmd = [
-        sys.executable, "-m", "kode.cli.main", "serve", "--host", "127.0.0.1", "--port", "0",
+    cmd = harness.kode_command(
+        "serve", "--host", "127.0.0.1", "--port", "0",
         "--api-keys", str(keyfile), "--model", args.model, "--threads", str(args.threads),
-    ]  # fmt: skip
+    )  # fmt: skip
     proc = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=common.die_with_parent,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=harness.die_with_parent,
     )  # fmt: skip
     assert proc.stdout is not None
     deadline = time.monotonic() + 120
@@ -269,33 +379,20 @@ def spawn_server(
     raise SystemExit("bench.load: kode serve did not start")
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m kode.bench.load", description=__doc__.split("\n")[0]
-    )
-    p.add_argument("--users", type=int, default=20)
-    p.add_argument("--seconds", type=float, default=30.0)
-    p.add_argument("--url", help="a running kode serve (else --spawn-server)")
-    p.add_argument("--spawn-server", action="store_true", help="start kode serve for the run")
-    p.add_argument("--model", default="small", help="model for --spawn-server")
-    p.add_argument("--threads", type=int, default=0, help="llama.cpp threads for --spawn-server")
-    p.add_argument("--keys-file", type=Path, help="'name:key' lines; users take them in turn")
-    p.add_argument("--api-key", default="", help="one key for every user")
-    p.add_argument("--max-tokens", type=int, default=24)
-    p.add_argument("--request-timeout", type=float, default=120.0)
-    p.add_argument("--json", action="store_true", help="print the report as JSON only")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    if (args.url is None) == (not args.spawn_server):
-        print("bench.load: give --url or --spawn-server (one of them)", file=sys.stderr)
-        return 2
+def run(args: argparse.Namespace) -> int:
+    """The load run ``args`` describe (``kode bench load``'s, checked there)."""
     with tempfile.TemporaryDirectory() as tmp:
         proc = None
+        chain = None
+        workers: list[tuple[str, str]] = []
         try:
-            if args.spawn_server:
+            if args.through_router:
+                from kode.bench.router_chain import start_chain
+
+                chain = start_chain(Path(tmp), users=args.users, threads=args.threads or 1)
+                url, keys = chain.front.url, chain.keys
+                workers = [(w.name, w.url) for w in chain.workers]
+            elif args.spawn_server:
                 proc, url, keys = spawn_server(args, Path(tmp))
             else:
                 url = args.url
@@ -306,15 +403,12 @@ def main(argv: list[str] | None = None) -> int:
                         for line in args.keys_file.read_text().splitlines()
                         if ":" in line and not line.lstrip().startswith("#")
                     ]
-            report = asyncio.run(run_load(url, keys, args))
+            report = asyncio.run(run_load(url, keys, args, workers))
         finally:
+            if chain is not None:
+                chain.stop()
             if proc is not None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=5)
+                harness.stop(proc)
                 if proc.stdout is not None:
                     proc.stdout.close()
     if args.json:
@@ -323,7 +417,3 @@ def main(argv: list[str] | None = None) -> int:
         for name, value in report.items():
             print(f"{name:22} {value}")
     return 0 if report["leftRunning"] == 0 else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,8 +8,8 @@ there. Each hole is completed by ``python -m kode.cli.main complete --json`` wit
 ``--speculation auto`` and with ``--speculation none``, alternating which goes first,
 for ``--rounds`` rounds. Per hole: the median over rounds of plain's decode ms/token
 divided by auto's (above 1: auto is faster), the same for the whole request time, and
-whether the two texts are identical. The machine's load (``/proc/loadavg``) is recorded
-with every run: on a shared machine timings are noisy, so rerun it on a quiet one.
+whether the two texts are identical. The machine's load (``report.machine_note``) is
+recorded with every run: on a shared machine timings are noisy, so rerun it on a quiet one.
 
     python -m kode.bench.oneshot --model default --rounds 3 --out bench-results/oneshot
 """
@@ -18,17 +18,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import subprocess
-import sys
 import sysconfig
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kode.bench import common
+from kode.bench import harness, report, tasks
 
 # Large, stable standard-library files (Python 3.11): held out from everything Kode tunes on.
 FILES = (
@@ -73,12 +71,12 @@ class Sample:
 
 
 def cut_holes(files: list[Path], seed: int, out: Path) -> list[Hole]:
-    """One seeded edit-like hole per file (``common.edit_candidates``), written to ``out``."""
+    """One seeded edit-like hole per file (``tasks.edit_candidates``), written to ``out``."""
     rng = random.Random(seed)
     holes = []
     for path in files:
         text = path.read_text(encoding="utf-8")
-        found = common.edit_candidates(text, name=path.name)
+        found = tasks.edit_candidates(text, name=path.name)
         if not found:
             continue
         task = rng.choice(found)
@@ -95,10 +93,7 @@ def cut_holes(files: list[Path], seed: int, out: Path) -> list[Hole]:
 
 def complete(hole: Hole, method: str, model: str, timeout_s: float) -> dict[str, Any]:
     """One fresh ``kode complete --json`` process; its JSON answer."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "kode.cli.main",
+    cmd = harness.kode_command(
         "complete",
         str(hole.path),
         "--line",
@@ -110,19 +105,12 @@ def complete(hole: Hole, method: str, model: str, timeout_s: float) -> dict[str,
         "--speculation",
         method,
         "--json",
-    ]
+    )
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{hole.name} {method}: exit {done.returncode}: {done.stderr[-500:]}")
     answer: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return answer
-
-
-def load_note() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text(encoding="utf-8").split()[:3])
-    except OSError:
-        return "?"
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,15 +161,15 @@ def render(rows: list[HoleResult]) -> str:
         [
             r.hole,
             r.tokens,
-            common.fmt(r.decode_ratio, 2, "x"),
-            common.fmt(r.total_ratio, 2, "x"),
+            report.fmt(r.decode_ratio, 2, "x"),
+            report.fmt(r.total_ratio, 2, "x"),
             "yes" if r.identical else "NO",
             f"{r.auto_accepted}/{r.auto_drafted}",
             r.near_ties,
         ]
         for r in rows
     ]
-    table = common.markdown_table(
+    table = report.markdown_table(
         [
             "hole",
             "tokens",
@@ -218,43 +206,41 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     holes = cut_holes([stdlib / f for f in FILES[: args.holes]], args.seed, args.out)
     samples: list[Sample] = []
-    log = (args.out / "runs.jsonl").open("w", encoding="utf-8")
-    with log:
-        for r in range(args.rounds):
-            for i, hole in enumerate(holes):
-                order = METHODS if (i + r) % 2 == 0 else METHODS[::-1]
-                for method in order:
-                    load = load_note()
-                    answer = complete(hole, method, args.model, args.timeout_s)
-                    spec = answer["speculation"]
-                    sample = Sample(
-                        hole=hole.name,
-                        method=method,
-                        round=r,
-                        text=str(answer["text"]),
-                        ms_per_token=float(answer["ms_per_token"]),
-                        total_ms=float(answer["total_ms"]),
-                        completion_tokens=int(answer["completion_tokens"]),
-                        ran_as=str(spec["method"]),
-                        steps=int(spec["steps"]),
-                        drafted=int(spec["drafted"]),
-                        accepted=int(spec["accepted"]),
-                        near_ties=int(spec["near_ties"]),
-                        load=load,
-                    )
-                    samples.append(sample)
-                    log.write(json.dumps(asdict(sample)) + "\n")
-                    log.flush()
-                    print(
-                        f"round {r} {hole.name} {method}: {sample.ms_per_token:.1f} ms/token, "
-                        f"{sample.total_ms:.0f} ms, drafted {sample.drafted}, "
-                        f"accepted {sample.accepted}, load {load}",
-                        flush=True,
-                    )
+    log = args.out / "runs.jsonl"
+    log.unlink(missing_ok=True)
+    for r in range(args.rounds):
+        for i, hole in enumerate(holes):
+            for method in harness.round_order(METHODS, i + r):
+                load = report.machine_note()
+                answer = complete(hole, method, args.model, args.timeout_s)
+                spec = answer["speculation"]
+                sample = Sample(
+                    hole=hole.name,
+                    method=method,
+                    round=r,
+                    text=str(answer["text"]),
+                    ms_per_token=float(answer["ms_per_token"]),
+                    total_ms=float(answer["total_ms"]),
+                    completion_tokens=int(answer["completion_tokens"]),
+                    ran_as=str(spec["method"]),
+                    steps=int(spec["steps"]),
+                    drafted=int(spec["drafted"]),
+                    accepted=int(spec["accepted"]),
+                    near_ties=int(spec["near_ties"]),
+                    load=load,
+                )
+                samples.append(sample)
+                report.append_jsonl(log, [asdict(sample)])
+                print(
+                    f"round {r} {hole.name} {method}: {sample.ms_per_token:.1f} ms/token, "
+                    f"{sample.total_ms:.0f} ms, drafted {sample.drafted}, "
+                    f"accepted {sample.accepted}, load {load}",
+                    flush=True,
+                )
     table = render(summarize(samples))
     (args.out / "report.md").write_text(table + "\n", encoding="utf-8")
     print(table)
-    print(f"load after: {load_note()}; cpus: {os.cpu_count()}")
+    print(f"machine after: {report.machine_note()}")
     return 0
 
 

@@ -15,20 +15,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import functools
 import tarfile
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kode.bench import common
-from kode.bench.common import fmt, markdown_table
-from kode.bench.latency import Keystroke, Options, Replay, answer_ms, mark_matches
+from kode.bench import charts, harness, report, tasks
+from kode.bench.latency import Keystroke, Options, Replay, answer_ms, key_times
+from kode.bench.report import fmt, markdown_table
 
-CURSOR_METHOD = "kode/didMoveCursor"
 PEER = "llama.vim's way (llama-server /infill)"
 DEFAULT_FILES = (Path(argparse.__file__), Path(tarfile.__file__))
 
@@ -68,7 +64,7 @@ def plan_places(texts: Sequence[str], seed: int, max_chars: int) -> list[Place]:
         found = _candidates(lines, lo, hi, max_chars)
         if not found:
             raise SystemExit(f"kode bench latency: no line to type in lines {lo}-{hi}")
-        return common.sample(found, 1, seed * 31 + salt)[0]
+        return tasks.sample(found, 1, seed * 31 + salt)[0]
 
     first = pick(a, len(a) // 3, len(a) // 2, 1)
     jump = pick(a, first + 200, first + 600, 2)
@@ -102,95 +98,26 @@ class PlacesReplay(Replay):
         self, files: Sequence[Path], texts: Sequence[str], places: Sequence[Place], notify: bool
     ) -> list[Segment]:
         from kode.completion.documents import Document, Position
-        from lsprotocol import types
 
         opts = self.options
         docs: dict[int, Document] = {}
         segments = []
-        counter = 0
         for place in places:
             uri = files[place.file].resolve().as_uri()
             if place.file not in docs:
                 text = blank(texts[place.file], places, place.file)
                 docs[place.file] = Document(uri, text, 1, "python")
-                self.client.text_document_did_open(
-                    types.DidOpenTextDocumentParams(
-                        text_document=types.TextDocumentItem(
-                            uri=uri, language_id="python", version=1, text=text
-                        )
-                    )
-                )
+                self.open(uri, text)
             doc = docs[place.file]
             at = Position(place.line, place.indent)
             if notify:
-                self.client.protocol.notify(
-                    CURSOR_METHOD,
-                    {
-                        "textDocument": {"uri": uri},
-                        "position": {"line": at.line, "character": at.character},
-                    },
-                )
+                self.move_cursor(uri, at.line, at.character)
             await asyncio.sleep(opts.place_pause_s)
-            segment = Segment(place)
-            offset = doc.offset_at(at)
-            in_flight: tuple[str, asyncio.Future[Any]] | None = None
-            pending: list[asyncio.Future[Any]] = []
-            start = time.perf_counter()
-            offsets = key_times(place.body, opts.cadence_ms, opts.word_pause_ms)
-            for i, ch in enumerate(place.body):
-                delay = start + offsets[i] / 1000.0 - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                now = time.perf_counter()
-                if segment.keys:
-                    segment.keys[-1].next_key = now
-                pending_id = in_flight[0] if in_flight and not in_flight[1].done() else None
-                self.type_char(doc, offset, ch, pending_id)
-                offset += 1
-                key = Keystroke(
-                    f"{place.kind}:{files[place.file].name}:{place.line + 1}",
-                    i,
-                    ch,
-                    sent=time.perf_counter(),
-                )
-                segment.keys.append(key)
-                self.current = key
-                counter += 1
-                msg_id = f"{'n' if notify else 'p'}-{counter}"
-                self.by_id[msg_id] = key
-                cursor = doc.position_at(offset)
-                future = self._request(uri, cursor.line, cursor.character, msg_id)
-                future.add_done_callback(functools.partial(self._answered, key))
-                pending.append(future)
-                in_flight = (msg_id, future)
-            if pending:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(asyncio.wait(pending), opts.settle_s)
-            self.current = None
-            mark_matches(segment.keys, place.body)
-            segments.append(segment)
+            times = key_times(place.body, opts.cadence_ms, opts.word_pause_ms)
+            name = f"{place.kind}:{files[place.file].name}:{place.line + 1}"
+            keys = await self.type_line(doc, doc.offset_at(at), place.body, times, name)
+            segments.append(Segment(place, keys))
         return segments
-
-
-def key_times(body: str, cadence_ms: float, word_pause_ms: float = 0.0) -> list[float]:
-    """When each key of ``body`` is typed, in ms from the first: every ``cadence_ms``, and
-    ``word_pause_ms`` more before each word that follows a separator (a word character is
-    a letter, a digit or ``_``): a person stops after ``self.`` or ``= `` to read.
-
-    >>> key_times("a.b", 100, 1000)
-    [0.0, 100.0, 1200.0]
-    """
-
-    def word(ch: str) -> bool:
-        return ch.isalnum() or ch == "_"
-
-    times, at = [], 0.0
-    for i, ch in enumerate(body):
-        times.append(at)
-        at += cadence_ms
-        if word_pause_ms and i + 1 < len(body) and not word(ch) and word(body[i + 1]):
-            at += word_pause_ms
-    return times
 
 
 async def _one_mode(
@@ -203,19 +130,14 @@ async def _one_mode(
     engine = dict(options.settings).get("engine")
     sub = ("notify" if notify else "plain") + ("" if engine is None else f"-{engine}")
     replay = PlacesReplay(replace(options, out=options.out / sub))
-    common.prepare_out(replay.options.out)
+    report.prepare_out(replay.options.out)
     try:
         await replay.start()
         await replay.warm_up()
-        # The engine learns the prefill speed right after loading; let it finish.
-        for _ in range(300):
-            stats = await replay.stats()
-            if (stats.get("engine") or {}).get("prefillTokensPerS"):
-                break
-            await asyncio.sleep(0.1)
+        await replay.wait_calibrated()
         segments = await replay.run(files, texts, places, notify)
         await asyncio.sleep(0.5)
-        final = await asyncio.wait_for(replay.stats(), 30)
+        final = await replay.stats(30)
     finally:
         await replay.stop()
     return segments, final
@@ -252,7 +174,7 @@ def next_shown_ms(keys: Sequence[Keystroke], i: int) -> float:
 
 def summary_rows(label: str, segments: Sequence[Segment]) -> list[list[object]]:
     first = {
-        kind: common.median([first_key_ms(s) for s in segments if s.place.kind == kind])
+        kind: report.median([first_key_ms(s) for s in segments if s.place.kind == kind])
         for kind in ("open", "jump", "switch", "back")
     }
     keys = [k for s in segments for k in s.keys]
@@ -273,40 +195,32 @@ def summary_rows(label: str, segments: Sequence[Segment]) -> list[list[object]]:
             fmt(first.get("jump"), 0, " ms"),
             fmt(first.get("switch"), 0, " ms"),
             fmt(first.get("back"), 0, " ms"),
-            fmt(common.percentile(every, 50), 0, " ms"),
-            fmt(common.percentile(every, 95), 0, " ms"),
-            fmt(common.percentile(waits, 50), 0, " ms"),
-            fmt(common.percentile(waits, 95), 0, " ms"),
+            fmt(report.percentile(every, 50), 0, " ms"),
+            fmt(report.percentile(every, 95), 0, " ms"),
+            fmt(report.percentile(waits, 50), 0, " ms"),
+            fmt(report.percentile(waits, 95), 0, " ms"),
             f"{sum(k.outcome == 'shown' for k in keys)}/{len(keys)}",
-            f"{fmt(common.percentile(missed, 95), 0, ' ms')} ({len(missed)})",
+            f"{fmt(report.percentile(missed, 95), 0, ' ms')} ({len(missed)})",
         ]
     ]
 
 
 def chart(results: dict[str, list[Segment]], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     kinds = ["open", "jump", "switch", "back"]
-    fig, ax = plt.subplots(figsize=(7.5, 4.0))
-    width = 0.8 / max(len(results), 1)
-    for j, (label, segments) in enumerate(results.items()):
-        values = [
+    series = {
+        label: [
             min(next((first_key_ms(s) for s in segments if s.place.kind == k), 0.0), 60_000.0)
             for k in kinds
         ]
-        ax.bar([i + j * width for i in range(len(kinds))], values, width, label=label)
-    ax.set_xticks([i + width * (len(results) - 1) / 2 for i in range(len(kinds))], kinds)
-    ax.set_ylabel("first keystroke -> answer (ms)")
-    ax.set_yscale("log")
-    ax.axhline(1000, color="tab:red", linestyle="--", label="1 s")
-    ax.set_title(title)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        for label, segments in results.items()
+    }
+    with charts.figure(path, (7.5, 4.0)) as ax:
+        charts.grouped_bars(ax, kinds, series)
+        ax.set_ylabel("first keystroke -> answer (ms)")
+        ax.set_yscale("log")
+        ax.axhline(1000, color="tab:red", linestyle="--", label="1 s")
+        ax.set_title(title)
+        ax.legend()
 
 
 def mode_label(notify: bool, engine: str | None) -> str:
@@ -331,7 +245,7 @@ async def measure(
     if binary is not None:
         results[PEER] = []
     facts: dict[str, Any] = {
-        "machine_before": common.machine_note(),
+        "machine_before": report.machine_note(),
         "stats": {},
         "llama_server": str(binary) if binary is not None else "not found",
     }
@@ -339,7 +253,7 @@ async def measure(
         places = plan_places(texts, options.seed + r, options.max_chars)
         # Alternate which mode goes first, so neither always meets a warmer machine.
         runs = [(engine, notify) for engine in kinds for notify in (True, False)]
-        for engine, notify in runs if r % 2 == 0 else runs[::-1]:
+        for engine, notify in harness.round_order(runs, r):
             label = mode_label(notify, engine)
             run_options = (
                 options
@@ -361,11 +275,11 @@ async def measure(
                 cadence_ms=options.cadence_ms,
                 settle_s=options.settle_s,
                 seed=options.seed + r,
-                log_dir=common.prepare_out(options.out / "llama-server"),
+                log_dir=report.prepare_out(options.out / "llama-server"),
             )
             results[PEER] += segments
             facts["stats"][f"{PEER} round {r}"] = counters
-    facts["machine_after"] = common.machine_note()
+    facts["machine_after"] = report.machine_note()
     return results, facts
 
 
@@ -379,7 +293,7 @@ def main(
     if len(chosen) < 2:
         raise SystemExit("kode bench latency --scenario places: give two files (--files A B)")
     results, facts = asyncio.run(measure(options, chosen, rounds, engines))
-    out = common.prepare_out(options.out)
+    out = report.prepare_out(options.out)
     header = [
         "mode",
         "open: 1st key",
@@ -411,8 +325,8 @@ def main(
         )
         + f" {rounds} round(s) of 4 places (open, jump 200+ lines, switch file, back)\n"
         f"- workspace folder: {options.workspace or 'none'}; settings: "
-        + "".join(f"`{k}`={v!r}; " for k, v in options.settings)
-        + f"\n- machine: before {facts['machine_before']}; after {facts['machine_after']}\n"
+        + report.settings_note(options.settings)
+        + f"\n{report.machine_line(facts)}\n"
         "- 1st key = from the first keystroke at a place to the first suggestion text shown "
         "there (a partial or an answer, for that key or a later one of the line); all keys "
         "= keystroke -> its answer or first partial (an empty answer counts; a key "
@@ -429,8 +343,7 @@ def main(
         + "; ".join(f"{k}: {v}" for k, v in facts["stats"].items())
         + "\n"
     )
-    (out / "report.md").write_text(text, encoding="utf-8")
-    common.write_jsonl(
+    report.write_jsonl(
         out / "keystrokes.jsonl",
         (
             {"mode": label, "kind": s.place.kind, **asdict(k), "answer_ms": answer_ms(k)}
@@ -440,8 +353,7 @@ def main(
         ),
     )
     chart(results, out / "places.png", f"First keystroke at a place ({options.model})")
-    print(table)
-    print(f"report: {out / 'report.md'}  chart: {out / 'places.png'}")
+    report.publish(out, "report.md", text, table, "places.png")
     return 0
 
 
@@ -485,7 +397,7 @@ def line_cases(files: Sequence[Path], n: int, seed: int, max_chars: int) -> list
     for index, path in enumerate(files):
         lines = path.read_text(encoding="utf-8").splitlines()
         found = _candidates(lines, 40, len(lines), max_chars)
-        for i in common.sample(found, per_file, seed + index):
+        for i in tasks.sample(found, per_file, seed + index):
             indent = len(lines[i]) - len(lines[i].lstrip())
             cases.append(Place(index, i, indent, lines[i].strip(), "line"))
     return cases[:n]
@@ -507,7 +419,7 @@ async def window_quality(
     texts = [f.read_text(encoding="utf-8") for f in files]
     backend = await LlamaBackend.load(await asyncio.to_thread(models.resolve, model))
     results: dict[str, list[bool]] = {w.label: [] for w in windows}
-    bar = common.progress(len(cases) * len(windows), "windows")
+    bar = report.progress(len(cases) * len(windows), "windows")
     try:
         for window in windows:
             settings, problems = parse(
@@ -563,20 +475,20 @@ def quality_main(
     windows = windows_for(rate, 1000.0, *horizons)
     if not full:
         windows = windows[1:]
-    machine_before = common.machine_note()
+    machine_before = report.machine_note()
     results = asyncio.run(window_quality(model, chosen, cases, windows, settings))
     rows: list[list[object]] = [
         [label, f"{sum(hits)}/{len(hits)}"] for label, hits in results.items()
     ]
     table = markdown_table(["window", "exact line"], rows)
-    out = common.prepare_out(out)
+    out = report.prepare_out(out)
     (out / "windows.md").write_text(
         f"# Exact lines by window size (`{model}`)\n\n- {len(cases)} lines from "
         + ", ".join(f"`{f.name}`" for f in chosen)
         + f" (seed {seed}); windows for {rate:g} prompt tokens/s; settings: "
-        + ("".join(f"`{k}`={v!r}; " for k, v in settings) or "defaults")
+        + (report.settings_note(settings) or "defaults")
         + "\n- machine: before "
-        f"{machine_before}; after {common.machine_note()}\n\n{table}",
+        f"{machine_before}; after {report.machine_note()}\n\n{table}",
         encoding="utf-8",
     )
     print(table)

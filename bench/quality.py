@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import re
 import time
 from collections.abc import Sequence
@@ -48,8 +47,9 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from kode.bench import common, sandbox
-from kode.bench.common import HumanEvalTask, fmt, fmt_ratio, markdown_table
+from kode.bench import charts, report, sandbox, tasks
+from kode.bench.report import fmt, fmt_ratio, markdown_table
+from kode.bench.tasks import HumanEvalTask
 
 MODES = ("engine", "raw", "moved", "spm", "heal", "llama-server")
 DEFAULT_MODES = ("engine", "raw", "llama-server")
@@ -122,21 +122,21 @@ def load_set(
     name: str, n: int | None, seed: int, folder: Path | None = None
 ) -> list[HumanEvalTask]:
     """A seeded sample of ``n`` tasks (all: ``None``) of set ``name`` (``ALL_SETS``)."""
-    if name in common.HUMANEVAL_FILES:
-        return common.sample(common.load_humaneval(common.humaneval_path(name, folder)), n, seed)
+    if name in tasks.HUMANEVAL_FILES:
+        return tasks.sample(tasks.load_humaneval(tasks.humaneval_path(name, folder)), n, seed)
     if name == "span":
-        source = common.load_humaneval(common.humaneval_path(common.SPAN_SOURCE, folder))
-        return [common.random_span(t, seed) for t in common.sample(source, n, seed)]
+        source = tasks.load_humaneval(tasks.humaneval_path(tasks.SPAN_SOURCE, folder))
+        return [tasks.random_span(t, seed) for t in tasks.sample(source, n, seed)]
     if name in ("file", "file-lines"):
-        return common.file_span_tasks(
-            common.stdlib_files(), 20 if n is None else n, seed, line_start=name == "file-lines"
+        return tasks.file_span_tasks(
+            tasks.stdlib_files(), 20 if n is None else n, seed, line_start=name == "file-lines"
         )
     raise ValueError(f"unknown set {name!r}; known: {', '.join(ALL_SETS)}")
 
 
 def judge(task: HumanEvalTask, completion: str, limits: sandbox.Limits) -> str:
     """The verdict for ``completion`` (blocking: run it in a thread)."""
-    if task.judge is common.Judge.EXACT:
+    if task.judge is tasks.Judge.EXACT:
         passed = task.restores(completion)
         return str(sandbox.Verdict.PASSED if passed else sandbox.Verdict.FAILED)
     return str(sandbox.run_program(task.program(completion), limits).verdict)
@@ -156,7 +156,7 @@ def summarize(results: Sequence[Result]) -> list[Row]:
                 total=len(got),
                 timeouts=sum(r.verdict == sandbox.Verdict.TIMEOUT for r in got),
                 errors=sum(bool(r.error) for r in got),
-                median_ms=common.median(r.ms for r in got if not r.error),
+                median_ms=report.median(r.ms for r in got if not r.error),
             )
         )
     return rows
@@ -181,28 +181,17 @@ def render_table(rows: Sequence[Row]) -> str:
 
 
 def chart(rows: Sequence[Row], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     groups = list(dict.fromkeys((r.set, r.mode) for r in rows))
-    models = list(dict.fromkeys(r.model for r in rows))
-    width = 0.8 / max(len(models), 1)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(groups) + 2), 4.0))
-    for k, model in enumerate(models):
+    series = {}
+    for model in dict.fromkeys(r.model for r in rows):
         got = {(r.set, r.mode): r.pass_at_1 for r in rows if r.model == model}
-        xs = [i + (k - (len(models) - 1) / 2) * width for i in range(len(groups))]
-        ax.bar(xs, [100.0 * (got.get(g) or 0.0) for g in groups], width=width, label=model)
-    ax.set_xticks(range(len(groups)))
-    ax.set_xticklabels([f"{s}\n{m}" for s, m in groups])
-    ax.set_ylabel("pass@1 (%)")
-    ax.set_ylim(0, 100)
-    ax.set_title("HumanEval infilling pass@1")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        series[model] = [100.0 * (got.get(g) or 0.0) for g in groups]
+    with charts.figure(path, (max(6.0, 1.2 * len(groups) + 2), 4.0)) as ax:
+        charts.grouped_bars(ax, [f"{s}\n{m}" for s, m in groups], series)
+        ax.set_ylabel("pass@1 (%)")
+        ax.set_ylim(0, 100)
+        ax.set_title("HumanEval infilling pass@1")
+        ax.legend()
 
 
 # -- running ----------------------------------------------------------------------------
@@ -265,7 +254,7 @@ async def _moved(
 async def _one_model(
     options: Options,
     model: str,
-    tasks: dict[str, list[HumanEvalTask]],
+    by_set: dict[str, list[HumanEvalTask]],
     server: Any,
     bar: Any,
     results: list[Result],
@@ -315,7 +304,7 @@ async def _one_model(
                 continue
             engine.update_settings(pass_settings)
             backend = await engine.backend()
-            for set_, chosen in tasks.items():
+            for set_, chosen in by_set.items():
                 for task in chosen:
                     for mode in modes:
                         if mode == "llama-server" and server is None:
@@ -340,9 +329,7 @@ async def _one_model(
 def _append_partial(out: Path, result: Result) -> None:
     """Each result as it is judged (``results.partial.jsonl``): a run stopped early, or
     one that crashes, keeps what it measured."""
-    common.prepare_out(out)
-    with open(out / "results.partial.jsonl", "a", encoding="utf-8") as handle:
-        handle.write(json.dumps(asdict(result), ensure_ascii=False) + "\n")
+    report.append_jsonl(out / "results.partial.jsonl", [asdict(result)])
 
 
 async def _one_task(
@@ -396,18 +383,18 @@ async def _one_task(
 async def measure(options: Options) -> tuple[list[Result], dict[str, str]]:
     from kode.backends import models
 
-    tasks = {s: load_set(s, options.tasks, options.seed, options.data_dir) for s in options.sets}
+    chosen = {s: load_set(s, options.tasks, options.seed, options.data_dir) for s in options.sets}
     results: list[Result] = []
     (options.out / "results.partial.jsonl").unlink(missing_ok=True)
-    facts = {"machine_before": common.machine_note()}
+    facts = {"machine_before": report.machine_note()}
     binary = None
     if "llama-server" in options.modes:
         from kode.bench import llama_server
 
         binary = llama_server.find_binary()
-    per_model = sum(len(v) for v in tasks.values())
+    per_model = sum(len(v) for v in chosen.values())
     modes = [m for m in options.modes if m != "llama-server" or binary is not None]
-    bar = common.progress(per_model * len(modes) * len(options.models), "quality")
+    bar = report.progress(per_model * len(modes) * len(options.models), "quality")
     try:
         for model in options.models:
             async with contextlib.AsyncExitStack() as stack:
@@ -423,16 +410,17 @@ async def measure(options: Options) -> tuple[list[Result], dict[str, str]]:
                             log_dir=options.out / "llama-server",
                         )
                     )
-                await _one_model(options, model, tasks, server, bar, results)
+                await _one_model(options, model, chosen, server, bar, results)
     finally:
         bar.close()
-    facts["machine_after"] = common.machine_note()
+    facts["machine_after"] = report.machine_note()
     facts["llama_server"] = str(binary) if binary is not None else "not on PATH"
     return results, facts
 
 
-def report(options: Options, results: list[Result], facts: dict[str, str]) -> str:
-    out = common.prepare_out(options.out)
+def write_report(options: Options, results: list[Result], facts: dict[str, str]) -> tuple[str, str]:
+    """The report's text and its table; the results and the chart written to ``out``."""
+    out = report.prepare_out(options.out)
     rows = summarize(results)
     table = render_table(rows)
     sizes = "all" if options.tasks is None else f"{options.tasks} per set"
@@ -440,25 +428,22 @@ def report(options: Options, results: list[Result], facts: dict[str, str]) -> st
         "# Completion quality: HumanEval infilling pass@1\n\n"
         f"- models: {', '.join(options.models)}; sets: {', '.join(options.sets)} ({sizes}, "
         f"seed {options.seed}); greedy; speculation `{options.speculation}`; settings: "
-        + ("".join(f"`{k}`={v!r}; " for k, v in options.settings) or "defaults")
+        + (report.settings_note(options.settings) or "defaults")
         + "\n"
         "- engine: `CompletionEngine.complete` (stop rules, trimming); raw: the same prompt, "
         "the model's output up to its end token; llama-server: its `/infill` endpoint\n"
         f"- sandbox: `python -I`, temp folder, {options.timeout_s:g} s timeout, rlimits\n"
         f"- llama-server: {facts.get('llama_server')}\n"
-        f"- machine: before {facts.get('machine_before')}; after {facts.get('machine_after')}\n\n"
-        + table
+        f"{report.machine_line(facts)}\n\n" + table
     )
-    (out / "report.md").write_text(text, encoding="utf-8")
-    common.write_jsonl(out / "results.jsonl", (asdict(r) for r in results))
+    report.write_jsonl(out / "results.jsonl", (asdict(r) for r in results))
     if rows:
         chart(rows, out / "pass_at_1.png")
-    return table
+    return text, table
 
 
 def main(options: Options) -> int:
     results, facts = asyncio.run(measure(options))
-    table = report(options, results, facts)
-    print(table)
-    print(f"report: {options.out / 'report.md'}  chart: {options.out / 'pass_at_1.png'}")
+    text, table = write_report(options, results, facts)
+    report.publish(options.out, "report.md", text, table, "pass_at_1.png")
     return 0

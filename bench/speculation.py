@@ -21,15 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kode.bench import common
-from kode.bench.common import fmt, fmt_ratio, markdown_table
+from kode.bench import charts, harness, peers, report, tasks
+from kode.bench.report import fmt, fmt_ratio, markdown_table
 
 if TYPE_CHECKING:
     from kode.backends.llama.backend import LlamaBackend
@@ -114,20 +112,19 @@ class Row:
 def humaneval_prompts(n: int, seed: int, data_dir: Path | None = None) -> list[Prompt]:
     from kode.completion.templates import QWEN25_CODER, render
 
-    tasks = common.sample(common.load_humaneval(common.humaneval_path("multi", data_dir)), n, seed)
+    rows = tasks.load_humaneval(tasks.humaneval_path("multi", data_dir))
     return [
         Prompt("humaneval", t.task_id, render(QWEN25_CODER, t.prompt, t.suffix), (t.suffix,))
-        for t in tasks
+        for t in tasks.sample(rows, n, seed)
     ]
 
 
-def edit_prompts(n: int, seed: int, root: Path = common.REPO_ROOT) -> list[Prompt]:
+def edit_prompts(n: int, seed: int, root: Path = tasks.REPO_ROOT) -> list[Prompt]:
     from kode.completion.templates import QWEN25_CODER, render
 
-    tasks = common.edit_tasks(common.source_files(root), n, seed, root)
     return [
         Prompt("edit", t.task_id, render(QWEN25_CODER, t.prefix, t.suffix), (t.suffix,))
-        for t in tasks
+        for t in tasks.edit_tasks(tasks.source_files(root), n, seed, root)
     ]
 
 
@@ -146,7 +143,7 @@ def classify(runs: list[Run], gaps: Callable[[str], list[float] | None], near_ti
         if base is None:
             run.verdict = "unknown"
             continue
-        at = common.first_divergence(base.tokens, run.tokens)
+        at = report.first_divergence(base.tokens, run.tokens)
         run.divergence = at
         if at is None:
             run.verdict = "identical"
@@ -234,7 +231,7 @@ def ceiling_table(runs: Sequence[Run]) -> str:
         ceilings = [r.ceiling for r in runs if r.workload == workload and r.ceiling]
         if not ceilings:
             continue
-        median, best = common.median(ceilings), max(ceilings)
+        median, best = report.median(ceilings), max(ceilings)
         body.append([workload, len(ceilings), fmt(median, 2, "x"), fmt(best, 2, "x")])
     if not body:
         return ""
@@ -252,7 +249,7 @@ def summarize(runs: list[Run], methods: Sequence[str]) -> list[Row]:
             if not got:
                 continue
             other = {r.task_id: r.ms_per_token for r in got if r.ms_per_token}
-            ratios = common.pairwise_speedups(base, other)
+            ratios = report.pairwise_speedups(base, other)
             means = [r.accepted_mean for r in got if r.accepted_mean is not None]
             verdicts = [r.verdict for r in got]
             rows.append(
@@ -260,15 +257,15 @@ def summarize(runs: list[Run], methods: Sequence[str]) -> list[Row]:
                     workload=workload,
                     method=method,
                     runs=len(got),
-                    ms_per_token=common.median(other.values()),
-                    speedup=common.median(ratios),
+                    ms_per_token=report.median(other.values()),
+                    speedup=report.median(ratios),
                     pairs=len(ratios),
-                    accepted_mean=common.mean(means),
+                    accepted_mean=report.mean(means),
                     identical=verdicts.count("identical"),
                     near_ties=verdicts.count("near-tie"),
                     diverged=verdicts.count("diverged"),
                     unknown=verdicts.count("unknown"),
-                    ran_as=",".join(sorted({r.ran_as for r in got if r.ran_as})) or common.UNKNOWN,
+                    ran_as=",".join(sorted({r.ran_as for r in got if r.ran_as})) or report.UNKNOWN,
                     compared=len([v for v in verdicts if v != "(plain)"]),
                 )
             )
@@ -298,10 +295,10 @@ def render_table(rows: Sequence[Row]) -> str:
             fmt(r.ms_per_token),
             f"{fmt(r.speedup, 2, 'x')} ({r.pairs})" if r.method != PLAIN else "1.00x",
             fmt(r.accepted_mean, 2),
-            fmt_ratio(r.identical, r.compared) if r.method != PLAIN else common.UNKNOWN,
-            r.near_ties if r.method != PLAIN else common.UNKNOWN,
-            r.diverged if r.method != PLAIN else common.UNKNOWN,
-            r.unknown if r.method != PLAIN else common.UNKNOWN,
+            fmt_ratio(r.identical, r.compared) if r.method != PLAIN else report.UNKNOWN,
+            r.near_ties if r.method != PLAIN else report.UNKNOWN,
+            r.diverged if r.method != PLAIN else report.UNKNOWN,
+            r.unknown if r.method != PLAIN else report.UNKNOWN,
         ]
         for r in rows
     ]
@@ -309,41 +306,20 @@ def render_table(rows: Sequence[Row]) -> str:
 
 
 def chart(rows: Sequence[Row], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    workloads = list(dict.fromkeys(r.workload for r in rows))
     methods = list(dict.fromkeys(r.method for r in rows))
-    width = 0.8 / max(len(workloads), 1)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(methods) + 2), 4.0))
-    for k, workload in enumerate(workloads):
+    series = {}
+    for workload in dict.fromkeys(r.workload for r in rows):
         got = {r.method: r.speedup for r in rows if r.workload == workload}
-        values = [1.0 if m == PLAIN else (got.get(m) or 0.0) for m in methods]
-        xs = [i + (k - (len(workloads) - 1) / 2) * width for i in range(len(methods))]
-        ax.bar(xs, values, width=width, label=workload)
-    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
-    ax.set_xticks(range(len(methods)))
-    ax.set_xticklabels(methods, rotation=20, ha="right")
-    ax.set_ylabel("median speedup over plain greedy (pairwise)")
-    ax.set_title(title)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        series[workload] = [1.0 if m == PLAIN else (got.get(m) or 0.0) for m in methods]
+    with charts.figure(path, (max(6.0, 1.1 * len(methods) + 2), 4.0)) as ax:
+        charts.grouped_bars(ax, methods, series, rotation=20, ha="right")
+        ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+        ax.set_ylabel("median speedup over plain greedy (pairwise)")
+        ax.set_title(title)
+        ax.legend()
 
 
 # -- running ----------------------------------------------------------------------------
-
-
-async def on_llama_thread(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run ``fn`` on the thread that runs Kode's own llama.cpp work (see
-    ``backends.llama.runtime.llama_thread``): a peer computing on another thread would
-    slow Kode's plain decoding by a third for the rest of the run and skew every ratio."""
-    from kode.backends.llama.runtime import llama_thread
-
-    return await asyncio.get_running_loop().run_in_executor(llama_thread(), fn, *args)
 
 
 async def load_backend(model: Path, draft: Path | None, threads: int | None) -> LlamaBackend:
@@ -381,63 +357,6 @@ async def run_kode(backend: Any, prompt: Prompt, method: str, max_tokens: int) -
         accepted=spec.accepted,
         accepted_mean=spec.accepted_mean if spec.steps else None,
     )
-
-
-class PldPeer:
-    """llama-cpp-python's prompt-lookup speculative decoding, greedy.
-
-    ``Llama(draft_model=...)`` forces ``logits_all``: it keeps a float32 row of logits for
-    every context position (``n_ctx x n_vocab``: 0.6 GB per 1024 positions for Qwen's
-    152k vocabulary), so the context is sized to the longest prompt plus the generation.
-    """
-
-    def __init__(self, model: Path, n_ctx: int, num_pred_tokens: int, threads: int) -> None:
-        from llama_cpp import Llama
-        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
-        self.llm = Llama(
-            model_path=str(model),
-            n_ctx=n_ctx,
-            n_batch=512,
-            n_threads=threads,
-            n_threads_batch=threads,
-            draft_model=LlamaPromptLookupDecoding(num_pred_tokens=num_pred_tokens),
-            logits_all=True,
-            verbose=False,
-        )
-
-    def generate(
-        self, tokens: Sequence[int], max_tokens: int, is_stop: Callable[[int], bool]
-    ) -> tuple[list[int], float | None, float, float]:
-        """(tokens, decode ms per token after the first, ttft ms, total ms)."""
-        out: list[int] = []
-        start = time.perf_counter()
-        first = start
-        gen = self.llm.generate(
-            list(tokens),
-            top_k=1,
-            top_p=1.0,
-            min_p=0.0,
-            temp=0.0,
-            repeat_penalty=1.0,
-        )
-        try:
-            for token in gen:
-                if is_stop(int(token)):
-                    break
-                if not out:
-                    first = time.perf_counter()
-                out.append(int(token))
-                if len(out) >= max_tokens:
-                    break
-        finally:
-            gen.close()
-        end = time.perf_counter()
-        per = (end - first) * 1000.0 / max(len(out) - 1, 1) if len(out) >= 2 else None
-        return out, per, (first - start) * 1000.0, (end - start) * 1000.0
-
-    def close(self) -> None:
-        self.llm.close()
 
 
 def _server_run(
@@ -494,32 +413,44 @@ async def measure(options: Options) -> tuple[list[Run], dict[str, Any]]:
         "prompts": len(prompts),
         "max_tokens": options.max_tokens,
         "seed": options.seed,
-        "machine_before": common.machine_note(),
+        "machine_before": report.machine_note(),
     }
     runs: list[Run] = []
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(backend.aclose)
         is_stop: Callable[[int], bool] = backend.model.is_stop
         token_ids = {p.task_id: backend.model.tokenize(p.text) for p in prompts}
-        pld: PldPeer | None = None
+        pld: peers.PldPeer | None = None
         if PEER_PLD in options.methods and prompts:
             longest = max(len(t) for t in token_ids.values())
             n_ctx = -(-(longest + options.max_tokens + options.pld_tokens + 16) // 256) * 256
-            from kode.backends.llama.runtime import default_threads
+            from kode.backends.system import usable_cores
 
-            pld = await on_llama_thread(
-                PldPeer, model_path, n_ctx, options.pld_tokens, options.threads or default_threads()
+            pld = await peers.on_llama_thread(
+                peers.PldPeer,
+                model_path,
+                n_ctx,
+                options.pld_tokens,
+                options.threads or usable_cores(),
             )
             stack.callback(pld.close)
             facts["pld_n_ctx"] = n_ctx
-        servers = await _start_servers(stack, options, model_path, draft_path, facts)
+        servers: list[Any] = []
+        if PEER_SERVER in options.methods:
+            servers = await peers.start_servers(
+                stack,
+                model_path,
+                lambda: draft_path or models.resolve(options.draft_model),
+                options.out / "llama-server",
+                facts,
+            )
 
         # Warm up every method (loads a draft model, pages weights in) on a tiny prompt.
         warm = Prompt("warmup", "warmup", render(QWEN25_CODER, "def add(a, b):\n    return", "\n"))
         for method in kode_methods:
             await run_kode(backend, warm, method, 8)
         if pld is not None:
-            await on_llama_thread(pld.generate, backend.model.tokenize(warm.text), 8, is_stop)
+            await peers.on_llama_thread(pld.generate, backend.model.tokenize(warm.text), 8, is_stop)
         for server in servers:
             await server.completion(backend.model.tokenize(warm.text), 8)
 
@@ -528,15 +459,15 @@ async def measure(options: Options) -> tuple[list[Run], dict[str, Any]]:
             entries.append(PLD_NAME)
         entries.extend(s.mode.name for s in servers)
         by_name = {s.mode.name: s for s in servers}
-        bar = common.progress(len(prompts) * len(entries), "speculation")
+        bar = report.progress(len(prompts) * len(entries), "speculation")
         try:
             for index, prompt in enumerate(prompts):
-                for entry in common.rotated(entries, index):
+                for entry in harness.rotated(entries, index):
                     bar.set_postfix_str(f"{prompt.task_id} {entry}", refresh=False)
                     if entry in KODE_METHODS:
                         run = await run_kode(backend, prompt, entry, options.max_tokens)
                     elif entry == PLD_NAME and pld is not None:
-                        toks, per, ttft, total = await on_llama_thread(
+                        toks, per, ttft, total = await peers.on_llama_thread(
                             pld.generate, token_ids[prompt.task_id], options.max_tokens, is_stop
                         )
                         run = Run(prompt.workload, prompt.task_id, PLD_NAME, toks, per, ttft, total)
@@ -557,7 +488,7 @@ async def measure(options: Options) -> tuple[list[Run], dict[str, Any]]:
             r.task_id
             for r in runs
             if r.method != PLAIN
-            and common.first_divergence(plain_tokens.get(r.task_id, []), r.tokens) is not None
+            and report.first_divergence(plain_tokens.get(r.task_id, []), r.tokens) is not None
         }
         for task_id in sorted(needs):
             gaps = await backend.logit_gaps(texts[task_id], plain_tokens.get(task_id, []))
@@ -570,49 +501,16 @@ async def measure(options: Options) -> tuple[list[Run], dict[str, Any]]:
                 run.ceiling = ngram_ceiling(
                     backend, token_ids[run.task_id], run.tokens, sources[run.task_id]
                 )
-    facts["machine_after"] = common.machine_note()
+    facts["machine_after"] = report.machine_note()
     return runs, facts
 
 
-async def _start_servers(
-    stack: contextlib.AsyncExitStack,
-    options: Options,
-    model: Path,
-    draft: Path | None,
-    facts: dict[str, Any],
-) -> list[Any]:
-    from kode.bench import llama_server
-
-    if PEER_SERVER not in options.methods:
-        return []
-    binary = llama_server.find_binary()
-    facts["llama_server"] = None if binary is None else str(binary)
-    if binary is None:
-        return []
-    small = draft
-    if small is None:
-        from kode.backends import models
-
-        small = models.resolve(options.draft_model)
-    modes = llama_server.speculation_modes(llama_server.help_text(binary), small)
-    servers = []
-    for mode in modes:
-        try:
-            server = await stack.enter_async_context(
-                llama_server.serve(binary, model, mode, log_dir=options.out / "llama-server")
-            )
-        except RuntimeError as exc:
-            print(f"kode bench: skipping {mode.name}: {exc}", file=sys.stderr)
-            continue
-        servers.append(server)
-    return servers
-
-
-def report(options: Options, runs: list[Run], facts: dict[str, Any]) -> str:
+def write_report(options: Options, runs: list[Run], facts: dict[str, Any]) -> tuple[str, str]:
+    """The report's text and the table printed; the runs and the chart written to ``out``."""
     methods = [m for m in KODE_METHODS if any(r.method == m for r in runs)]
     methods += list(dict.fromkeys(r.method for r in runs if r.method not in KODE_METHODS))
     rows = summarize(runs, methods)
-    out = common.prepare_out(options.out)
+    out = report.prepare_out(options.out)
     table = render_table(rows)
     gaps_note = "near ties judged with the backend's `logit_gaps`"
     text = (
@@ -629,7 +527,7 @@ def report(options: Options, runs: list[Run], facts: dict[str, Any]) -> str:
         "- `ran as`: the method the backend reports it used (`none` = decoded plainly); "
         "rows that ran as `none` all decode plainly, so their spread around 1.00x is this "
         "run's noise floor\n"
-        f"- machine: before {facts['machine_before']}; after {facts['machine_after']}\n\n" + table
+        f"{report.machine_line(facts)}\n\n" + table
     )
     ceilings = ceiling_table(runs)
     if ceilings:
@@ -643,16 +541,14 @@ def report(options: Options, runs: list[Run], facts: dict[str, Any]) -> str:
             + ceilings
         )
         table += "\n\n" + ceilings
-    (out / "report.md").write_text(text, encoding="utf-8")
-    common.write_jsonl(out / "runs.jsonl", (asdict(r) for r in runs))
+    report.write_jsonl(out / "runs.jsonl", (asdict(r) for r in runs))
     if rows:
         chart(rows, out / "speedup.png", f"Speculation speedup ({Path(facts['model']).name})")
-    return table
+    return text, table
 
 
 def main(options: Options) -> int:
     runs, facts = asyncio.run(measure(options))
-    table = report(options, runs, facts)
-    print(table)
-    print(f"report: {options.out / 'report.md'}  chart: {options.out / 'speedup.png'}")
+    text, table = write_report(options, runs, facts)
+    report.publish(options.out, "report.md", text, table, "speedup.png")
     return 0

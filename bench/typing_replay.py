@@ -25,19 +25,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import random
 import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kode.bench import common
-from kode.bench.common import fmt, markdown_table
-from kode.bench.latency import Keystroke, Options, Replay, _items, answer_ms, mark_matches
-from kode.bench.places import CURSOR_METHOD, next_shown_ms
+from kode.bench import harness, report
+from kode.bench.client import items
+from kode.bench.latency import Keystroke, Options, Replay, answer_ms, key_times
+from kode.bench.places import next_shown_ms
+from kode.bench.report import fmt, markdown_table
 
 ENGINES = ("inProcess", "shared")
 # Held-out defaults: large standard-library modules (>= 1,500 lines each).
@@ -114,8 +113,6 @@ def cut(text: str, place: Place) -> str:
 class TypingReplay(Replay):
     """One configuration's ``kode lsp``, typing one place at a time."""
 
-    counter = 0
-
     async def place(
         self,
         files: Sequence[Path],
@@ -126,73 +123,25 @@ class TypingReplay(Replay):
         keys: int,
     ) -> PlaceResult:
         from kode.completion.documents import Document, Position
-        from lsprotocol import types
 
         opts = self.options
         uri = files[place.file].resolve().as_uri()
         text = cut(texts[place.file], place)
         doc = Document(uri, text, 1, "python")
-        self.client.text_document_did_open(
-            types.DidOpenTextDocumentParams(
-                text_document=types.TextDocumentItem(
-                    uri=uri, language_id="python", version=1, text=text
-                )
-            )
-        )
+        self.open(uri, text)
         at = Position(place.line, place.indent)
         if notify:
-            self.client.protocol.notify(
-                CURSOR_METHOD,
-                {
-                    "textDocument": {"uri": uri},
-                    "position": {"line": at.line, "character": at.character},
-                },
-            )
+            self.move_cursor(uri, at.line, at.character)
         result = PlaceResult(place)
-        self.counter += 1
-        asked = time.perf_counter()
-        with contextlib.suppress(Exception):
-            first = await asyncio.wait_for(
-                self._request(uri, at.line, at.character, f"first-{self.counter}"),
-                opts.startup_s,
-            )
-            result.first_ms = (time.perf_counter() - asked) * 1000.0
-            items = _items(first)
-            result.first_text = items[0] if items else ""
+        first, result.first_ms = await self.ask(uri, at.line, at.character, "first")
+        shown = items(first) if result.first_ms is not None else []
+        result.first_text = shown[0] if shown else ""
         if opts.place_pause_s > 0:
             await asyncio.sleep(opts.place_pause_s)
-        offset = doc.offset_at(at)
-        in_flight: tuple[str, asyncio.Future[Any]] | None = None
-        pending: list[asyncio.Future[Any]] = []
-        start = time.perf_counter()
-        for i, ch in enumerate(place.body[:keys]):
-            delay = start + i * opts.cadence_ms / 1000.0 - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if result.keys:
-                result.keys[-1].next_key = time.perf_counter()
-            pending_id = in_flight[0] if in_flight and not in_flight[1].done() else None
-            self.type_char(doc, offset, ch, pending_id)
-            offset += 1
-            key = Keystroke(place.name(files), i, ch, sent=time.perf_counter())
-            result.keys.append(key)
-            self.current = key
-            self.counter += 1
-            msg_id = f"k-{self.counter}"
-            self.by_id[msg_id] = key
-            cursor = doc.position_at(offset)
-            future = self._request(uri, cursor.line, cursor.character, msg_id)
-            future.add_done_callback(functools.partial(self._answered, key))
-            pending.append(future)
-            in_flight = (msg_id, future)
-        if pending:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.wait(pending), opts.settle_s)
-        self.current = None
-        mark_matches(result.keys, place.body)
-        self.client.text_document_did_close(
-            types.DidCloseTextDocumentParams(text_document=types.TextDocumentIdentifier(uri=uri))
-        )
+        body = place.body[:keys]
+        times = key_times(body, opts.cadence_ms)
+        result.keys = await self.type_line(doc, doc.offset_at(at), body, times, place.name(files))
+        self.close(uri)
         return result
 
 
@@ -242,14 +191,10 @@ async def _start(options: Options, config: Config, runtime: Path) -> TypingRepla
             environ=(*options.environ, ("XDG_RUNTIME_DIR", str(folder))),
         )
     )
-    common.prepare_out(replay.options.out)
+    report.prepare_out(replay.options.out)
     await replay.start()
     await replay.warm_up()
-    for _ in range(300):  # the engine learns the prefill speed right after loading
-        stats = await replay.stats()
-        if (stats.get("engine") or {}).get("prefillTokensPerS"):
-            break
-        await asyncio.sleep(0.1)
+    await replay.wait_calibrated()
     return replay
 
 
@@ -282,10 +227,10 @@ def figures(results: Sequence[PlaceResult]) -> Figures:
     return Figures(
         keys=len(keys),
         before_next=sum(k.before_next_key for k in keys),
-        wait_p50=common.percentile(waits, 50),
-        wait_p95=common.percentile(waits, 95),
-        last_p50=common.percentile(last, 50),
-        first_p50=common.percentile(first, 50),
+        wait_p50=report.percentile(waits, 50),
+        wait_p95=report.percentile(waits, 95),
+        last_p50=report.percentile(last, 50),
+        first_p50=report.percentile(first, 50),
         first_max=max(first, default=None),
         matched=sum(bool(k.matched) for k in checked),
         checked=len(checked),
@@ -362,7 +307,7 @@ async def measure(
     change of the machine's load meets every configuration alike."""
     texts = [f.read_text(encoding="utf-8") for f in files]
     chosen = plan(texts, places, options.seed, keys, options.max_chars)
-    facts: dict[str, Any] = {"machine_before": common.machine_note(), "stats": {}}
+    facts: dict[str, Any] = {"machine_before": report.machine_note(), "stats": {}}
     kinds = configs(engines, variants)
     results: dict[str, list[PlaceResult]] = {c.label: [] for c in kinds}
     replays: dict[str, TypingReplay] = {}
@@ -370,9 +315,9 @@ async def measure(
         try:
             for config in kinds:
                 replays[config.label] = await _start(options, config, Path(runtime))
-            bar = common.progress(len(chosen) * len(kinds), "typing")
+            bar = report.progress(len(chosen) * len(kinds), "typing")
             for i, place in enumerate(chosen):
-                for config in common.rotated(kinds, i):
+                for config in harness.rotated(kinds, i):
                     bar.set_postfix_str(f"{place.name(files)} {config.label}", refresh=False)
                     results[config.label].append(
                         await replays[config.label].place(
@@ -384,12 +329,12 @@ async def measure(
             await asyncio.sleep(0.5)
             for label, replay in replays.items():
                 with contextlib.suppress(Exception):
-                    final = await asyncio.wait_for(replay.stats(), 30)
+                    final = await replay.stats(30)
                     facts["stats"][label] = final.get("counters")
         finally:
             for replay in replays.values():
                 await replay.stop()
-    facts["machine_after"] = common.machine_note()
+    facts["machine_after"] = report.machine_note()
     return results, facts, chosen
 
 
@@ -412,7 +357,7 @@ def main(
         if engine not in ENGINES:
             raise SystemExit(f"kode bench latency: unknown engine {engine!r}; known: {ENGINES}")
     results, facts, planned = asyncio.run(measure(options, chosen, engines, places, keys, variants))
-    out = common.prepare_out(options.out)
+    out = report.prepare_out(options.out)
     table = markdown_table(HEADER, [row(label, figures(r)) for label, r in results.items()])
     text = (
         "# Typing at fresh places of large real files, engine by engine\n\n"
@@ -420,8 +365,8 @@ def main(
         + ", ".join(f"`{f.name}`" for f in chosen)
         + f"; {keys} keys a place at {options.cadence_ms:g} ms, after "
         f"{options.place_pause_s:g} s; seed {options.seed}; settings: "
-        + "".join(f"`{k}`={v!r}; " for k, v in options.settings)
-        + f"\n- machine: before {facts['machine_before']}; after {facts['machine_after']}\n"
+        + report.settings_note(options.settings)
+        + f"\n{report.machine_line(facts)}\n"
         "- key -> suggestion shown: from a key to the first suggestion text shown for it or "
         "a later key of the place (`inf` if none came); last key: the place's last key to "
         "its own answer (an empty answer counts)\n\n"
@@ -432,8 +377,7 @@ def main(
         + "; ".join(f"{k}: {v}" for k, v in facts["stats"].items())
         + "\n"
     )
-    (out / "report.md").write_text(text, encoding="utf-8")
-    common.write_jsonl(
+    report.write_jsonl(
         out / "keystrokes.jsonl",
         (
             {"configuration": label, **asdict(k), "answer_ms": answer_ms(k)}
@@ -442,6 +386,5 @@ def main(
             for k in r.keys
         ),
     )
-    print(table)
-    print(f"report: {out / 'report.md'}")
+    report.publish(out, "report.md", text, table)
     return 0

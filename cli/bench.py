@@ -6,6 +6,7 @@ kode bench quality [--model M ... | --models a,b] [--set both|all|single,multi,s
 kode bench latency [--model M] [--cadence-ms 120] [--files F ...] [--humaneval N]
 kode bench context [--model M] [--holes 24] [--retrieval-tokens 512] [--latency-files 5000]
 kode bench names [--model small] [--holes 24] [--windows full,short]
+kode bench load (--through-router | --spawn-server | --url URL) [--users 8] [--seconds 20]
 
 Only argument parsing lives here; the benchmark modules are imported when one runs, so
 ``kode`` itself starts fast.
@@ -40,6 +41,35 @@ def _quality_sets(names: tuple[str, ...]) -> tuple[str, ...] | None:
 
 def _csv(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+MAX_USERS = 100
+MAX_SECONDS = 600.0
+
+
+def load_arguments(p: argparse.ArgumentParser) -> None:
+    """``kode bench load``'s options."""
+    p.add_argument("--users", type=int, default=20, help=f"simulated users (1-{MAX_USERS})")
+    p.add_argument(
+        "--seconds", type=float, default=30.0, help=f"how long they type (1-{MAX_SECONDS:.0f})"
+    )
+    p.add_argument("--url", help="a running kode serve")
+    p.add_argument("--spawn-server", action="store_true", help="start kode serve for the run")
+    p.add_argument(
+        "--through-router",
+        action="store_true",
+        help="start kode serve -> SGLang's router -> two kode serve workers for the run "
+        "(needs the sglang-router package)",
+    )
+    p.add_argument("--model", default="small", help="model for --spawn-server")
+    p.add_argument(
+        "--threads", type=int, default=0, help="llama.cpp threads of each spawned server"
+    )
+    p.add_argument("--keys-file", type=Path, help="'name:key' lines; users take them in turn")
+    p.add_argument("--api-key", default="", help="one key for every user")
+    p.add_argument("--max-tokens", type=int, default=24)
+    p.add_argument("--request-timeout", type=float, default=120.0)
+    p.add_argument("--json", action="store_true", help="print the report as JSON only")
 
 
 def register(subparsers: Any) -> None:
@@ -239,6 +269,11 @@ def register(subparsers: Any) -> None:
     )
     engine.add_argument("--seed", type=int, default=0)
     engine.add_argument("--out", type=Path, default=Path("results/engine"))
+
+    load = sub.add_parser(
+        "load", help="simulated users typing against kode serve, or through SGLang's router"
+    )
+    load_arguments(load)
 
     context = sub.add_parser("context", help="cross-file holes: project context vs open tabs")
     context.add_argument("--model", default="default")
@@ -446,6 +481,24 @@ def run(args: argparse.Namespace) -> int:
                 out=args.out,
             )
         )
+    if args.bench_command == "load":
+        modes = [args.url is not None, args.spawn_server, args.through_router]
+        if sum(modes) != 1:
+            print(
+                "kode bench load: give one of --url, --spawn-server, --through-router",
+                file=sys.stderr,
+            )
+            return 2
+        if not 1 <= args.users <= MAX_USERS or not 1 <= args.seconds <= MAX_SECONDS:
+            print(
+                f"kode bench load: --users must be 1 to {MAX_USERS}, "
+                f"--seconds 1 to {MAX_SECONDS:.0f}",
+                file=sys.stderr,
+            )
+            return 2
+        from kode.bench import load as load_bench
+
+        return load_bench.run(args)
     if args.bench_command == "context":
         from kode.bench import context
 

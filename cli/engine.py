@@ -11,31 +11,15 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import time
-from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
+from kode.backends.defaults import CONTEXT_SIZE, ENGINE_IDLE_MINUTES, ENGINE_SLOTS, KV_MEMORY_MB
 from kode.backends.errors import EngineError, KodeError
+from kode.backends.system import alive, choose_thread_waiting
 
 log = logging.getLogger("kode.engine")
-
-# How llama.cpp's OpenMP threads wait between the parts of a decode step, unless the
-# environment says (``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``): spin for a short while,
-# then sleep. Measured (`kode bench engine --busy`, 1.5B, 2 cores; docs/engine.md, "Busy
-# machine"): on a quiet machine PASSIVE (sleep at once) decodes 1.4x slower than spinning
-# (90-95 against 65-68 ms/token), because every step has dozens of short waits; with one
-# busy process per core, spinning without end (ACTIVE) is 1.8-2.7x slower than PASSIVE.
-# A short spin is as fast as spinning on a quiet machine and as PASSIVE under load.
-SPIN_COUNT = "10000"
-
-
-def choose_thread_waiting(environ: MutableMapping[str, str] = os.environ) -> None:
-    """Set libgomp's spin count before llama.cpp's library loads (it reads it once), unless
-    the user set how OpenMP threads wait."""
-    if "OMP_WAIT_POLICY" not in environ and "GOMP_SPINCOUNT" not in environ:
-        environ["GOMP_SPINCOUNT"] = SPIN_COUNT
 
 
 def register(subparsers: Any) -> None:
@@ -51,17 +35,16 @@ def register(subparsers: Any) -> None:
     run = sub.add_parser("run", help="run an engine (editor windows start it themselves)")
     run.add_argument("--model", type=Path, required=True, help="GGUF file")
     run.add_argument("--draft", type=Path, default=None, help="draft GGUF (speculation draft)")
-    run.add_argument("--n-ctx", type=int, default=4096)
+    run.add_argument("--n-ctx", type=int, default=CONTEXT_SIZE)
     run.add_argument("--threads", type=int, default=0, help="0: the measured default")
-    run.add_argument("--kv-memory-mb", type=int, default=512)
-    run.add_argument("--idle-seconds", type=float, default=1800.0)
+    run.add_argument("--kv-memory-mb", type=int, default=KV_MEMORY_MB)
+    run.add_argument("--idle-seconds", type=float, default=ENGINE_IDLE_MINUTES * 60.0)
     run.set_defaults(func=_run)
 
 
-# Generations the engine runs at once, decoded in one batch (docs/engine.md): two windows
-# typing at the same time each decode in ~1.7 single steps instead of waiting for the
-# other; a third waits. Each slot holds ``contextSize`` tokens of KV cache.
-ENGINE_SLOTS = 2
+# How long a starting engine tries for its lock: a window looking whether it is held
+# holds it for a moment (``lock_is_held``); a running engine holds it for good.
+ENGINE_LOCK_WAIT_S = 0.5
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -82,7 +65,7 @@ def _run(args: argparse.Namespace) -> int:
     )
     place = place_for(config)
     lock = EngineLock(place.lock)
-    if not lock.acquire():
+    if not lock.acquire(wait_s=ENGINE_LOCK_WAIT_S):
         log.info("another engine holds %s; leaving it the work", place.lock)
         return 0
     try:
@@ -165,17 +148,9 @@ def _stop(args: argparse.Namespace) -> int:
         return 0
     deadline = time.monotonic() + 15.0
     for pid in pids:
-        while _running(pid) and time.monotonic() < deadline:
+        while alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if _running(pid):
+        if alive(pid):
             raise KodeError(f"the engine pid {pid} did not stop within 15 s")
         print(f"stopped engine pid {pid}")
     return 0
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False

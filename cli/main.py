@@ -20,6 +20,7 @@ from typing import Any
 
 from kode.backends.base import BackendKind, SpeculationMethod
 from kode.backends.errors import KodeError
+from kode.backends.system import choose_thread_waiting
 from kode.cli import bench as bench_cli
 from kode.cli import engine as engine_cli
 from kode.cli import serve as serve_cli
@@ -81,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     # Every command that loads llama.cpp here (a window, the engine, `complete`, `serve`,
     # the benchmarks) waits the way the engine was measured to wait best.
-    engine_cli.choose_thread_waiting()
+    choose_thread_waiting()
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(
         level=level,

@@ -2,6 +2,7 @@
 
     kode serve --host 0.0.0.0 --port 8080 --api-keys keys.txt --model default
     kode serve --api-keys keys.txt --upstream http://gpu1:30000 --upstream http://gpu2:30000
+    kode serve --name worker-0 --keepalive-s 0.5 --kv-memory-mb 64   # behind SGLang's router
 
 Without ``--api-keys`` it listens only on a loopback address. Once it listens it
 prints ``kode serve: listening on http://HOST:PORT`` on stdout (``--port 0`` picks a
@@ -19,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kode.backends.defaults import CONTEXT_SIZE
 from kode.backends.errors import KodeError
 from kode.serve.service import Policy
 
@@ -61,8 +63,31 @@ def register(subparsers: Any) -> None:
         help="how to pick an upstream",
     )
     parser.add_argument("--model", default="default", help="default | small | a GGUF path")
-    parser.add_argument("--context-size", type=int, default=4096)
+    parser.add_argument("--context-size", type=int, default=CONTEXT_SIZE)
     parser.add_argument("--threads", type=int, default=0, help="llama.cpp threads (0: all)")
+    parser.add_argument(
+        "--kv-memory-mb",
+        type=int,
+        default=0,
+        metavar="MB",
+        help="host memory for saved prompt states of the local engine, so that several "
+        "users' files stay evaluated (0: only the one in the context)",
+    )
+    parser.add_argument(
+        "--keepalive-s",
+        type=float,
+        default=15.0,
+        metavar="S",
+        help="an SSE comment this often while a stream has nothing to send; behind "
+        "SGLang's router use 0.5: the router notices a client gone only when it writes "
+        "to it, and only then drops the request here",
+    )
+    parser.add_argument(
+        "--name",
+        default="",
+        help="this server's name in X-Kode-Worker and meta_info.kode_worker "
+        "(default: HOST:PORT as it listens)",
+    )
     parser.add_argument("--max-concurrency-per-key", type=int, default=4, metavar="N")
     parser.add_argument("--max-request-bytes", type=int, default=1 << 20, metavar="N")
     parser.add_argument(
@@ -82,13 +107,17 @@ def is_loopback(host: str) -> bool:
 
 def _bounds_problem(args: argparse.Namespace) -> str | None:
     """The same bounds as the editor settings (``threads: 100000`` aborted llama.cpp)."""
-    from kode.completion.settings import usable_cores
+    from kode.backends.system import usable_cores
 
     cores = usable_cores()
     if not 0 <= args.threads <= cores:
         return f"--threads must be 0 (every core) to {cores}, the cores this machine lets it use"
     if not 512 <= args.context_size <= 1 << 17:
         return "--context-size must be 512 to 131072 tokens"
+    if not 0.05 <= args.keepalive_s <= 300:
+        return "--keepalive-s must be 0.05 to 300 seconds"
+    if not 0 <= args.kv_memory_mb <= 65_536:
+        return "--kv-memory-mb must be 0 to 65536"
     return None
 
 
@@ -124,6 +153,8 @@ async def _serve(args: argparse.Namespace) -> int:
     keys = KeyRing.load(args.api_keys) if args.api_keys is not None else None
     sock = _bind(args.host, args.port)
     try:
+        host, port = sock.getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
         workers = Workers(await _backends(args), args.policy, serial=not args.upstream)
         service = CompletionService(workers, max_per_key=args.max_concurrency_per_key)
         app = build_app(
@@ -132,6 +163,9 @@ async def _serve(args: argparse.Namespace) -> int:
                 keys=keys,
                 max_request_bytes=args.max_request_bytes,
                 log_requests=args.log_requests,
+                keepalive_s=args.keepalive_s,
+                name=args.name or f"{shown}:{port}",
+                context_tokens=0 if args.upstream else args.context_size,
             ),
         )
         config = uvicorn.Config(
@@ -142,8 +176,6 @@ async def _serve(args: argparse.Namespace) -> int:
             lifespan="on",
         )
         server = uvicorn.Server(config)
-        host, port = sock.getsockname()[:2]
-        shown = f"[{host}]" if ":" in host else host
         serving = asyncio.create_task(server.serve(sockets=[sock]))
         while not server.started and not serving.done():  # noqa: ASYNC110 (uvicorn's flag)
             await asyncio.sleep(0.02)
@@ -186,4 +218,10 @@ async def _backends(args: argparse.Namespace) -> list[Any]:
 
     path = await asyncio.to_thread(models.resolve, args.model)
     log.info("loading %s", path)
-    return [await LlamaBackend.load(path, n_ctx=args.context_size, n_threads=args.threads or None)]
+    backend = await LlamaBackend.load(
+        path,
+        n_ctx=args.context_size,
+        n_threads=args.threads or None,
+        kv_memory_mb=args.kv_memory_mb,
+    )
+    return [backend]

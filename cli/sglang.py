@@ -26,11 +26,10 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from kode.backends.errors import CommandError
+from kode.serve.sglang_router import router_argv
+
 ALGORITHMS = ("EAGLE3", "EAGLE", "STANDALONE", "NGRAM")
-
-
-class CommandError(Exception):
-    """The arguments do not describe a valid launch."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,20 +130,7 @@ def build(args: argparse.Namespace, python: str = "python") -> Launch:
         host = parts.hostname if _is_local(url) else "0.0.0.0"
         env = {"CUDA_VISIBLE_DEVICES": str(i)} if local else {}
         workers.append((env, (*server, "--host", host, "--port", str(parts.port))))
-    router = (
-        python,
-        "-m",
-        "sglang_router.launch_router",
-        "--worker-urls",
-        *urls,
-        "--policy",
-        "cache_aware",
-        "--host",
-        args.host,
-        "--port",
-        str(args.port),
-    )
-    return Launch(tuple(workers), router)
+    return Launch(tuple(workers), router_argv(python, urls, args.host, args.port))
 
 
 def _url_host(host: str) -> str:

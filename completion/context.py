@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
 
 from kode.completion.documents import LINE_BREAK, Document, split_lines
-from kode.completion.retrieval import SNIPPET_HEADER_TOKENS, Retrieved, best_window
+from kode.completion.index_worker import words
+from kode.completion.outline import SNIPPET_HEADER_TOKENS
+from kode.completion.retrieval import Retrieved, best_window
 from kode.completion.templates import Snippet
-from kode.completion.workspace import words
 
 CountTokens = Callable[[str], int]
 

@@ -15,25 +15,16 @@ from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from kode.backends.base import Backend, GenerationRequest, PrefillRate, Sampling, TokenHealing
-from kode.backends.errors import DocumentError
-from kode.backends.monitor import Names
+from kode.backends.base import Backend, GenerationRequest, PrefillRate, Sampling
+from kode.backends.errors import DocumentError, Superseded
+from kode.backends.latest import Latest
 from kode.completion import context as ctxmod
 from kode.completion import syntax
 from kode.completion.clock import Clock, SystemClock
-from kode.completion.documents import (
-    Document,
-    DocumentStore,
-    Position,
-    Range,
-    file_path,
-    with_selected,
-)
-from kode.completion.members import Resolver
+from kode.completion.documents import Document, DocumentStore, Position, Range, with_selected
 from kode.completion.partials import PartialPacer
 from kode.completion.preparation import Preparation
 from kode.completion.project import ProjectContext
-from kode.completion.receivers import Receivers
 from kode.completion.retrieval import Retrieved
 from kode.completion.settings import DEFAULT, BackendKind, Settings
 from kode.completion.stops import StopRules
@@ -49,10 +40,9 @@ BackendFactory = Callable[[Settings], Awaitable[Backend]]
 # After a request is cancelled, how long to wait for the edit (or new request) that
 # may keep its suggestion alive before stopping the generation.
 _CANCEL_GRACE_S = 0.1
-
-
-class Superseded(Exception):
-    """A newer request for the same document took over (or the document changed)."""
+# How long closing waits for background work to end (a stopped generation's last step,
+# a re-index waiting for the user's pause) before it cancels what is left.
+CLOSE_WAIT_S = 2.0
 
 
 class CompletionEngine:
@@ -69,14 +59,12 @@ class CompletionEngine:
         self.documents = documents if documents is not None else DocumentStore()
         self.rate = prefill_rate if prefill_rate is not None else PrefillRate()
         self.short_answers = 0  # requests answered from a shorter window (budget)
-        # Requests that kept the project context their window was prepared with, because
-        # the newly retrieved one would have to be evaluated again at the keystroke.
-        self.kept_snippets = 0
+        self.kept_snippets = 0  # kept their prepared project context (no re-evaluation)
         self.cursor_moves = 0  # `kode/didMoveCursor` notifications received
         self._factory = backend_factory
         self._settings = settings
         self._live: dict[str, Suggestion] = {}
-        self._tickets: dict[str, object] = {}
+        self._tickets: Latest[str, object] = Latest()  # the current request per document
         self.typed_ahead_hits = 0
         # The last non-empty answer (`kode/stats` `lastCompletion`, the status bars): the
         # backend's own last generation is often a one-token background one.
@@ -89,7 +77,6 @@ class CompletionEngine:
             lambda: self._settings, self.documents, self._spawn, self.clock
         )
         self._requests = 0  # requests (``complete``) not answered yet
-        self.receivers = Receivers(Resolver(self._module_path))
 
     @property
     def settings(self) -> Settings:
@@ -136,7 +123,7 @@ class CompletionEngine:
         offset = doc.offset_at(position)  # validates the position before any work
         version = doc.version
         ticket = object()
-        self._tickets[uri] = ticket
+        self._tickets.claim(uri, ticket)
         self.preparation.touch(uri, version, offset)
         if selected is not None:
             doc, offset = with_selected(doc, position, *selected)
@@ -163,10 +150,10 @@ class CompletionEngine:
                     # Typed past what the suggestion had so far, and it went another way.
                 self._retire(uri)
             backend = await self.backend()
-            if self._tickets.get(uri) is not ticket:
+            if not self._tickets.holds(uri, ticket):
                 raise Superseded(uri)
             live = await self._start(uri, doc, offset, backend, max_tokens)
-            if self._tickets.get(uri) is not ticket:
+            if not self._tickets.holds(uri, ticket):
                 self._retire(uri)
                 raise Superseded(uri)
             answer = await self._answer(live, doc, ticket, version, "", on_partial, started, began)
@@ -224,11 +211,7 @@ class CompletionEngine:
             stop_texts=template.stop_texts,
             max_lines=settings.max_lines,
         )
-        names = None
-        if isinstance(backend, TokenHealing):  # a backend that sees every logit
-            names = await self._names(
-                doc, offset, ctx.line_prefix[: len(ctx.line_prefix) - len(heal)]
-            )
+        names = await self.project.names(backend, doc, offset, ctx.line_prefix.removesuffix(heal))
         request = GenerationRequest(
             prompt=prompt,
             max_tokens=max_tokens or settings.max_tokens,
@@ -265,24 +248,6 @@ class CompletionEngine:
             self._live[uri] = live
         return live
 
-    def _module_path(self, name: str) -> Path | None:
-        index = self.project.index
-        return None if index is None else index.module_path(name)
-
-    async def _names(self, doc: Document, offset: int, line: str) -> Names | None:
-        """The receivers at the cursor whose members are known (the names monitor), for
-        a Python document with the setting on; worked out in a thread (the first time
-        a document's imports are read costs tens to hundreds of ms), cached by the text
-        around the cursor's line."""
-        if not self._settings.names_monitor or doc.language_id != "python":
-            return None
-        path = file_path(doc.uri)
-        index = self.project.index
-        module = (index.module_of(path) if index is not None and path else None) or ""
-        package = path is not None and path.name == "__init__.py"
-        receivers = self.receivers
-        return await asyncio.to_thread(receivers.names, doc.text, offset, line, module, package)
-
     async def _answer(
         self,
         live: Suggestion,
@@ -313,7 +278,7 @@ class CompletionEngine:
         live.waiters += 1
 
         def current() -> bool:
-            return self._tickets.get(uri) is ticket and stored.version == version
+            return self._tickets.holds(uri, ticket) and stored.version == version
 
         try:
             while not live.done.is_set():
@@ -391,7 +356,7 @@ class CompletionEngine:
             return
         typed = live.typed_into(doc.text)
         if typed is None:
-            self._tickets.pop(uri, None)
+            self._tickets.release(uri)
             self._spawn(self._drop(uri))
             return
         live.wake()
@@ -458,7 +423,7 @@ class CompletionEngine:
 
     async def cancel(self, uri: str) -> None:
         """Abandon the in-flight completion of ``uri`` (if any)."""
-        self._tickets.pop(uri, None)
+        self._tickets.release(uri)
         await self._drop(uri)
 
     def document_closed(self, uri: str) -> None:
@@ -470,13 +435,20 @@ class CompletionEngine:
     async def aclose(self) -> None:
         # The start-up timing and any preparation end as cancelled, not cut off by the
         # backend closing under them (which a shared engine's window reports as a failure).
-        # The index build stops too (it was awaited to its end) and its child exits.
+        # The index's build and updates are stopped, never waited for (their threads may
+        # be in a read), and its child exits. Bounded: what does not end in CLOSE_WAIT_S
+        # is cancelled.
         self.project.close()
         await self.preparation.aclose()
         for uri in list(self._live):
             await self.cancel(uri)
-        for task in list(self._background):
-            await task
+        if self._background:
+            done, late = await asyncio.wait(set(self._background), timeout=CLOSE_WAIT_S)
+            for task in late:
+                task.cancel()
+            for task in done:
+                if not task.cancelled() and (failure := task.exception()) is not None:
+                    log.debug("background work failed: %s", describe_failure(failure))
 
     # -- background work ---------------------------------------------------------------
 

@@ -4,7 +4,7 @@ With the cursor inside a word (``x = self.pro|``) the FIM prefix ends in a fragm
 that the tokenizer cuts differently from the whole word, so the model sees a token it
 rarely saw end a prefix. Kode ends the prefix at the start of its last token instead
 (``x = self``) and asks the backend to begin the generation with the removed text
-(``GenerationRequest.heal``; the constraint itself is ``backends/healing.py``). The
+(``GenerationRequest.heal``; the constraint itself is ``backends/heal_index.py``). The
 generation then spells ``.pro`` again (``.process(...)``), and the text shown is what
 follows it. Only backends that can constrain tokens heal (``TokenHealing``: the local
 engine); a remote server gets the prompt as it is.

@@ -9,12 +9,13 @@ its default; the others still apply.
 from __future__ import annotations
 
 import enum
-import os
 from typing import Annotated, Any, TypeVar
 
 import msgspec
 from kode.backends.base import BackendKind as BackendKind  # re-exported: the `backend` setting
 from kode.backends.base import SpeculationMethod
+from kode.backends.defaults import CONTEXT_SIZE, ENGINE_IDLE_MINUTES, KV_MEMORY_MB
+from kode.backends.system import usable_cores
 from kode.completion.stops import MultilineMode
 
 # Every number has bounds: a value past them is reported and its default used. The
@@ -65,7 +66,7 @@ class Settings(
     # the first window, `kode engine status|stop`), or loads the model itself.
     engine: EngineMode = EngineMode.SHARED
     # The shared engine exits this long after its last window closed (0: at once).
-    engine_idle_minutes: Annotated[int, msgspec.Meta(ge=0, le=7 * 24 * 60)] = 30
+    engine_idle_minutes: Annotated[int, msgspec.Meta(ge=0, le=7 * 24 * 60)] = ENGINE_IDLE_MINUTES
     model: str = "default"  # "default" (1.5B), "small" (0.5B), a GGUF path or hf:OWNER/REPO/FILE
     draft_model: str = "small"  # used by speculation = draft
     template: str = "qwen2.5-coder"
@@ -98,7 +99,7 @@ class Settings(
     index_max_files: Annotated[int, msgspec.Meta(ge=1, le=10_000_000)] = 20000
     # larger files are not indexed
     index_max_file_bytes: Annotated[int, msgspec.Meta(ge=1, le=1 << 30)] = 1_000_000
-    context_size: Annotated[int, msgspec.Meta(ge=512, le=_TOKENS)] = 4096
+    context_size: Annotated[int, msgspec.Meta(ge=512, le=_TOKENS)] = CONTEXT_SIZE
     threads: Annotated[int, msgspec.Meta(ge=0)] = 0  # 0: every core; at most usable_cores()
     log_prompts: bool = False  # never log source code unless asked to
     partial_completions: bool = False  # send kode/inlineCompletionPartial while text grows
@@ -113,19 +114,11 @@ class Settings(
     first_answer_ms: Annotated[int, msgspec.Meta(ge=0, le=60_000)] = 1000
     # llama.cpp: host memory for evaluated prompts of other documents and places (saved
     # KV states, least recently used dropped first); 0 keeps only the current one.
-    kv_memory_mb: Annotated[int, msgspec.Meta(ge=0, le=65_536)] = 512
+    kv_memory_mb: Annotated[int, msgspec.Meta(ge=0, le=65_536)] = KV_MEMORY_MB
     remote: RemoteSettings = RemoteSettings()
 
 
 DEFAULT = Settings()
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity mask, not the machine's count)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def parse(raw: Any, *, cores: int | None = None) -> tuple[Settings, list[str]]:

@@ -33,6 +33,7 @@ import itertools
 import re
 from dataclasses import dataclass
 
+from kode.backends.stop_strings import find_stop
 from kode.completion.syntax import FillCheck
 
 _TAB = 4
@@ -128,11 +129,8 @@ class StopRules:
 
     def scan(self, text: str) -> Cut:
         """Apply the rules to the text generated so far (called as it grows)."""
-        keep, stop = len(text), False
-        for marker in self.stop_texts:
-            at = text.find(marker)
-            if at != -1 and at < keep:
-                keep, stop = at, True
+        hit = find_stop(text, self.stop_texts, 0)
+        keep, stop = (len(text), False) if hit is None else (hit[0], True)
         text = text[:keep]
         if self.single_line:
             at = text.find("\n")

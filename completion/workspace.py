@@ -12,83 +12,71 @@ document, for the few files a completion uses):
 Bounded: files over ``max_file_bytes``, binaries (a NUL byte, or not UTF-8), paths that
 ``.gitignore`` (any level) or ``SKIP_DIRS`` exclude and extensions outside
 ``CODE_EXTENSIONS`` are skipped; indexing stops at ``max_files`` or ``max_postings``
-(each posting is one 8-byte list slot; ``stats()`` reports the estimate).
+(each posting is one 8-byte list slot; ``stats()`` reports the estimate). Whatever
+the workspace holds, nothing here waits on it: what is not a regular file (a FIFO, a
+socket, a device) is never opened and folders that may not be entered are passed by,
+each counted (``skipped_special``, ``skipped_unreadable``); a parse that does not
+answer in ``parse_timeout_s`` is given up (``index_worker``).
 
 Thread-safety: ``build`` runs in a worker thread and every method takes the one lock;
 ``snapshot`` work done under it is short (no I/O).
 
 Never stalls the server's event loop: the files are read and parsed in a low-priority
-child process (``_Worker``; ``ast.parse`` holds the interpreter lock for the whole call,
-150 ms for a 420 KB file, so parsed in the server it delayed every keystroke arriving
-meanwhile), and the server's thread only merges the results, in steps the interpreter
-can switch between. What the index keeps is stored so that the garbage collector has
-little to walk (``Postings``, ``Definitions``): a full collection over the 1.1 M
-objects it held before (a list per word, a ``Definition`` per definition) stopped every
-thread for 0.4 s. A file that crashes
-the parser takes the child down, not the server: it is skipped and the child restarted.
-The child exits with the index (``close``), when the server dies, and after a minute
-without work.
+child process (``index_worker.IndexWorker``), and the server's thread only merges the
+results, in steps the interpreter can switch between. What the index keeps is stored
+so that the garbage collector has little to walk (``Postings``, ``Definitions``): a
+full collection over the 1.1 M objects it held before (a list per word, a
+``Definition`` per definition) stopped every thread for 0.4 s. The child exits with
+the index (``close``), when the server dies, and after a minute without work.
 """
 
 from __future__ import annotations
 
-import ast
-import collections
 import contextlib
 import enum
-import fnmatch
 import itertools
-import marshal
 import math
-import os
-import re
-import select
 import struct
-import subprocess
 import sys
 import threading
 import time
-import weakref
 from array import array
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-CODE_EXTENSIONS = frozenset(
-    (
-        *(".py", ".pyi", ".js", ".jsx", ".mjs", ".ts", ".tsx", ".go", ".rs", ".java", ".kt"),
-        *(".c", ".h", ".cc", ".cpp", ".hpp", ".cs", ".rb", ".php", ".swift", ".scala", ".lua"),
-        *(".sh", ".zig", ".ex", ".exs", ".hs", ".ml", ".vue", ".svelte"),
-    )
+from kode.completion.index_worker import (
+    BINARY,
+    CRASHED,
+    LARGE,
+    OK,
+    SPECIAL,
+    TIMED_OUT,
+    UNREADABLE,
+    Definition,
+    IndexWorker,
+    Parsed,
+    parse_file,
+    peak_kb,
 )
-SKIP_DIRS = frozenset(
-    (
-        *(".git", ".hg", ".svn", "node_modules", "__pycache__", ".venv", "venv", ".tox"),
-        *(".mypy_cache", ".ruff_cache", ".pytest_cache", ".idea", ".vscode"),
-    )
+from kode.completion.workspace_files import (
+    IGNORED,
+    Ignore,
+    is_ignored,
+    module_name,
+    read_ignores,
+    resolve_path,
+    walk,
 )
-WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# Definitions in languages without an ``ast`` here: the name after a defining keyword.
-_DEF_FALLBACK = re.compile(
-    r"^\s*(?:export\s+)?(?:pub(?:\(crate\))?\s+)?(?:async\s+)?(?:static\s+)?"
-    r"(?:def|class|function|fn|func|const|let|var|type|interface|struct|enum|trait|impl"
-    r"|module|object)\s+\*?([A-Za-z_][A-Za-z0-9_]*)"
-)
-_SNIFF_BYTES = 8192
+
 RANK_WORDS = 24  # query words walked by ``rank_files``, rarest first
 RARE_SHARE = 0.05  # ... among those held by at most this share of the files
+_BATCH = 64  # files per step of a build (an update waits for one step at most)
 
 
 class Language(enum.StrEnum):
     PYTHON = "python"
     OTHER = "other"
-
-
-@dataclass(frozen=True, slots=True)
-class Definition:
-    name: str
-    line: int  # zero-based
-    header: str  # the definition's first line, stripped on the right
 
 
 class Definitions(Mapping[str, Definition]):
@@ -145,6 +133,9 @@ class IndexLimits:
     max_file_bytes: int = 1_000_000
     max_postings: int = 4_000_000  # ~16 MB of 4-byte ids at most
     worker_nice: int = 10  # the parsing child's niceness: the model's threads come first
+    # The most one file's parse may take before the child is replaced (a 1 MB file
+    # parses in ~0.4 s; the child is at the idle priority, so a busy machine slows it).
+    parse_timeout_s: float = 30.0
 
 
 @dataclass(slots=True)
@@ -153,6 +144,8 @@ class IndexStats:
     skipped_ignored: int = 0
     skipped_binary: int = 0
     skipped_large: int = 0
+    skipped_special: int = 0  # FIFOs, sockets, devices: never opened
+    skipped_unreadable: int = 0  # files and folders that may not be read
     postings: int = 0
     words: int = 0
     definitions: int = 0
@@ -163,6 +156,7 @@ class IndexStats:
     parsed_in_child: int = 0  # files parsed in the child process
     parsed_here: int = 0  # ... in this process (no child could be started)
     crashed: int = 0  # files skipped because parsing them crashed the child twice
+    timed_out: int = 0  # ... because parsing them did not answer in time, twice
     paused_s: float = 0.0  # how long the build waited for the model to be idle
 
     @property
@@ -173,478 +167,6 @@ class IndexStats:
         return self.postings * 4 + self.words * 150 + self.definitions * 150 + self.files * 800
 
 
-# -- .gitignore -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Rule:
-    pattern: str
-    negate: bool
-    dir_only: bool
-    anchored: bool  # contains a slash before its end: matched against the relative path
-
-
-def parse_gitignore(text: str) -> tuple[_Rule, ...]:
-    """The rules of one ``.gitignore`` file (comments and blank lines dropped)."""
-    rules: list[_Rule] = []
-    for raw in text.splitlines():
-        line = raw.rstrip()
-        if not line or line.startswith("#"):
-            continue
-        negate = line.startswith("!")
-        if negate:
-            line = line[1:]
-        if line.startswith("\\"):
-            line = line[1:]
-        dir_only = line.endswith("/")
-        line = line.rstrip("/")
-        anchored = "/" in line
-        rules.append(_Rule(line.lstrip("/"), negate, dir_only, anchored))
-    return tuple(rules)
-
-
-def _match(rule: _Rule, rel: str, name: str) -> bool:
-    if not rule.anchored:
-        return fnmatch.fnmatchcase(name, rule.pattern)
-    if "**" in rule.pattern:
-        # ``a/**/b`` also matches ``a/b``; fnmatch's ``*`` crosses slashes already.
-        collapsed = rule.pattern.replace("/**/", "/")
-        return fnmatch.fnmatchcase(rel, rule.pattern) or fnmatch.fnmatchcase(rel, collapsed)
-    return fnmatch.fnmatchcase(rel, rule.pattern)
-
-
-class Ignore:
-    """``.gitignore`` semantics for the patterns kode meets: per-directory files, later
-    rules win, ``!`` re-includes, ``dir/`` matches directories only, a pattern with a
-    slash is anchored to its file's directory, ``*``/``?``/``[...]``/``**``."""
-
-    def __init__(self) -> None:
-        self._rules: list[tuple[str, tuple[_Rule, ...]]] = []  # (base dir relative, rules)
-
-    def add(self, base: str, text: str) -> None:
-        self._rules.append((base, parse_gitignore(text)))
-
-    def ignored(self, rel: str, is_dir: bool) -> bool:
-        name = rel.rsplit("/", 1)[-1]
-        verdict = False
-        for base, rules in self._rules:
-            if base and not rel.startswith(base + "/"):
-                continue
-            sub = rel[len(base) + 1 :] if base else rel
-            for rule in rules:
-                if rule.dir_only and not is_dir:
-                    continue
-                if _match(rule, sub, name):
-                    verdict = not rule.negate
-        return verdict
-
-    def scoped(self, base: str) -> Ignore:
-        """The rules that apply under ``base`` (cheap: shares the parsed rules)."""
-        out = Ignore()
-        out._rules = [(b, r) for b, r in self._rules if not b or base == b or base.startswith(b)]
-        return out
-
-
-# -- reading one file -------------------------------------------------------------------
-
-
-def read_text(path: Path, max_bytes: int) -> str | None:
-    """The file's text, or None for a binary, undecodable, huge or unreadable file."""
-    try:
-        with path.open("rb") as handle:
-            data = handle.read(max_bytes + 1)
-    except OSError:
-        return None
-    if len(data) > max_bytes or b"\0" in data[:_SNIFF_BYTES]:
-        return None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-
-
-def python_definitions(text: str) -> dict[str, Definition]:
-    """Top-level functions, classes and assigned names, and the methods of top-level
-    classes (as ``Class.method``), with their first lines. Falls back to the line
-    patterns when the file does not parse (a file being edited)."""
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):  # MemoryError: nesting
-        return fallback_definitions(text)
-    lines = text.splitlines()
-    out: dict[str, Definition] = {}
-
-    def add(name: str, lineno: int) -> None:
-        if name not in out and 0 < lineno <= len(lines):
-            out[name] = Definition(name, lineno - 1, lines[lineno - 1].rstrip())
-
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            add(node.name, node.lineno)
-        elif isinstance(node, ast.ClassDef):
-            add(node.name, node.lineno)
-            for item in node.body:
-                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
-                    add(f"{node.name}.{item.name}", item.lineno)
-        elif isinstance(node, ast.Assign):
-            for target in node.targets:
-                if isinstance(target, ast.Name):
-                    add(target.id, node.lineno)
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            add(node.target.id, node.lineno)
-    return out
-
-
-def fallback_definitions(text: str) -> dict[str, Definition]:
-    out: dict[str, Definition] = {}
-    for number, line in enumerate(text.splitlines()):
-        match = _DEF_FALLBACK.match(line)
-        if match and match.group(1) not in out:
-            out[match.group(1)] = Definition(match.group(1), number, line.rstrip())
-    return out
-
-
-def words(text: str) -> set[str]:
-    """Identifiers of two or more characters (the lexical vocabulary)."""
-    return {w for w in WORD.findall(text) if len(w) > 1}
-
-
-def module_name(rel: Path) -> str | None:
-    """``pkg/sub/mod.py`` -> ``pkg.sub.mod``; ``pkg/__init__.py`` -> ``pkg``."""
-    if rel.suffix not in (".py", ".pyi"):
-        return None
-    parts = list(rel.with_suffix("").parts)
-    if parts and parts[-1] == "__init__":
-        parts.pop()
-    if not parts or not all(p.isidentifier() for p in parts):
-        return None
-    return ".".join(parts)
-
-
-# -- parsing one file, here or in the child ---------------------------------------------
-
-# What the index keeps of one file: (status, characters, mtime, definitions as (name,
-# line, header), its words). Plain tuples, lists and strings: they cross the pipe as
-# ``marshal`` data.
-Parsed = tuple[str, int, float, list[tuple[str, int, str]], list[str]]
-OK, MISSING, LARGE, BINARY, CRASHED = "ok", "missing", "large", "binary", "crashed"
-
-
-def parse_file(path: str, text: str | None, max_bytes: int) -> Parsed:
-    """Read ``path`` (unless ``text``, an open document's, is given) and extract what the
-    index keeps: definitions (``ast`` for Python) and words."""
-    try:
-        stat = os.stat(path)
-        mtime, size = stat.st_mtime, stat.st_size
-    except OSError:
-        if text is None:
-            return (MISSING, 0, 0.0, [], [])
-        mtime, size = 0.0, 0
-    if text is None:
-        if size > max_bytes:
-            return (LARGE, 0, mtime, [], [])
-        text = read_text(Path(path), max_bytes)
-        if text is None:
-            return (BINARY, 0, mtime, [], [])
-    elif len(text) > max_bytes:
-        return (LARGE, 0, mtime, [], [])
-    is_python = path.endswith((".py", ".pyi"))
-    found = python_definitions(text) if is_python else fallback_definitions(text)
-    items = [(d.name, d.line, d.header) for d in found.values()]
-    return (OK, len(text), mtime, items, list(words(text)))
-
-
-class WorkerGone(Exception):
-    """The child stopped (a crash, its idle exit, ``close``) with requests unanswered."""
-
-
-_HEADER = struct.Struct("<I")
-_WINDOW = 8  # requests in flight: paths only, far below a pipe's 64 KB
-_READY = b"kode-index-worker\n"
-_IDLE_EXIT_S = 60.0
-_START_TIMEOUT_S = 30.0
-_POLL_S = 0.2  # how often a blocked read looks at ``cancel``
-_BATCH = 64  # files per step of a build (an update waits for one step at most)
-
-
-def _worker_command(parent: int, nice: int) -> list[str]:
-    """The child: this file run by path in an isolated interpreter (no current folder on
-    ``sys.path``, whose ``ast.py`` could shadow the standard library's; nothing of the
-    server imported)."""
-    code = "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__kode_index_worker__')"
-    return [sys.executable, "-I", "-c", code, __file__, str(parent), str(nice)]
-
-
-class _Worker:
-    """The child process that parses files for one index, started on first use.
-
-    ``parse`` sends requests (a path, and the text when it is an open document's) and
-    yields each answer as it comes, keeping ``_WINDOW`` requests in flight so that the
-    child parses the next file while this process merges the last one. When the child
-    dies with requests unanswered, it is restarted and they are sent again; the one it
-    was working on, if it kills a second child too, is answered ``CRASHED``."""
-
-    def __init__(self, nice: int) -> None:
-        self.nice = nice
-        self.lock = threading.Lock()  # one ``parse`` at a time (a build step, an update)
-        self._proc: subprocess.Popen[bytes] | None = None
-        self.closed = False
-        self.unavailable = False  # no child could be started: parse in this process
-        self.peak_kb = 0  # the largest peak resident memory of a child that ended
-        self._finalizer: weakref.finalize[[subprocess.Popen[bytes]], _Worker] | None = None
-
-    def parse(
-        self,
-        requests: Iterable[tuple[str, str | None, int]],
-        cancel: threading.Event | None = None,
-    ) -> Generator[tuple[tuple[str, str | None, int], Parsed], None, None]:
-        """Answers in the order of ``requests``; fewer when cancelled or closed, or when
-        no child can be started (``unavailable``)."""
-        flight: collections.deque[tuple[str, str | None, int]] = collections.deque()
-        try:
-            yield from self._parse(collections.deque(requests), flight, cancel)
-        finally:
-            if flight:  # stopped early: the child's answers would be out of step
-                self._stop()
-
-    def _parse(
-        self,
-        pending: collections.deque[tuple[str, str | None, int]],
-        flight: collections.deque[tuple[str, str | None, int]],
-        cancel: threading.Event | None,
-    ) -> Iterator[tuple[tuple[str, str | None, int], Parsed]]:
-        retried: set[str] = set()
-        while pending or flight:
-            if self.closed or (cancel is not None and cancel.is_set()):
-                return
-            try:
-                proc = self._ensure()
-                while pending and len(flight) < _WINDOW:
-                    request = pending.popleft()
-                    flight.append(request)
-                    path, text, max_bytes = request
-                    _send(proc, marshal.dumps((path, text, max_bytes)))
-                    if text is not None:
-                        break  # a document's text: no more until it is answered
-                answer = _receive(proc, cancel)
-                if answer is None:  # cancelled while waiting
-                    self._stop()
-                    return
-                yield flight.popleft(), marshal.loads(answer)
-            except (WorkerGone, OSError, EOFError, ValueError):
-                self._stop()
-                if self.closed or self.unavailable:
-                    return
-                if flight:
-                    suspect = flight.popleft()
-                    if suspect[0] in retried:
-                        yield suspect, (CRASHED, 0, 0.0, [], [])
-                    else:
-                        retried.add(suspect[0])
-                        flight.appendleft(suspect)
-                pending.extendleft(reversed(flight))
-                flight.clear()
-
-    def _ensure(self) -> subprocess.Popen[bytes]:
-        if self._proc is not None and self._proc.poll() is None:
-            return self._proc
-        self._stop()
-        try:
-            proc = subprocess.Popen(
-                _worker_command(os.getpid(), self.nice),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                bufsize=0,
-                start_new_session=True,  # no terminal's Ctrl-C; parent death: ``watch``
-            )
-        except OSError:
-            self.unavailable = True
-            raise
-        self._proc = proc
-        self._finalizer = weakref.finalize(self, _kill, proc)
-        try:
-            if _receive_exact(proc, len(_READY), None, _START_TIMEOUT_S) != _READY:
-                raise WorkerGone("no handshake")
-        except (WorkerGone, OSError):
-            self.unavailable = True
-            raise
-        return proc
-
-    def _stop(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            self.peak_kb = max(self.peak_kb, _peak_kb(proc.pid))
-        if self._finalizer is not None:
-            self._finalizer.detach()
-            self._finalizer = None
-        if proc is not None:
-            _kill(proc)
-
-    def close(self) -> None:
-        """Stop the child (any thread); a ``parse`` under way ends. Its pipes are closed
-        by the thread that reads them (their numbers could be reused under it)."""
-        self.closed = True
-        if self.lock.acquire(blocking=False):
-            try:
-                self._stop()
-            finally:
-                self.lock.release()
-            return
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            proc.kill()  # the parsing thread reads the end of output and cleans up
-
-    @property
-    def pid(self) -> int | None:
-        proc = self._proc
-        return None if proc is None or proc.poll() is not None else proc.pid
-
-
-def _peak_kb(pid: int) -> int:
-    """A process's peak resident memory in KB (Linux's ``VmHWM``), 0 when unknown."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return 0
-
-
-def _kill(proc: subprocess.Popen[bytes]) -> None:
-    for stream in (proc.stdin, proc.stdout):
-        if stream is not None:
-            with contextlib.suppress(OSError):
-                stream.close()
-    if proc.poll() is None:
-        proc.kill()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=5)
-
-
-def _send(proc: subprocess.Popen[bytes], payload: bytes) -> None:
-    stdin = proc.stdin
-    if stdin is None:
-        raise WorkerGone("no pipe")
-    view = memoryview(_HEADER.pack(len(payload)) + payload)
-    try:
-        while view:
-            view = view[stdin.write(view) or 0 :]
-    except BrokenPipeError as exc:
-        raise WorkerGone("pipe closed") from exc
-
-
-def _receive(proc: subprocess.Popen[bytes], cancel: threading.Event | None) -> bytes | None:
-    header = _receive_exact(proc, _HEADER.size, cancel)
-    if header is None:
-        return None
-    (size,) = _HEADER.unpack(header)
-    return _receive_exact(proc, size, cancel)
-
-
-def _receive_exact(
-    proc: subprocess.Popen[bytes],
-    size: int,
-    cancel: threading.Event | None,
-    timeout: float | None = None,
-) -> bytes | None:
-    """``size`` bytes from the child (None when ``cancel`` is set meanwhile); waits in
-    ``select`` so that the interpreter lock is free and ``cancel`` is looked at."""
-    stdout = proc.stdout
-    if stdout is None:
-        raise WorkerGone("no pipe")
-    fd = stdout.fileno()
-    chunks: list[bytes] = []
-    got = 0
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while got < size:
-        if cancel is not None and cancel.is_set():
-            return None
-        if deadline is not None and time.monotonic() > deadline:
-            raise WorkerGone("timed out")
-        ready, _, _ = select.select([fd], [], [], _POLL_S)
-        if not ready:
-            continue
-        chunk = os.read(fd, min(size - got, 1 << 20))
-        if not chunk:
-            raise WorkerGone("end of output")
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
-
-
-def lower_priority(nice: int) -> None:
-    """Make this process yield the cores to the model. Niceness alone did not: the
-    model's threads meet at a barrier after every small piece of a decode step, so any
-    delay in waking one of them costs the whole step, and (measured with the 1.5B on two
-    cores, one decode thread beside an index build of the standard library, 80 ms/token
-    alone) a child at nice 10 cost 273 ms/token; also lowering its scheduling
-    autogroup (``/proc/self/autogroup``: the child has a session, so a group, of its
-    own, and a niceness counts only within its group) 169-187; the ``SCHED_IDLE``
-    policy on top, which any waking normal thread preempts at once, 116 (each at the
-    build's start). Over a whole build, decoding without a pause, the idle child still
-    cost 123-158 ms/token: a lower priority spreads the child's work out more than it
-    removes it, so the language server also holds the build while its model generates
-    (``WorkspaceIndex.build``'s ``pause``). Best effort: a kernel without autogroups, or
-    one that refuses, leaves what it can."""
-    with contextlib.suppress(OSError):
-        os.nice(nice)
-    with contextlib.suppress(OSError), open("/proc/self/autogroup", "w") as group:
-        group.write(str(nice))
-    with contextlib.suppress(OSError, AttributeError):  # SCHED_IDLE: Linux only
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-
-
-def _worker_main(argv: list[str]) -> None:
-    """The child's loop: answer each request with ``parse_file``'s result; exit at the end
-    of input, when the parent is gone, or after ``_IDLE_EXIT_S`` without a request."""
-    parent, nice = int(argv[0]), int(argv[1])
-    lower_priority(nice)
-
-    def watch() -> None:  # the parent killed: its pipe may live on in a forked child
-        while True:
-            time.sleep(0.5)
-            if os.getppid() != parent:
-                os._exit(0)
-
-    threading.Thread(target=watch, daemon=True).start()
-    stdin = os.fdopen(sys.stdin.fileno(), "rb", buffering=0, closefd=False)
-    stdout = os.fdopen(sys.stdout.fileno(), "wb", buffering=0, closefd=False)
-    fd = stdin.fileno()
-
-    def read(size: int) -> bytes:
-        chunks: list[bytes] = []
-        got = 0
-        while got < size:
-            ready, _, _ = select.select([fd], [], [], _IDLE_EXIT_S)
-            if not ready:
-                os._exit(0)  # idle: the parent starts another when it needs one
-            chunk = os.read(fd, size - got)
-            if not chunk:
-                os._exit(0)
-            chunks.append(chunk)
-            got += len(chunk)
-        return b"".join(chunks)
-
-    def write(data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            view = view[stdout.write(view) :]
-
-    write(_READY)
-    while True:
-        (size,) = _HEADER.unpack(read(_HEADER.size))
-        path, text, max_bytes = marshal.loads(read(size))
-        try:
-            result = parse_file(path, text, max_bytes)
-        except Exception:  # a bug or an odd file: skip it, go on with the next
-            result = (CRASHED, 0, 0.0, [], [])
-        payload = marshal.dumps(result)
-        write(_HEADER.pack(len(payload)) + payload)
-
-
 # -- the index --------------------------------------------------------------------------
 
 
@@ -652,6 +174,18 @@ def _worker_main(argv: list[str]) -> None:
 class _Roots:
     paths: tuple[Path, ...] = ()
     ignores: dict[Path, Ignore] = field(default_factory=dict)
+
+
+# A file not indexed, by ``parse_file``'s status: the ``IndexStats`` field counting it.
+_SKIP_COUNTERS = {
+    IGNORED: "skipped_ignored",
+    LARGE: "skipped_large",
+    BINARY: "skipped_binary",
+    SPECIAL: "skipped_special",
+    UNREADABLE: "skipped_unreadable",
+    CRASHED: "crashed",
+    TIMED_OUT: "timed_out",
+}
 
 
 class WorkspaceIndex:
@@ -670,7 +204,7 @@ class WorkspaceIndex:
         self._dead_postings = 0
         self._next_id = 0
         self._versions: dict[Path, int] = {}
-        self._worker = _Worker(self.limits.worker_nice)
+        self._worker = IndexWorker(self.limits.worker_nice, self.limits.parse_timeout_s)
         self.stats = IndexStats()
 
     # reading (any thread)
@@ -771,7 +305,8 @@ class WorkspaceIndex:
 
     def _build(self, cancel: threading.Event | None, pause: Callable[[], float] | None) -> None:
         for root in self.roots:
-            paths = self._walk(root)
+            ignore = self._roots.ignores[root] = Ignore()
+            paths = walk(root, ignore, self._skipped)
             while batch := list(itertools.islice(paths, _BATCH)):
                 if pause is not None:
                     waited = pause()
@@ -807,7 +342,7 @@ class WorkspaceIndex:
     def worker_peak_kb(self) -> int:
         """The parsing child's peak resident memory (KB; the largest of those that ran)."""
         pid = self._worker.pid
-        return max(self._worker.peak_kb, 0 if pid is None else _peak_kb(pid))
+        return max(self._worker.peak_kb, 0 if pid is None else peak_kb(pid))
 
     def _parse(
         self, requests: list[tuple[str, str | None]], cancel: threading.Event | None = None
@@ -835,7 +370,10 @@ class WorkspaceIndex:
     def update(self, path: Path, text: str | None = None) -> bool:
         """(Re)index one file after a save, a watched change or an edit (``text``: the
         open document's text). Returns whether the file is indexed now."""
-        path = Path(path).resolve()
+        resolved = resolve_path(path)
+        if resolved is None:
+            return False
+        path = resolved
         root = self._root_of(path)
         if root is not None and path.name == ".gitignore":
             self._roots.ignores.pop(root, None)  # re-read on the next check
@@ -846,9 +384,10 @@ class WorkspaceIndex:
         return self._index_path(path, root, text) and self.entry(path) is not None
 
     def remove(self, path: Path) -> None:
-        path = Path(path).resolve()
-        with self._lock:
-            self._drop(path)
+        resolved = resolve_path(path)
+        if resolved is not None:
+            with self._lock:
+                self._drop(resolved)
 
     def _root_of(self, path: Path) -> Path | None:
         for root in self.roots:
@@ -857,66 +396,10 @@ class WorkspaceIndex:
         return None
 
     def _ignored(self, path: Path, root: Path) -> bool:
-        rel = path.relative_to(root)
-        if any(part in SKIP_DIRS for part in rel.parts[:-1]):
-            return True
-        if path.suffix not in CODE_EXTENSIONS:
-            return True
-        ignore = self._ignore_for(root)
-        parts = rel.parts
-        for i in range(1, len(parts)):
-            if ignore.ignored("/".join(parts[:i]), True):
-                return True
-        return ignore.ignored(rel.as_posix(), False)
-
-    def _ignore_for(self, root: Path) -> Ignore:
         ignore = self._roots.ignores.get(root)
         if ignore is None:
-            ignore = Ignore()
-            for dirpath, dirnames, filenames in os.walk(root):
-                dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS]
-                if ".gitignore" in filenames:
-                    base = Path(dirpath).relative_to(root).as_posix()
-                    text = read_text(Path(dirpath) / ".gitignore", 1_000_000) or ""
-                    ignore.add("" if base == "." else base, text)
-            self._roots.ignores[root] = ignore
-        return ignore
-
-    def _walk(self, root: Path) -> Iterator[Path]:
-        """Files under ``root`` in a stable (sorted) order, pruning ignored directories."""
-        ignore = Ignore()
-        self._roots.ignores[root] = ignore
-        stack = [root]
-        while stack:
-            directory = stack.pop()
-            rel_dir = directory.relative_to(root).as_posix()
-            base = "" if rel_dir == "." else rel_dir
-            gitignore = directory / ".gitignore"
-            if gitignore.is_file():
-                ignore.add(base, read_text(gitignore, 1_000_000) or "")
-            try:
-                children = sorted(os.scandir(directory), key=lambda e: e.name)
-            except OSError:
-                continue
-            subdirs: list[Path] = []
-            for child in children:
-                rel = f"{base}/{child.name}" if base else child.name
-                try:
-                    is_dir = child.is_dir(follow_symlinks=False)
-                    is_file = child.is_file(follow_symlinks=False)
-                except OSError:
-                    continue
-                if is_dir:
-                    if child.name in SKIP_DIRS or ignore.ignored(rel, True):
-                        self.stats.skipped_ignored += 1
-                    else:
-                        subdirs.append(Path(child.path))
-                elif is_file and Path(child.name).suffix in CODE_EXTENSIONS:
-                    if ignore.ignored(rel, False):
-                        self.stats.skipped_ignored += 1
-                    else:
-                        yield Path(child.path)
-            stack.extend(reversed(subdirs))
+            ignore = self._roots.ignores[root] = read_ignores(root)
+        return is_ignored(path, root, ignore)
 
     def _index_path(self, path: Path, root: Path, text: str | None = None) -> bool:
         """Index one file; False once a limit is reached (the caller stops walking)."""
@@ -928,14 +411,10 @@ class WorkspaceIndex:
     def _merge(self, path: Path, root: Path, parsed: Parsed) -> bool:
         """Enter one file's ``parse_file`` result; False once a limit is reached."""
         status, size, mtime, items, vocabulary = parsed
-        if status != OK:
-            if status == LARGE:
-                self.stats.skipped_large += 1  # it may have been small before: dropped
-            elif status == BINARY:
-                self.stats.skipped_binary += 1
-            elif status == CRASHED:
-                self.stats.crashed += 1
-            self.remove(path)
+        if status != OK:  # it may have been indexed before: dropped
+            with self._lock:
+                self._skipped(status)
+                self._drop(path)
             return True
         rel = path.relative_to(root)
         is_python = path.suffix in (".py", ".pyi")
@@ -988,6 +467,12 @@ class WorkspaceIndex:
             self.stats.files = len(self._files)
             self._versions[path] = self._versions.get(path, 0) + 1
         return True
+
+    def _skipped(self, status: str) -> None:
+        """Count a file that is not indexed, by why (``parse_file``'s status)."""
+        counter = _SKIP_COUNTERS.get(status)
+        if counter is not None:
+            setattr(self.stats, counter, getattr(self.stats, counter) + 1)
 
     def _drop(self, path: Path) -> None:
         """Forget ``path`` (lock held). Its postings stay as dead ids until compaction."""
@@ -1056,7 +541,3 @@ def _python_module(rel: Path) -> str | None:
     if rel.parts and rel.parts[0] == "src":
         rel = Path(*rel.parts[1:])
     return module_name(rel)
-
-
-if __name__ == "__kode_index_worker__":
-    _worker_main(sys.argv[2:])  # after "-c" and this file

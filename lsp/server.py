@@ -21,22 +21,24 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import sys
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from threading import Event
 from typing import Any, BinaryIO, ClassVar
 
-import msgspec
-from kode.backends.base import Backend, EngineReport, KvMemoryReport
-from kode.backends.errors import DocumentError, describe
+from kode.backends.defaults import KODE_VERSION
+from kode.backends.errors import BackendClosed, DocumentError, Superseded, describe
 from kode.completion import settings as settings_mod
 from kode.completion.backend_factory import BackendPool, load_backend
 from kode.completion.documents import Position, Range, file_name, file_path
-from kode.completion.engine import BackendFactory, CompletionEngine, Superseded
-from kode.completion.suggestion import Completion, PartialCallback
+from kode.completion.engine import BackendFactory, CompletionEngine
+from kode.completion.suggestion import PartialCallback
 from kode.lsp import framing
 from kode.lsp.errors import to_lsp_error
+from kode.lsp.stats import stats_report
 from lsprotocol import types
 from pygls.exceptions import (
     JsonRpcException,
@@ -50,10 +52,15 @@ from pygls.protocol import JsonRPCRequestMessage, LanguageServerProtocol
 
 log = logging.getLogger("kode.lsp")
 
-VERSION = "0.1.0"
 STATS_METHOD = "kode/stats"
 PARTIAL_METHOD = "kode/inlineCompletionPartial"
 CURSOR_METHOD = "kode/didMoveCursor"
+# ``shutdown`` is answered within SHUTDOWN_S, whatever is still closing (a model being
+# loaded, an engine that does not answer); after ``exit``, or the end of the client's
+# stream, the process is gone within EXIT_S, whatever threads still run (a read stuck
+# in a hung filesystem, a generation's last step): an editor that closes leaves nothing.
+SHUTDOWN_S = 5.0
+EXIT_S = 1.0
 
 
 class _HideSource(logging.Filter):
@@ -171,7 +178,7 @@ class KodeServer(LanguageServer):
     def __init__(self, backend_factory: BackendFactory | None = None) -> None:
         super().__init__(
             "kode",
-            VERSION,
+            KODE_VERSION,
             text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
             protocol_cls=KodeProtocol,
         )
@@ -181,6 +188,8 @@ class KodeServer(LanguageServer):
         self.told: set[str] = set()  # completion failures shown to the user (tell_once)
         self.workspace_roots: list[Path] = []
         self._warmup: asyncio.Task[Any] | None = None
+        self._own_process = False  # served by ``start_io``/``start_tcp``: may end it
+        self._exit_timer: threading.Timer | None = None
 
     def report_server_error(self, error: Exception, source: Any) -> None:
         """Log only: a failed request already got its error response."""
@@ -189,6 +198,7 @@ class KodeServer(LanguageServer):
     def start_io(self, stdin: BinaryIO | None = None, stdout: BinaryIO | None = None) -> None:
         """pygls' stdio server, reading through ``lsp.framing`` (resynchronising)."""
         self._stop_event = Event()
+        self._own_process = True
         self.protocol.set_writer(StdoutWriter(stdout or sys.stdout.buffer))
         read = framing.stdin_reader(stdin or sys.stdin.buffer, self.thread_pool)
         try:
@@ -198,11 +208,13 @@ class KodeServer(LanguageServer):
         except (KeyboardInterrupt, SystemExit):
             pass
         finally:
+            self.exit_soon()
             self.shutdown()  # type: ignore[no-untyped-call]
 
     def start_tcp(self, host: str, port: int) -> None:
         """pygls' TCP server (one client), reading through ``lsp.framing``."""
         self._stop_event = Event()
+        self._own_process = True
 
         async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             self.protocol.set_writer(writer)
@@ -214,8 +226,11 @@ class KodeServer(LanguageServer):
             async with self._server:
                 await self._server.serve_forever()
 
-        with contextlib.suppress(asyncio.CancelledError):
-            asyncio.run(main())
+        try:
+            with contextlib.suppress(asyncio.CancelledError):
+                asyncio.run(main())
+        finally:
+            self.exit_soon()
 
     async def _serve(self, read: Callable[[], Awaitable[bytes]]) -> None:
         protocol = self.protocol
@@ -229,6 +244,20 @@ class KodeServer(LanguageServer):
             stopped=lambda: stop is None or stop.is_set(),
             idle_s=self.frame_idle_s,
         )
+        self.exit_soon()  # the client's stream ended: nothing more will be asked
+
+    def exit_soon(self) -> None:
+        """End this process within ``EXIT_S``: the clean ending goes on meanwhile, and
+        whatever it would wait for (a thread in a read, in a generation's step, in a
+        model's load; ``asyncio.run`` and the interpreter join such threads) is not
+        waited for. Only a process this server owns (``start_io``, ``start_tcp``),
+        never a test's that serves it in its own loop."""
+        if not self._own_process or self._exit_timer is not None:
+            return
+        code = 0 if getattr(self.protocol, "_shutdown", False) else 1  # LSP: 1 unasked
+        self._exit_timer = threading.Timer(EXIT_S, _end_process, args=(code,))
+        self._exit_timer.daemon = True
+        self._exit_timer.start()
 
     def apply_settings(self, raw: Any) -> list[str]:
         parsed, problems = settings_mod.parse(raw)
@@ -401,7 +430,7 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
             on_partial = _partial_sender(server, server.protocol.msg_id, uri, params.position, info)
         try:
             result = await engine.complete(uri, pos, on_partial=on_partial, selected=selected)
-        except Superseded:
+        except (Superseded, BackendClosed):  # obsolete: a newer request, new settings
             return types.InlineCompletionList(items=[])
         except DocumentError as exc:  # this request's own fault: answer it, every time
             raise to_lsp_error(exc) from None
@@ -432,40 +461,43 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
 
     @server.feature(STATS_METHOD)
     def stats(params: Any) -> dict[str, Any]:
-        backend = server.pool.current
-        return {
-            "backend": None if backend is None else backend.name,
-            "model": None if backend is None else backend.model_name,
-            "counters": None if backend is None else backend.counters.as_dict(),
-            "engine": {
-                "typedAheadHits": server.engine.typed_ahead_hits,
-                "prefetches": server.engine.preparation.prefetches,
-                "readAheads": server.engine.preparation.read_aheads,
-                "prepared": server.engine.preparation.prepared,
-                "preparing": server.engine.preparation.preparing,
-                "shortAnswers": server.engine.short_answers,
-                "keptSnippets": server.engine.kept_snippets,
-                "cursorMoves": server.engine.cursor_moves,
-                "prefillTokensPerS": server.engine.rate.value,
-            },
-            "lastCompletion": _last_completion(server.engine.last_answer),
-            "kvMemory": backend.kv_memory if isinstance(backend, KvMemoryReport) else None,
-            "engineProcess": _engine_process(backend),
-            "settings": _redacted(server.engine.settings),
-            "workspace": _index_stats(server),
-        }
+        return stats_report(server.engine, server.pool.current)
 
     @server.feature(types.SHUTDOWN)
     async def shutdown(params: Any) -> None:
-        warmup = server._warmup
-        if warmup is not None and not warmup.done():
-            warmup.cancel()  # nothing to tell the user about a window that is closing
-            with contextlib.suppress(asyncio.CancelledError):
-                await warmup
-        await server.engine.aclose()
-        await server.pool.aclose()
+        try:
+            async with asyncio.timeout(SHUTDOWN_S):
+                await _close(server)
+        except TimeoutError:
+            log.warning("closing took more than %.0f s; the rest ends with the process", SHUTDOWN_S)
+
+    @server.feature(types.EXIT)
+    def on_exit(params: Any) -> None:
+        server.exit_soon()
 
     return server
+
+
+async def _close(server: KodeServer) -> None:
+    warmup = server._warmup
+    if warmup is not None and not warmup.done():
+        warmup.cancel()  # nothing to tell the user about a window that is closing
+        with contextlib.suppress(asyncio.CancelledError):
+            await warmup
+    await server.engine.aclose()
+    await server.pool.aclose()
+
+
+def _end_process(code: int) -> None:
+    """``EXIT_S`` after ``exit`` the process is still there: something it would wait
+    for still runs. Said once in the log, then the process ends without waiting."""
+    others = (threading.current_thread(), threading.main_thread())
+    running = [t.name for t in threading.enumerate() if t not in others]
+    log.warning("ending the process; still running: %s", ", ".join(sorted(running)) or "-")
+    for stream in (sys.stderr, sys.stdout):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _partial_sender(
@@ -504,6 +536,8 @@ async def _warm_up(server: KodeServer) -> None:
     and learn this machine's prefill speed."""
     try:
         await server.engine.warm_up()
+    except BackendClosed:
+        pass  # the settings changed meanwhile: the new backend warms up on first use
     except Exception as exc:  # told once: the first completion failing the same way is quiet
         server.tell_once(to_lsp_error(exc).message)
 
@@ -526,74 +560,9 @@ def _clamp_positions(data: dict[str, Any]) -> dict[str, Any] | None:
     return copy if changed else None
 
 
-def _last_completion(answer: Completion | None) -> dict[str, Any] | None:
-    """The last non-empty answer, for status bars: ``answerMs`` from the request to the
-    answer (0 for one typed ahead), and the generation that made it: its tokens, time to
-    the first token, time in all, and ``tokensPerS``, the decode speed after the first
-    token (null with fewer than two tokens: there is nothing to time)."""
-    if answer is None:
-        return None
-    stats = answer.stats
-    decode_ms = stats.total_ms - stats.ttft_ms
-    speed = None
-    if stats.completion_tokens >= 2 and decode_ms > 0:
-        speed = round((stats.completion_tokens - 1) / decode_ms * 1000.0, 1)
-    return {
-        "answerMs": round(answer.total_ms, 1),
-        "fromCache": answer.from_cache,
-        "completionTokens": stats.completion_tokens,
-        "ttftMs": round(stats.ttft_ms, 1),
-        "generationMs": round(stats.total_ms, 1),
-        "tokensPerS": speed,
-        # the names monitor: dereferences it held to known members, picks under its mask
-        "namesMonitor": {
-            "fired": stats.monitor_fired,
-            "picks": stats.monitor_picks,
-            "ms": round(stats.monitor_ms, 1),
-        },
-    }
-
-
-def _redacted(settings: settings_mod.Settings) -> dict[str, Any]:
-    """Settings for ``kode/stats``: the remote API key is a secret, shown only as set."""
-    out: dict[str, Any] = msgspec.to_builtins(settings)
-    if out["remote"]["apiKey"]:
-        out["remote"]["apiKey"] = "(set)"
-    return out
-
-
 def _describe(exc: BaseException) -> str:
     """``errors.describe``; pygls' own protocol errors carry no source either."""
     return str(exc) if isinstance(exc, JsonRpcException) else describe(exc)
-
-
-def _engine_process(backend: Backend | None) -> dict[str, Any] | None:
-    """Which process runs the model: the shared engine (pid, socket) or this one."""
-    return backend.engine_info if isinstance(backend, EngineReport) else None
-
-
-def _index_stats(server: KodeServer) -> dict[str, Any] | None:
-    """Counts only: the index never reports paths or text."""
-    index = server.engine.workspace
-    if index is None:
-        return None
-    stats = index.stats
-    return {
-        "files": stats.files,
-        "words": stats.words,
-        "postings": stats.postings,
-        "approxBytes": stats.approx_bytes,
-        "complete": stats.complete,
-        "truncated": stats.truncated,
-        "skipped": {
-            "ignored": stats.skipped_ignored,
-            "binary": stats.skipped_binary,
-            "large": stats.skipped_large,
-            "crashedParser": stats.crashed,
-        },
-        "parsedInChild": stats.parsed_in_child,
-        "parsedInServer": stats.parsed_here,
-    }
 
 
 def _workspace_roots(params: types.InitializeParams) -> list[Path]:

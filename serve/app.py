@@ -7,12 +7,16 @@ Endpoints:
   ``text``, incremental ``output_ids`` and ``meta_info``, then ``data: [DONE]``;
 - ``POST /abort_request``: ``{"rid": ...}`` (or ``"abort_all": true``), the caller's own;
 - ``POST /v1/completions``: OpenAI text completions, streamed or not;
-- ``GET /v1/models``, ``GET /get_model_info``;
-- ``GET /health`` and ``GET /metrics`` (Prometheus text): no key needed.
+- ``GET /v1/models``;
+- ``GET /health`` and ``GET /metrics`` (Prometheus text): no key needed;
+- what SGLang's router asks of a worker (``/server_info``, ``/model_info``, ``/get_load``,
+  ``/health_generate``): ``serve/worker_api.py``.
 
 Kode extensions: a request may name its document (``"document": "<uri>"`` or the
 ``X-Kode-Document`` header) so that a newer request for it aborts the older one;
-every generation answer carries ``X-Kode-Request-Id``.
+every generation answer carries ``X-Kode-Request-Id``; a named server's every answer
+carries ``X-Kode-Worker``, and SGLang events' ``meta_info.kode_worker`` names the engine
+that generated (this server's, or the upstream's as that upstream named it).
 
 Prompt text is never logged unless the server runs with ``--log-requests``.
 """
@@ -30,6 +34,7 @@ from typing import Annotated, Any
 
 import msgspec
 from kode.backends.base import GenerationRequest, Sampling, SpeculationMethod
+from kode.backends.errors import ServeError
 from kode.backends.remote.clients import RemoteBackend
 from kode.backends.worker import BackendCounters
 from kode.serve.auth import ANONYMOUS, KeyRing
@@ -41,8 +46,8 @@ from kode.serve.service import (
     EndReason,
     Failed,
     Job,
-    ServeError,
 )
+from kode.serve.worker_api import WorkerApi, WorkerHeader
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -116,6 +121,8 @@ class ServeConfig:
     max_request_bytes: int = 1 << 20
     log_requests: bool = False
     keepalive_s: float = 15.0
+    name: str = ""  # X-Kode-Worker and meta_info.kode_worker ("": not named)
+    context_tokens: int = 0  # what one generation may hold (reported in /server_info)
 
 
 _ENDPOINTS = (
@@ -123,9 +130,14 @@ _ENDPOINTS = (
     "/abort_request",
     "/v1/completions",
     "/v1/models",
-    "/get_model_info",
     "/health",
     "/metrics",
+    "/server_info",
+    "/get_server_info",
+    "/model_info",
+    "/get_model_info",
+    "/get_load",
+    "/health_generate",
 )
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _DONE = b"data: [DONE]\n\n"
@@ -163,7 +175,7 @@ def _decode(data: bytes, kind: type[Any]) -> Any:
         raise ServeError(400, f"bad request: {exc}") from None
 
 
-def _sglang_out(job: Job, ids: tuple[int, ...], ended: Ended | None) -> dict[str, Any]:
+def _sglang_out(job: Job, ids: tuple[int, ...], ended: Ended | None, worker: str) -> dict[str, Any]:
     stats = job.stats
     finish: dict[str, Any] | None = None
     meta: dict[str, Any] = {
@@ -173,6 +185,8 @@ def _sglang_out(job: Job, ids: tuple[int, ...], ended: Ended | None) -> dict[str
         "completion_tokens": stats.completion_tokens,
         "cached_tokens": stats.reused_prompt_tokens,
     }
+    if stats.worker or worker:
+        meta["kode_worker"] = stats.worker or worker
     if ended is not None:
         if ended.reason is EndReason.LENGTH:
             finish = {"type": "length", "length": job.request.max_tokens}
@@ -208,6 +222,8 @@ class _Handlers:
     def __init__(self, service: CompletionService, config: ServeConfig) -> None:
         self.service = service
         self.config = config
+        # The engine's name when it is this server's own; an upstream names its own.
+        self.engine = config.name if service.workers.lines is not None else ""
 
     def caller(self, request: Request) -> str:
         if self.config.keys is None:
@@ -309,7 +325,8 @@ class _Handlers:
                 elif isinstance(event, Failed):
                     return _error(event.status, event.message, "server_error")
                 elif isinstance(event, Ended):
-                    return JSONResponse(_sglang_out(job, tuple(ids), event), headers=headers)
+                    out = _sglang_out(job, tuple(ids), event, self.engine)
+                    return JSONResponse(out, headers=headers)
         return _error(500, "the generation ended without a result", "server_error")
 
     async def sglang_stream(self, request: Request, job: Job) -> AsyncGenerator[bytes]:
@@ -318,9 +335,9 @@ class _Handlers:
                 if event is None:
                     yield _KEEPALIVE
                 elif isinstance(event, Delta):
-                    yield _sse(_sglang_out(job, event.token_ids, None))
+                    yield _sse(_sglang_out(job, event.token_ids, None, self.engine))
                 elif isinstance(event, Ended):
-                    yield _sse(_sglang_out(job, (), event))
+                    yield _sse(_sglang_out(job, (), event, self.engine))
                 else:
                     yield _sse({"error": {"message": event.message, "code": event.status}})
         yield _DONE
@@ -413,11 +430,6 @@ class _Handlers:
             {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "kode"}]}
         )
 
-    async def model_info(self, request: Request) -> Response:
-        self.caller(request)
-        name = self.service.workers.model_name
-        return JSONResponse({"model_path": name, "tokenizer_path": None, "is_generation": True})
-
     async def health(self, request: Request) -> Response:
         ok = await self.service.workers.healthy()
         return JSONResponse(
@@ -451,13 +463,16 @@ def build_app(service: CompletionService, config: ServeConfig) -> Starlette:
         Route("/abort_request", h.abort_request, methods=["POST"]),
         Route("/v1/completions", h.completions, methods=["POST"]),
         Route("/v1/models", h.models, methods=["GET"]),
-        Route("/get_model_info", h.model_info, methods=["GET"]),
         Route("/health", h.health, methods=["GET"]),
         Route("/metrics", h.metrics_text, methods=["GET"]),
+        *WorkerApi(service, config.name, config.context_tokens, h.caller).routes(),
     ]
+    middleware = [Middleware(_CountRequests, counter=service.metrics.requests)]
+    if config.name:
+        middleware.append(Middleware(WorkerHeader, name=config.name))
     return Starlette(
         routes=routes,
-        middleware=[Middleware(_CountRequests, counter=service.metrics.requests)],
+        middleware=middleware,
         exception_handlers={ServeError: h.refused},
         lifespan=h.lifespan,
     )

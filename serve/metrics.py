@@ -137,6 +137,11 @@ class Metrics:
             "kode_cached_prompt_tokens_total", "Prompt tokens whose KV cache entries were reused."
         )
         self.completion_tokens = Counter("kode_completion_tokens_total", "Tokens generated.")
+        self.aborted_tokens = Counter(
+            "kode_aborted_completion_tokens_total",
+            "Tokens generated for requests that were aborted before they ended (work thrown "
+            "away; a generation that stops at once after its abort adds few).",
+        )
         self.latency = Histogram(
             "kode_request_duration_seconds",
             "Request start to the end of a generation that finished (not aborted).",
@@ -159,6 +164,7 @@ class Metrics:
             self.prompt_tokens,
             self.cached_tokens,
             self.completion_tokens,
+            self.aborted_tokens,
             self.latency,
             self.ttft,
             *extra,

@@ -30,26 +30,14 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 
 from kode.backends.base import Backend, FinishReason, GenerationRequest, GenerationStats
-from kode.backends.errors import ContextOverflow, KodeError, RemoteError
+from kode.backends.errors import Busy, ContextOverflow, KodeError, RemoteError, ServeError
+from kode.backends.latest import Latest
+from kode.backends.stop_strings import find_stop, held_back
 from kode.serve.metrics import Metrics
 
 log = logging.getLogger("kode.serve")
 
 KEEPALIVE_S = 15.0  # a comment line this often while a request waits (proxies drop idle streams)
-
-
-class ServeError(KodeError):
-    """A request the server refuses, with the HTTP status to answer."""
-
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status = status
-        self.kind = kind
-
-
-class Busy(ServeError):
-    def __init__(self, message: str) -> None:
-        super().__init__(429, message, "rate_limit_error")
 
 
 class Policy(enum.StrEnum):
@@ -246,27 +234,6 @@ class Job:
                 getter.cancel()
 
 
-def find_stop(text: str, stops: Sequence[str], start: int) -> tuple[int, str] | None:
-    """The earliest stop string in ``text`` that ends at or after ``start``."""
-    best: tuple[int, str] | None = None
-    for stop in stops:
-        at = text.find(stop, max(0, start - len(stop) + 1))
-        if at >= 0 and (best is None or at < best[0]):
-            best = (at, stop)
-    return best
-
-
-def held_back(text: str, stops: Sequence[str]) -> int:
-    """How many trailing characters of ``text`` could still begin a stop string."""
-    hold = 0
-    for stop in stops:
-        for k in range(min(len(stop) - 1, len(text)), hold, -1):
-            if text.endswith(stop[:k]):
-                hold = k
-                break
-    return hold
-
-
 class CompletionService:
     """Jobs over ``Workers``, with per-key limits and latest-wins per document."""
 
@@ -281,7 +248,7 @@ class CompletionService:
         self.metrics = metrics if metrics is not None else Metrics()
         self.max_per_key = max_per_key
         self._jobs: dict[tuple[str, str], Job] = {}  # (key, rid)
-        self._latest: dict[tuple[str, str], Job] = {}  # (key, document)
+        self._latest: Latest[tuple[str, str], Job] = Latest()  # per (key, document)
         self._per_key: dict[str, int] = {}
         self._closed = False
 
@@ -304,7 +271,7 @@ class CompletionService:
         rid = rid or uuid.uuid4().hex
         if (key, rid) in self._jobs:
             raise ServeError(400, f"request id {rid!r} is already in use")
-        older = self._latest.get((key, document)) if document else None
+        older = self._latest.current((key, document)) if document else None
         if older is not None:
             self._abort(older, "superseded", "superseded by a newer request for the document")
         if self._per_key.get(key, 0) >= self.max_per_key:
@@ -312,7 +279,7 @@ class CompletionService:
         job = Job(key, rid, document or None, request, tuple(s for s in stop if s))
         self._jobs[(key, rid)] = job
         if document:
-            self._latest[(key, document)] = job
+            self._latest.claim((key, document), job)
         self._per_key[key] = self._per_key.get(key, 0) + 1
         self.metrics.jobs_in_flight.inc()
         index = self.workers.acquire()
@@ -456,6 +423,8 @@ class CompletionService:
         if job.abort_cause is not None:
             metrics.aborted.inc(job.abort_cause)
             metrics.finished.inc("abort")
+            if ran:
+                metrics.aborted_tokens.inc(by=stats.completion_tokens)
         elif ended is None:
             metrics.finished.inc("error")
         else:
@@ -466,5 +435,5 @@ class CompletionService:
         self._uncount(job)
         if self._jobs.get((job.key, job.rid)) is job:
             del self._jobs[(job.key, job.rid)]
-        if job.document and self._latest.get((job.key, job.document)) is job:
-            del self._latest[(job.key, job.document)]
+        if job.document:
+            self._latest.release((job.key, job.document), job)

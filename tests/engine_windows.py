@@ -1,5 +1,6 @@
 """Test helpers for the shared engine: real ``kode lsp`` windows and the engine
-processes of one test's folder (the benchmark's own, ``kode.bench.engine``)."""
+processes of one test's folder (the benchmarks' own, ``bench/client.py`` and
+``bench/harness.py``)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import asyncio
 import time
 from typing import Any
 
-from kode.bench.common import REPO_ROOT as REPO
-from kode.bench.engine import Window, alive, engine_pids, stop_engines
+from kode.backends.system import alive
+from kode.bench.client import Window
+from kode.bench.harness import engine_pids, stop_engines
+from kode.bench.tasks import REPO_ROOT as REPO
 
 __all__ = ["REPO", "SMALL", "Window", "alive", "engine_pids", "eventually", "stop_engines"]
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from kode.bench import context as bench
+from kode.bench import context_holes as holemod
 
 
 def write(root: Path, rel: str, text: str) -> None:
@@ -37,7 +38,7 @@ def source(tmp_path: Path) -> Path:
 
 
 def test_holes_use_a_sibling_modules_name_written_once(source: Path) -> None:
-    holes = bench.find_holes(source, "pkg")
+    holes = holemod.find_holes(source, "pkg")
     # Square is written twice in report.py, so only circle_area makes a hole.
     assert [(h.module, h.defining, h.name, h.line) for h in holes] == [
         ("pkg/report.py", "pkg/shapes.py", "circle_area", 4)
@@ -47,9 +48,9 @@ def test_holes_use_a_sibling_modules_name_written_once(source: Path) -> None:
 def test_prepare_renames_in_the_whole_copy_and_cuts_the_line(
     source: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    [hole] = bench.find_holes(source, "pkg")
+    [hole] = holemod.find_holes(source, "pkg")
     work = tmp_path_factory.mktemp("work")
-    prepared = bench.prepare(hole, source, work, seed=0)
+    prepared = holemod.prepare(hole, source, work, seed=0)
     assert prepared.renamed.startswith("circle_area_") and prepared.renamed != "circle_area"
     shapes = (work / "pkg/shapes.py").read_text()
     assert f"def {prepared.renamed}(r):" in shapes and "circle_area(" not in shapes
@@ -63,12 +64,12 @@ def test_prepare_renames_in_the_whole_copy_and_cuts_the_line(
 
 def test_new_names_keep_the_style_and_avoid_taken_names() -> None:
     rng = random.Random(0)
-    assert bench.new_name("Handler", set(), rng).startswith("Handler")
-    assert bench.new_name("NOTSET", set(), rng).startswith("NOTSET_")
-    snake = bench.new_name("make_id", set(), rng)
+    assert holemod.new_name("Handler", set(), rng).startswith("Handler")
+    assert holemod.new_name("NOTSET", set(), rng).startswith("NOTSET_")
+    snake = holemod.new_name("make_id", set(), rng)
     assert snake.startswith("make_id_") and snake.islower()
-    taken = {f"Handler{s}" for s in bench._SUFFIXES[1:]}
-    assert bench.new_name("Handler", taken, rng) == f"Handler{bench._SUFFIXES[0]}"
+    taken = {f"Handler{s}" for s in holemod._SUFFIXES[1:]}
+    assert holemod.new_name("Handler", taken, rng) == f"Handler{holemod._SUFFIXES[0]}"
 
 
 def test_metrics_and_gap() -> None:
@@ -76,7 +77,7 @@ def test_metrics_and_gap() -> None:
     assert bench.similarity("", "") == 1.0 and bench.similarity("abc", "abd") == pytest.approx(
         2 / 3
     )
-    assert bench.rename("a.Foo(Foo_x, Foo)", "Foo", "Bar") == "a.Bar(Foo_x, Bar)"
+    assert holemod.rename("a.Foo(Foo_x, Foo)", "Foo", "Bar") == "a.Bar(Foo_x, Bar)"
     rows = [
         bench.Row("open", total=10, names=2),
         bench.Row("retrieval", total=10, names=7),
@@ -87,9 +88,9 @@ def test_metrics_and_gap() -> None:
 
 
 def test_choose_spreads_over_packages_and_modules() -> None:
-    holes = [bench.Hole("a", f"a/m{i % 2}.py", "a/d.py", f"n{i}", i) for i in range(10)]
-    holes += [bench.Hole("b", "b/m.py", "b/d.py", f"k{i}", i) for i in range(3)]
-    chosen = bench.choose(holes, 6, seed=1)
+    holes = [holemod.Hole("a", f"a/m{i % 2}.py", "a/d.py", f"n{i}", i) for i in range(10)]
+    holes += [holemod.Hole("b", "b/m.py", "b/d.py", f"k{i}", i) for i in range(3)]
+    chosen = holemod.choose(holes, 6, seed=1)
     assert len(chosen) == 6
     assert {h.package for h in chosen} == {"a", "b"}
     per_module: dict[str, int] = {}

@@ -115,7 +115,10 @@ async def test_an_engine_killed_under_a_window_is_restarted(engine_folder: Path)
         assert await eventually(lambda: not alive(first), 10)
         # a key that is not the suggestion's (typed-ahead would answer without the model)
         window.type(URI, "Q" if not shown.startswith("Q") else "Z")
-        answer = await window.complete(URI, *window.end_of(URI), STEP_S)
+        try:
+            answer = await window.complete(URI, *window.end_of(URI), STEP_S)
+        except Exception as exc:  # say what the window was told (CI failed here once)
+            raise AssertionError(f"{exc!r}; the window showed {window.shown}") from exc
         assert answer.strip()
         (second,) = engine_pids(engine_folder)
         assert second != first

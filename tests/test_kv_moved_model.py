@@ -13,8 +13,8 @@ import pytest
 import pytest_asyncio
 from kode.backends import models
 from kode.backends.base import GenerationRequest, GenerationStats, SpeculationMethod
+from kode.backends.kv_reuse import MOVED_REFRESH
 from kode.backends.llama.backend import LlamaBackend
-from kode.backends.llama.runtime import MOVED_REFRESH
 from kode.backends.speculative import CostCurve
 
 pytestmark = [pytest.mark.model, pytest.mark.asyncio(loop_scope="module")]

@@ -103,7 +103,7 @@ async def test_pygls_logs_no_code_unless_log_prompts(
 def test_a_failed_run_does_not_put_the_prompt_into_its_error() -> None:
     from kode.backends.base import GenerationRequest
     from kode.backends.errors import BackendError
-    from kode.backends.worker import Job, Live, Steps
+    from kode.backends.worker import Live, Steps, WorkerJob
 
     class Boom:
         def steps(self) -> Steps:
@@ -115,7 +115,7 @@ def test_a_failed_run_does_not_put_the_prompt_into_its_error() -> None:
             return None
 
     async def main() -> list[Any]:
-        job = Job(GenerationRequest(prompt=SECRET, max_tokens=1), asyncio.get_running_loop())
+        job = WorkerJob(GenerationRequest(prompt=SECRET, max_tokens=1), asyncio.get_running_loop())
         live = Live(job, Boom())
         live.advance()
         assert live.ended

@@ -13,12 +13,13 @@ from kode.backends.base import GenerationRequest
 from kode.backends.errors import SettingsError
 from kode.backends.remote.clients import OpenAIBackend, SGLangBackend
 from kode.backends.router import RoutingBackend
+from kode.backends.stop_strings import find_stop, held_back
 from kode.cli import sglang as sglang_cli
 from kode.completion.backend_factory import build_remote, load_backend
 from kode.completion.settings import parse
 from kode.serve.auth import KeyRing
 from kode.serve.metrics import Counter, Histogram, Metrics, parse_text
-from kode.serve.service import CompletionService, Job, Policy, Workers, find_stop, held_back
+from kode.serve.service import CompletionService, Job, Policy, Workers
 from kode_servers import FakeLocal, run_kode
 
 # -- keys -----------------------------------------------------------------------------
@@ -256,7 +257,8 @@ def test_sglang_command_data_parallel_with_router() -> None:
         "--speculative-algorithm EAGLE3 --speculative-draft-model-path D "
         "--host 127.0.0.1 --port 30002",
         "python -m sglang_router.launch_router --worker-urls http://127.0.0.1:30001 "
-        "http://127.0.0.1:30002 --policy cache_aware --host 127.0.0.1 --port 30000",
+        "http://127.0.0.1:30002 --policy cache_aware --cb-failure-threshold 3 "
+        "--host 127.0.0.1 --port 30000",
     ]
     remote = sglang_args(
         "--target", "T", "--algorithm", "NGRAM", "--num-draft-tokens", "8",

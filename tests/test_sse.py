@@ -8,12 +8,11 @@ import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kode.backends.errors import RemoteAuthError, RemoteBusyError, RemoteError
+from kode.backends.errors import RemoteAuthError, RemoteBusyError, RemoteError, StreamError
 from kode.backends.remote.sse import (
     Payload,
     SSEDecoder,
     SSEEvent,
-    StreamError,
     aiter_events,
     decode_json,
     error_for_status,

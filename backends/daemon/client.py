@@ -25,8 +25,6 @@ import itertools
 import logging
 import os
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -39,6 +37,7 @@ from typing import Any, Protocol
 from kode.backends.base import (
     Backend,
     FinishReason,
+    Generation,
     GenerationRequest,
     GenerationStats,
     PromptCache,
@@ -48,18 +47,25 @@ from kode.backends.base import (
 from kode.backends.chunks import ChunkQueue, drain
 from kode.backends.daemon import protocol as wire
 from kode.backends.daemon.paths import (
-    KODE_VERSION,
     EngineConfig,
     EnginePlace,
     lock_is_held,
+    socket_obstacle,
 )
-from kode.backends.errors import EngineError, EngineSetupError, describe
-from kode.backends.kv_reuse import plan_moved_tail, prefix_reach
+from kode.backends.defaults import KODE_VERSION
+from kode.backends.errors import (
+    BackendClosed,
+    BackendError,
+    EngineError,
+    EngineSetupError,
+    describe,
+)
+from kode.backends.kv_reuse import MOVED_REFRESH, plan_moved_tail, prefix_reach
+from kode.backends.system import alive, peer_credentials
 from kode.backends.worker import BackendCounters
 
 log = logging.getLogger("kode.engine")
 
-_PEERCRED = struct.Struct("3i")
 # How long a window waits for a new engine to load its model and answer (the 1.5B loads
 # in seconds on a quiet machine; a busy one and a cold page cache take much longer).
 START_TIMEOUT_S = 180.0
@@ -73,9 +79,6 @@ SILENT_S = 15.0
 # Its progress (model calls, generations served) standing still this long: its model
 # hangs. A prompt batch on a busy 2-core machine takes seconds, never minutes.
 STALL_S = 120.0
-# Tokens a moved suffix re-evaluates (``runtime.MOVED_REFRESH``; not imported, so the
-# window does not need the llama.cpp runtime module for an estimate).
-_MOVED_REFRESH = 8
 
 Notify = Callable[[str], None]
 
@@ -108,6 +111,7 @@ class EngineGeneration:
         # Called at the first chunk: the engine has evaluated the whole prompt by then.
         self.on_prompt: Callable[[EngineGeneration], None] | None = None
         self.tokens: list[int] | None = None  # the prompt's tokens, once the window needs them
+        self._relay: asyncio.Task[None] | None = None  # on the fallback, when moved there
 
     @property
     def stats(self) -> GenerationStats:
@@ -136,7 +140,37 @@ class EngineGeneration:
     def _request_cancel(self) -> None:
         if not self._done.is_set() and not self._cancel_sent:
             self._cancel_sent = True
-            self._conn.send(wire.Cancel(id=self.id))
+            if self._relay is not None:
+                self._relay.cancel()  # leaving the fallback's generation stops it
+            else:
+                self._conn.send(wire.Cancel(id=self.id))
+
+    def run_on(self, backend: Backend) -> None:
+        """Run this generation on ``backend`` (the window's own model, after the engine
+        died and could not be restarted) instead: the keystroke is still answered."""
+
+        async def relay() -> None:
+            inner: Generation | None = None
+            try:
+                inner = await backend.generate(self.request)
+                async for chunk in inner:
+                    self._stats.completion_tokens += len(chunk.token_ids)
+                    self._queue.put_nowait(chunk)
+                stats = await inner.wait()
+                for f in dataclasses.fields(GenerationStats):
+                    setattr(self._stats, f.name, getattr(stats, f.name))
+                self._queue.put_nowait(None)
+                self._done.set()
+            except asyncio.CancelledError:
+                if inner is not None:
+                    await inner.cancel()  # released before this one says it is done
+                self._stats.finish_reason = FinishReason.CANCELLED
+                self._queue.put_nowait(None)
+                self._done.set()
+            except Exception as exc:  # the fallback's own failure reaches the user
+                self.fail(exc)
+
+        self._relay = asyncio.ensure_future(relay())
 
     # -- called by the connection's reader --------------------------------------------------
 
@@ -218,9 +252,7 @@ class Connection:
         reader, writer = await asyncio.open_unix_connection(path)
         try:
             sock = writer.get_extra_info("socket")
-            peer_pid, uid, _gid = _PEERCRED.unpack(
-                sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-            )
+            peer_pid, uid, _gid = peer_credentials(sock)
             if uid != os.getuid():
                 raise EngineSetupError(f"the engine socket {path} is served by user id {uid}")
             hello = wire.Hello(
@@ -288,7 +320,7 @@ class Connection:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError, ConnectionError):
             await self._task
-        self._fail_all(EngineError("this window closed its connection to the Kode engine"))
+        self._fail_all(BackendClosed("this window closed its connection to the Kode engine"))
 
     async def _read(self) -> None:
         why = "closed the connection"
@@ -367,7 +399,7 @@ class Connection:
             if not future.done():
                 future.set_result(message.info)
 
-    def _fail_all(self, exc: EngineError) -> None:
+    def _fail_all(self, exc: BackendError) -> None:
         generations, self._generations = self._generations, {}
         for generation in generations.values():
             generation.fail(exc)
@@ -414,7 +446,10 @@ async def connect(
 
     Connect; else, if no engine holds its lock, take the start lock and spawn one (the
     others, finding the start lock taken, only wait); then retry with backoff until the
-    engine answers or ``timeout_s`` passes.
+    engine answers or ``timeout_s`` passes. At most one engine is spawned: one that
+    ends before it answers (its log says why) is not spawned again, and what stands at
+    the socket path that no engine can clear (``socket_obstacle``: a folder) is said
+    at once, before any spawn (#34: a folder there made a window spawn 73 engines).
     """
 
     def default_spawn(c: EngineConfig, p: EnginePlace) -> int:
@@ -424,6 +459,7 @@ async def connect(
     deadline = time.monotonic() + timeout_s
     delay = 0.02
     start_lock = place.lock.with_suffix(".start")
+    spawned: int | None = None  # the engine this call started
     while True:
         try:
             return await Connection.open(
@@ -437,10 +473,20 @@ async def connect(
             )
         except (FileNotFoundError, ConnectionRefusedError):
             pass
+        obstacle = socket_obstacle(place.socket)
+        if obstacle is not None:
+            raise EngineSetupError(obstacle)
         if not start:
             raise EngineError(f"no Kode engine is running on {place.socket}")
         if not lock_is_held(place.lock):
-            await asyncio.to_thread(_start_once, start_lock, place, config, spawn, deadline)
+            if spawned is not None:
+                raise EngineError(
+                    f"the Kode engine this window started (pid {spawned}) ended before it "
+                    f"answered; its log: {place.log}"
+                )
+            spawned = await asyncio.to_thread(
+                _start_once, start_lock, place, config, spawn, deadline
+            )
         if time.monotonic() >= deadline:
             raise EngineError(
                 f"no Kode engine answered on {place.socket} within {timeout_s:.0f} s "
@@ -456,23 +502,25 @@ def _start_once(
     config: EngineConfig,
     spawn: Callable[[EngineConfig, EnginePlace], int],
     deadline: float,
-) -> None:
+) -> int | None:
     """Spawn the engine unless another window is doing it; hold the start lock until the
-    engine holds its own lock (or it gave up), so that exactly one is spawned."""
+    engine holds its own lock (or it gave up), so that exactly one is spawned. The pid
+    spawned, None if none was."""
     fd = os.open(start_lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            return  # another window is starting it
+            return None  # another window is starting it
         if lock_is_held(place.lock):
-            return
+            return None
         pid = spawn(config, place)
         log.info("started the Kode engine (pid %d) for %s", pid, config.model.name)
         while time.monotonic() < deadline and not lock_is_held(place.lock):
-            if not _alive(pid):
-                return
+            if not alive(pid):
+                break
             time.sleep(0.02)
+        return pid
     finally:
         os.close(fd)
 
@@ -490,17 +538,9 @@ def end_process(pid: int, grace_s: float = 2.0) -> None:
             return
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
-            if not _alive(pid):
+            if not alive(pid):
                 return
             time.sleep(0.02)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 class KvMirror:
@@ -532,7 +572,7 @@ class KvMirror:
     def reach(self, tokens: list[int]) -> int:
         best = max((prefix_reach(p, tokens, None) for p in self._prompts), default=0)
         if len(self._last) >= 2:
-            plan = plan_moved_tail(self._last, tokens, refresh=_MOVED_REFRESH)
+            plan = plan_moved_tail(self._last, tokens, refresh=MOVED_REFRESH)
             if plan is not None:
                 best = max(best, plan.keep + plan.length)
         return min(best, max(len(tokens) - 1, 0))
@@ -608,7 +648,7 @@ class SharedEngineBackend:
 
     async def generate(self, request: GenerationRequest) -> Any:
         if self._closed:
-            raise EngineError("backend is closed")
+            raise BackendClosed("backend is closed")
         conn = await self._connection()
         if conn is None:
             assert self._fallback is not None
@@ -730,17 +770,20 @@ class SharedEngineBackend:
 
     def _lost(self, generations: list[EngineGeneration]) -> bool:
         """The engine died before these produced anything: run them on a restarted one
-        (once per window, as any restart), so the keystroke is still answered."""
-        if self._closed or self._fallback is not None or self.restarts >= MAX_RESTARTS:
+        (once per window, as any restart), else on the window's own model, so that the
+        keystroke is still answered."""
+        if self._closed:
             return False
 
         async def move() -> None:
             conn = await self._connection()
             for generation in generations:
-                if conn is None:
-                    generation.fail(EngineError("the shared Kode engine stopped"))
-                else:
+                if conn is not None:
                     conn.adopt(generation)
+                elif self._fallback is not None:  # the user was told, once
+                    generation.run_on(self._fallback)
+                else:
+                    generation.fail(EngineError("the shared Kode engine stopped"))
 
         task = asyncio.ensure_future(move())
         self._moving.add(task)

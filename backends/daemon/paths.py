@@ -11,28 +11,20 @@ window asking for another model gets an engine of its own.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
-import importlib.metadata
 import os
 import stat
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
+from kode.backends.defaults import CONTEXT_SIZE, KODE_VERSION, KV_MEMORY_MB
 from kode.backends.errors import EngineSetupError
 
-
-def _kode_version() -> str:
-    try:
-        return importlib.metadata.version("kode")
-    except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
-        return "0+unknown"
-
-
-# Kode's version (pyproject's ``version``), in every name here.
-KODE_VERSION = _kode_version()
 # Linux's limit for a Unix socket path (``sun_path``), terminating NUL included.
 _SUN_PATH_MAX = 108
 
@@ -98,6 +90,51 @@ class EnginePlace:
         return self.socket.stem
 
 
+def socket_obstacle(path: Path) -> str | None:
+    """What stands at an engine's socket path that an engine cannot clear, in words;
+    None when the path is free or holds what an engine replaces (a socket, a dead
+    engine's or a live one's; a file, a link, a FIFO: ``unlink`` removes them unread).
+    A folder is left to the user: it may hold anything.
+
+    >>> import tempfile
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> socket_obstacle(folder / "kode.sock") is None
+    True
+    >>> (folder / "kode.sock").mkdir()
+    >>> said = socket_obstacle(folder / "kode.sock")
+    >>> said.replace(str(folder), "F")
+    "F/kode.sock is a folder, where the engine's socket goes; remove it: rmdir F/kode.sock"
+    >>> (folder / "kode.sock").rmdir(); folder.rmdir()
+    """
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{path}, where the engine's socket goes, cannot be looked at ({exc.strerror})"
+    if stat.S_ISDIR(info.st_mode):
+        return f"{path} is a folder, where the engine's socket goes; remove it: rmdir {path}"
+    return None
+
+
+def clear_socket_path(path: Path) -> None:
+    """Make way for an engine's socket (the engine holds its lock: what is there is a
+    dead engine's socket, or was put there by mistake). Raises ``EngineSetupError``
+    for what it must not remove (``socket_obstacle``)."""
+    obstacle = socket_obstacle(path)
+    if obstacle is not None:
+        raise EngineSetupError(obstacle)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+def remove_socket(path: Path) -> None:
+    """Remove an engine's socket as it stops; whatever else is there now is not ours."""
+    with contextlib.suppress(OSError):
+        if stat.S_ISSOCK(path.lstat().st_mode):
+            path.unlink()
+
+
 def fingerprint(*parts: object) -> str:
     """A short stable digest of what an engine loads (twelve hex digits).
 
@@ -133,14 +170,22 @@ class EngineLock:
         self.path = path
         self._fd: int | None = None
 
-    def acquire(self, *, write_pid: bool = True) -> bool:
-        """Take the lock without waiting; False if another process holds it."""
+    def acquire(self, *, write_pid: bool = True, wait_s: float = 0.0) -> bool:
+        """Take the lock, trying for up to ``wait_s``; False if another process holds
+        it. An engine waits a little: a window's ``lock_is_held`` holds the lock for a
+        moment to look, and an engine that took that moment for another engine's lock
+        exited, which its window, spawning once, then took for a failed start."""
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return False
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    return False
+                time.sleep(0.01)
         self._fd = fd
         if write_pid:
             os.ftruncate(fd, 0)
@@ -180,9 +225,9 @@ class EngineConfig:
 
     model: Path
     draft: Path | None = None
-    n_ctx: int = 4096
+    n_ctx: int = CONTEXT_SIZE
     threads: int = 0  # 0: the engine's default (measured, see ``server.engine_threads``)
-    kv_memory_mb: int = 512
+    kv_memory_mb: int = KV_MEMORY_MB
 
     def key(self) -> str:
         """The fingerprint in the socket's name: the settings, and the model files'

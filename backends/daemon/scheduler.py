@@ -30,14 +30,14 @@ The scheduler is pure bookkeeping: it returns a ``Plan`` (what to start, stop, p
 and the engine carries it out, so every rule above is tested without a model.
 
     >>> s = Scheduler(quiet_s=0.25, width=2)
-    >>> [job.id for job in s.submit(Job(1, window=1, background=True), now=0.0).start]
+    >>> [job.id for job in s.submit(EngineJob(1, window=1, background=True), now=0.0).start]
     [1]
-    >>> plan = s.submit(Job(2, window=2, background=False), now=1.0)
+    >>> plan = s.submit(EngineJob(2, window=2, background=False), now=1.0)
     >>> plan.pause.id, plan.start
     (1, ())
     >>> [job.id for job in s.finished(1, paused=True, now=1.01).start]   # the keystroke runs
     [2]
-    >>> [job.id for job in s.submit(Job(3, window=3, background=False), now=1.1).start]
+    >>> [job.id for job in s.submit(EngineJob(3, window=3, background=False), now=1.1).start]
     [3]
     >>> s.finished(2, now=1.4).start, s.finished(3, now=1.5)    # the read-ahead waits
     ((), Plan(start=(), stop=(), pause=None, wake_at=1.75))
@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 
 
 @dataclass(slots=True, eq=False)
-class Job:
+class EngineJob:
     """One generation a window asked for (``id`` unique within the engine)."""
 
     id: int
@@ -70,9 +70,9 @@ class Plan:
     waiting ones end as cancelled), ``pause`` the running background job, ``start`` these,
     and call ``poke`` at ``wake_at``."""
 
-    start: tuple[Job, ...] = ()
-    stop: tuple[Job, ...] = ()
-    pause: Job | None = None
+    start: tuple[EngineJob, ...] = ()
+    stop: tuple[EngineJob, ...] = ()
+    pause: EngineJob | None = None
     wake_at: float | None = None  # background work waits: ``poke`` again then
 
 
@@ -88,13 +88,13 @@ class Scheduler:
 
     quiet_s: float = QUIET_S
     width: int = 1
-    running: list[Job] = field(default_factory=list)
-    waiting: list[Job] = field(default_factory=list)
+    running: list[EngineJob] = field(default_factory=list)
+    waiting: list[EngineJob] = field(default_factory=list)
     last_foreground: float = float("-inf")  # when a keystroke last arrived or ended
     _stopping: set[int] = field(default_factory=set)  # running jobs told to stop or pause
     _seq: itertools.count[int] = field(default_factory=itertools.count)
 
-    def submit(self, job: Job, *, now: float) -> Plan:
+    def submit(self, job: EngineJob, *, now: float) -> Plan:
         """A new request: queue it, replace what it supersedes, pause background work."""
         job.seq = next(self._seq)
         if not job.background:
@@ -144,7 +144,7 @@ class Scheduler:
             self.waiting.append(job)
         return self._next(now)
 
-    def _drop(self, matches: Callable[[Job], bool], now: float) -> Plan:
+    def _drop(self, matches: Callable[[EngineJob], bool], now: float) -> Plan:
         stop = [job for job in self.waiting if matches(job)]
         self.waiting = [job for job in self.waiting if not matches(job)]
         for running in self.running:
@@ -155,7 +155,7 @@ class Scheduler:
             job.abandoned = True
         return self._next(now, stop=tuple(stop))
 
-    def _follows(self, job: Job) -> bool:
+    def _follows(self, job: EngineJob) -> bool:
         """Whether a generation of ``job``'s window and document is still stopping
         (rule 4: ``job`` starts in the slot it leaves)."""
         return bool(job.document) and any(
@@ -165,16 +165,18 @@ class Scheduler:
         )
 
     @staticmethod
-    def _replaces(new: Job, old: Job) -> bool:
+    def _replaces(new: EngineJob, old: EngineJob) -> bool:
         if not new.document or (new.window, new.document) != (old.window, old.document):
             return False
         return not new.background or old.background
 
-    def _next(self, now: float, stop: tuple[Job, ...] = (), pause: Job | None = None) -> Plan:
+    def _next(
+        self, now: float, stop: tuple[EngineJob, ...] = (), pause: EngineJob | None = None
+    ) -> Plan:
         """The plan, starting the best waiting jobs while there is room: keystrokes up to
         ``width`` and never beside background work, background work alone and only once
         it has been quiet for ``quiet_s``."""
-        start: list[Job] = []
+        start: list[EngineJob] = []
         wake_at = None
         while True:
             ready = [job for job in self.waiting if not self._follows(job)]

@@ -12,13 +12,10 @@ to the user's state folder and never holds source code.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import os
 import signal
-import socket
-import struct
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -38,9 +35,11 @@ from kode.backends.base import (
     SpeculationMethod,
 )
 from kode.backends.daemon import protocol as wire
-from kode.backends.daemon.paths import KODE_VERSION, EnginePlace
-from kode.backends.daemon.scheduler import Job, Plan, Scheduler
+from kode.backends.daemon.paths import EnginePlace, clear_socket_path, remove_socket
+from kode.backends.daemon.scheduler import EngineJob, Plan, Scheduler
+from kode.backends.defaults import KODE_VERSION
 from kode.backends.errors import EngineError, EngineSetupError, describe
+from kode.backends.system import peer_credentials
 
 log = logging.getLogger("kode.engine")
 
@@ -48,7 +47,6 @@ log = logging.getLogger("kode.engine")
 FIRST_WINDOW_S = 60.0
 # How often a window with work in the engine hears that it is alive (``Heartbeat``).
 HEARTBEAT_S = 1.0
-_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
 @dataclass(eq=False)
@@ -70,7 +68,7 @@ class Window:
 class Running:
     """A job and what the engine knows of its generation."""
 
-    job: Job
+    job: EngineJob
     window: Window
     request_id: int
     request: Any
@@ -119,8 +117,7 @@ class EngineServer:
         if signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop, f"signal {sig.name}")
-        with contextlib.suppress(FileNotFoundError):
-            self.place.socket.unlink()  # a dead engine's (we hold the lock)
+        clear_socket_path(self.place.socket)  # a dead engine's (we hold the lock)
         server = await asyncio.start_unix_server(self._connection, path=str(self.place.socket))
         os.chmod(self.place.socket, 0o600)
         log.info("engine %s listening on %s", os.getpid(), self.place.socket)
@@ -146,8 +143,7 @@ class EngineServer:
         finally:
             server.close()
             await self._shutdown()
-            with contextlib.suppress(FileNotFoundError):
-                self.place.socket.unlink()
+            remove_socket(self.place.socket)
 
     async def _time_prefill(self, backend: Backend) -> None:
         """Time a synthetic prompt once, before any window is welcomed, so that every
@@ -206,9 +202,7 @@ class EngineServer:
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sock = writer.get_extra_info("socket")
-        pid, uid, _gid = _PEERCRED.unpack(
-            sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-        )
+        pid, uid, _gid = peer_credentials(sock)
         if uid != os.getuid():
             log.warning("refused a connection from user id %d (pid %d)", uid, pid)
             writer.close()
@@ -274,7 +268,7 @@ class EngineServer:
 
     def _handle(self, window: Window, message: wire.WindowMessage) -> None:
         if isinstance(message, wire.Generate):
-            job = Job(
+            job = EngineJob(
                 next(self._ids),
                 window=window.id,
                 background=message.request.background,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 from kode.backends.base import Sampling, SpeculationMethod
+from kode.backends.defaults import CONTEXT_SIZE
 from kode.backends.guided import Guide
 from kode.backends.llama.runtime import LlamaContext, LlamaModel, Row, llama_thread
 from kode.backends.llama.target import (
@@ -166,7 +167,7 @@ class LlamaBackend(LocalBackend[LlamaTarget]):
         cls,
         path: Path,
         *,
-        n_ctx: int = 4096,
+        n_ctx: int = CONTEXT_SIZE,
         n_threads: int | None = None,
         n_seq_max: int = 8,
         n_slots: int = 1,

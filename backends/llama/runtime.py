@@ -23,8 +23,10 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 import numpy.typing as npt
+from kode.backends.defaults import CONTEXT_SIZE
 from kode.backends.errors import BackendError, ContextOverflow, ModelError, PrefillAborted
 from kode.backends.kv_reuse import (
+    MOVED_REFRESH,
     Held,
     MovedTail,
     choose_slot,
@@ -33,7 +35,9 @@ from kode.backends.kv_reuse import (
     prefix_reach,
 )
 from kode.backends.llama import build_flags
+from kode.backends.llama.kv_memory import KvMemory, SavedState
 from kode.backends.steppers import drain_steps
+from kode.backends.system import usable_cores
 
 _log = logging.getLogger(__name__)
 _NO_ABORT = llama_cpp.ggml_abort_callback(0)
@@ -85,13 +89,6 @@ def _say_unused_instructions() -> None:
         )
 
 
-# A moved tail's first tokens are evaluated again: in PSM they are <|fim_suffix|> and the
-# text right after the cursor, which carry what the model knows of the cursor's
-# surroundings. Measured with `kode bench quality --modes moved` (1.5B, 20+20 tasks, 12
-# characters typed): re-evaluating 0 tokens ignored the typed text; 1 or 4 tokens lost one
-# multi-line task (9/20 -> 8/20); 8 tokens lost none (single 16/20, multi 10/20 vs 9/20).
-MOVED_REFRESH = 8
-
 _THREAD_LOCK = threading.Lock()
 _thread: ThreadPoolExecutor | None = None
 
@@ -118,14 +115,6 @@ def llama_thread() -> ThreadPoolExecutor:
 
 def _never() -> bool:
     return False
-
-
-def default_threads() -> int:
-    """Threads for llama.cpp: every core this process may use."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - non-Linux
-        return max(1, os.cpu_count() or 1)
 
 
 class LlamaModel:
@@ -191,74 +180,6 @@ class LlamaModel:
             cached = buf.raw[: max(n, 0)]
             self._pieces[token] = cached
         return cached
-
-
-@dataclass(slots=True)
-class SavedState:
-    """A slot's sequence copied to host memory (``llama_state_seq_get_data``): its KV
-    entries and what its ``Slot`` knows of them; it can come back into any slot."""
-
-    tokens: list[int]
-    prompt_len: int
-    stale_from: int | None
-    drift: int
-    data: ctypes.Array[ctypes.c_uint8]
-
-    @property
-    def nbytes(self) -> int:
-        return len(self.data)
-
-
-class KvMemory:
-    """Saved states of slots, least recently used first, within ``budget`` bytes.
-
-    Going back to a document or a place costs a copy of its saved state (tens of ms)
-    instead of evaluating its prompt again (seconds on a small CPU). A state whose
-    tokens another one extends is dropped: the longer one serves every prompt it served.
-    """
-
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
-        self.states: list[SavedState] = []
-        self.saves = 0
-        self.restores = 0
-        self.evictions = 0
-
-    @property
-    def used(self) -> int:
-        return sum(s.nbytes for s in self.states)
-
-    def add(self, state: SavedState) -> None:
-        n = len(state.tokens)
-        for old in self.states:
-            if len(old.tokens) >= n and old.tokens[:n] == state.tokens and old.stale_from is None:
-                return  # already held, and more
-        exact = n if state.stale_from is None else state.stale_from
-        self.states = [
-            s
-            for s in self.states
-            if not (len(s.tokens) <= exact and state.tokens[: len(s.tokens)] == s.tokens)
-        ]
-        self.states.append(state)
-        self.saves += 1
-        while self.states and self.used > self.budget:
-            self.states.pop(0)
-            self.evictions += 1
-
-    def take(self, index: int) -> SavedState:
-        self.restores += 1
-        return self.states.pop(index)
-
-    def as_dict(self) -> dict[str, int]:
-        return {
-            "states": len(self.states),
-            "bytes": self.used,
-            "budgetBytes": self.budget,
-            "tokens": sum(len(s.tokens) for s in self.states),
-            "saves": self.saves,
-            "restores": self.restores,
-            "evictions": self.evictions,
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -505,7 +426,7 @@ class LlamaContext:
         self,
         model: LlamaModel,
         *,
-        n_ctx: int = 4096,
+        n_ctx: int = CONTEXT_SIZE,
         n_batch: int = 512,
         n_seq_max: int = 1,
         n_slots: int = 1,
@@ -523,7 +444,7 @@ class LlamaContext:
         params.n_ubatch = self.n_ubatch
         params.n_seq_max = n_seq_max * n_slots
         params.kv_unified = True
-        threads = n_threads or default_threads()
+        threads = n_threads or usable_cores()  # every core this process may use
         params.n_threads = threads
         params.n_threads_batch = threads
         params.no_perf = True

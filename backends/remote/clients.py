@@ -37,11 +37,16 @@ from kode.backends.base import (
     TokenChunk,
 )
 from kode.backends.chunks import ChunkQueue, drain
-from kode.backends.errors import BackendError, RemoteError, RemoteTimeout
+from kode.backends.errors import (
+    BackendClosed,
+    BackendError,
+    RemoteError,
+    RemoteTimeout,
+    StreamError,
+)
 from kode.backends.remote.sse import (
     Payload,
     SSEEvent,
-    StreamError,
     aiter_events,
     decode_json,
     error_for_status,
@@ -73,6 +78,7 @@ class _Meta(msgspec.Struct, frozen=True):
     cached_tokens: int | None = None
     spec_verify_ct: int | None = None
     spec_num_proposed_drafts: int | None = None
+    kode_worker: str | None = None  # the engine that generated (a ``kode serve`` extension)
 
 
 class _SGLangOut(Payload, frozen=True):
@@ -185,6 +191,7 @@ class RemoteGeneration:
                 if response.status_code != 200:
                     self._sent = False  # refused: nothing runs there
                     raise await _status_error(response, server)
+                stats.worker = response.headers.get("x-kode-worker", "")
                 async with aclosing(aiter_events(response.aiter_bytes())) as events:
                     async for event in events:
                         if event.done:
@@ -356,7 +363,7 @@ class RemoteBackend:
 
     async def generate(self, request: GenerationRequest) -> RemoteGeneration:
         if self._closed:
-            raise BackendError("backend is closed")
+            raise BackendClosed("backend is closed")
         if request.max_tokens < 1:
             raise BackendError("max_tokens must be at least 1")
         generation = RemoteGeneration(self, request)
@@ -412,6 +419,10 @@ class SGLangBackend(RemoteBackend):
     ``--incremental-streaming-output``; ``incremental=None`` (the default) assumes
     cumulative text and switches for good the first time a text does not extend the
     one before it (an incremental server's second chunk proves it).
+
+    SGLang's router (sglang-router 0.3.2) has no ``/abort_request``: the first 404 turns
+    the aborts off for this upstream, and closing the stream is the abort from then on
+    (the router drops its connection to the worker, which stops the generation).
     """
 
     api = "sglang"
@@ -428,6 +439,7 @@ class SGLangBackend(RemoteBackend):
         super().__init__(url, **kwargs)
         self.incremental = incremental
         self.skip_special_tokens = skip_special_tokens
+        self.sends_aborts = True
 
     def request_body(self, request: GenerationRequest, rid: str) -> tuple[str, dict[str, Any]]:
         sampling: dict[str, Any] = {
@@ -469,6 +481,8 @@ class SGLangBackend(RemoteBackend):
             stats.reused_prompt_tokens = meta.cached_tokens
         if meta.completion_tokens is not None:
             stats.completion_tokens = meta.completion_tokens
+        if meta.kode_worker:
+            stats.worker = meta.kode_worker
         if meta.spec_verify_ct is not None:
             generation.verify_ct = meta.spec_verify_ct
         if meta.spec_num_proposed_drafts is not None:
@@ -485,7 +499,7 @@ class SGLangBackend(RemoteBackend):
         )
 
     def fire_abort(self, rid: str) -> None:
-        if self.client.is_closed:
+        if self.client.is_closed or not self.sends_aborts:
             return
         task = asyncio.get_running_loop().create_task(
             self._abort(rid), name=f"kode-abort-{rid[:8]}"
@@ -503,9 +517,16 @@ class SGLangBackend(RemoteBackend):
             self.counters.aborts_failed += 1
             log.warning("abort of %s at %s failed: %s", rid, self.url, type(exc).__name__)
             return
+        if response.status_code == 404 and self.sends_aborts:
+            self.sends_aborts = False
+            log.info(
+                "%s has no /abort_request (a router?): closing the stream is the abort",
+                self.describe(),
+            )
         if response.status_code != 200:
             self.counters.aborts_failed += 1
-            log.warning("abort of %s at %s: HTTP %d", rid, self.url, response.status_code)
+            if self.sends_aborts:
+                log.warning("abort of %s at %s: HTTP %d", rid, self.url, response.status_code)
 
 
 class OpenAIBackend(RemoteBackend):

@@ -26,14 +26,10 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import msgspec
-from kode.backends.errors import RemoteAuthError, RemoteBusyError, RemoteError
+from kode.backends.errors import RemoteAuthError, RemoteBusyError, RemoteError, StreamError
 
 MAX_LINE_BYTES = 4 << 20  # a line longer than this is not a completion stream
 DONE = "[DONE]"
-
-
-class StreamError(RemoteError):
-    """The stream is not a well-formed event stream (garbage, an endless line)."""
 
 
 @dataclass(frozen=True, slots=True)

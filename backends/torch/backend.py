@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 
 import torch
 from kode.backends.base import Backend, Sampling, SpeculationMethod
+from kode.backends.defaults import CONTEXT_SIZE
 from kode.backends.errors import BackendError, ModelError
 from kode.backends.guided import Guide
 from kode.backends.local import (
@@ -172,7 +173,7 @@ class TorchEngine:
         *,
         draft: PreTrainedModel | None = None,
         name: str = "",
-        n_ctx: int = 4096,
+        n_ctx: int = CONTEXT_SIZE,
     ) -> None:
         self.lm = CausalLM(model)
         self.draft_lm = None if draft is None else CausalLM(draft)
@@ -273,7 +274,7 @@ class TorchBackend(LocalBackend[TorchTarget]):
         draft_options: DraftOptions = NO_OPTIONS,
         curve: CostCurve | None = None,
         name: str = "",
-        n_ctx: int = 4096,
+        n_ctx: int = CONTEXT_SIZE,
         n_threads: int | None = None,
     ) -> TorchBackend:
         """A backend over models already in memory; measures the cost curve unless given.
@@ -295,7 +296,7 @@ class TorchBackend(LocalBackend[TorchTarget]):
         draft: str | Path | None = None,
         draft_options: DraftOptions = NO_OPTIONS,
         device: str | None = None,
-        n_ctx: int = 4096,
+        n_ctx: int = CONTEXT_SIZE,
         n_threads: int | None = None,
         curve: CostCurve | None = None,
     ) -> TorchBackend:
@@ -355,7 +356,7 @@ async def load_torch_backend(
     draft: str | None = None,
     *,
     device: str | None = None,
-    n_ctx: int = 4096,
+    n_ctx: int = CONTEXT_SIZE,
     n_threads: int | None = None,
 ) -> Backend:
     """The factory's entry point: a ``TorchBackend`` for the ``model`` / ``draftModel``

@@ -8,11 +8,16 @@ import importlib
 import pytest
 
 MODULES = [
+    "kode.backends.daemon.paths",
     "kode.backends.daemon.scheduler",
     "kode.backends.kv_reuse",
+    "kode.backends.latest",
     "kode.backends.monitor",
+    "kode.bench.load",
     "kode.completion.clock",
     "kode.completion.documents",
+    "kode.completion.outline",
+    "kode.completion.index_worker",
     "kode.completion.preparation",
     "kode.completion.windows",
 ]

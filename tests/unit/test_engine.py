@@ -14,11 +14,11 @@ from kode.backends.base import (
     GenerationStats,
     TokenChunk,
 )
-from kode.backends.errors import DocumentError
+from kode.backends.errors import DocumentError, Superseded
 from kode.backends.worker import BackendCounters
 from kode.completion.clock import ManualClock
 from kode.completion.documents import Position, Range
-from kode.completion.engine import CompletionEngine, Superseded
+from kode.completion.engine import CompletionEngine
 from kode.completion.settings import parse
 
 

@@ -9,6 +9,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import msgspec
@@ -33,7 +34,7 @@ from kode.backends.daemon.paths import (
     runtime_dir,
     verify_private,
 )
-from kode.backends.daemon.scheduler import Job, Plan, Scheduler
+from kode.backends.daemon.scheduler import EngineJob, Plan, Scheduler
 from kode.backends.errors import ContextOverflow, EngineError, EngineSetupError
 from kode.backends.monitor import Names
 
@@ -107,6 +108,24 @@ def test_lock_is_exclusive_across_processes(tmp_path: Path) -> None:
     lock.release()
     assert not lock_is_held(path)
     assert path.read_text().strip() == str(os.getpid())
+
+
+def test_a_starting_engine_gets_its_lock_past_a_windows_look(tmp_path: Path) -> None:
+    """A window's ``lock_is_held`` takes the lock for a moment; an engine starting in
+    that moment must not conclude another engine runs (it exited, and its window, which
+    spawns once, fell back to its own model)."""
+    path = tmp_path / "e.lock"
+    look = EngineLock(path)
+    assert look.acquire(write_pid=False)  # the window looking
+    assert not EngineLock(path).acquire()  # no wait: taken for another engine
+    engine = EngineLock(path)
+    got: list[bool] = []
+    trying = threading.Thread(target=lambda: got.append(engine.acquire(wait_s=30)))
+    trying.start()
+    look.release()  # the look ends
+    trying.join(30)
+    assert got == [True] and lock_is_held(path)
+    engine.release()
 
 
 # -- the protocol --------------------------------------------------------------------------
@@ -263,15 +282,15 @@ def started(plan: Plan) -> list[int]:
 
 def test_keystroke_pauses_background_work_which_resumes_when_quiet() -> None:
     s = Scheduler(quiet_s=0.25)
-    read_ahead = Job(1, window=1, background=True, document="a")
+    read_ahead = EngineJob(1, window=1, background=True, document="a")
     assert started(s.submit(read_ahead, now=0.0)) == [1]
-    key = Job(2, window=2, background=False, document="b")
+    key = EngineJob(2, window=2, background=False, document="b")
     plan = s.submit(key, now=1.0)
     assert plan.pause is read_ahead and plan.start == ()
     assert started(s.finished(1, paused=True, now=1.01)) == [2]
     plan = s.finished(2, now=1.4)
     assert plan.start == () and plan.wake_at == pytest.approx(1.65)
-    key2 = Job(3, window=1, background=False, document="a2")
+    key2 = EngineJob(3, window=1, background=False, document="a2")
     assert started(s.submit(key2, now=1.5)) == [3]  # typing goes on: it waits more
     assert s.finished(3, now=1.6).wake_at == pytest.approx(1.85)
     assert s.poke(now=1.7).start == ()
@@ -280,10 +299,10 @@ def test_keystroke_pauses_background_work_which_resumes_when_quiet() -> None:
 
 def test_newest_keystroke_first_and_no_foreground_interrupted() -> None:
     s = Scheduler()
-    first = Job(1, window=1, background=False, document="a")
+    first = EngineJob(1, window=1, background=False, document="a")
     s.submit(first, now=0.0)
-    older = Job(2, window=2, background=False, document="b")
-    newer = Job(3, window=3, background=False, document="c")
+    older = EngineJob(2, window=2, background=False, document="b")
+    newer = EngineJob(3, window=3, background=False, document="c")
     assert s.submit(older, now=0.1) == Plan()
     assert s.submit(newer, now=0.2) == Plan()  # the running keystroke is not interrupted
     assert started(s.finished(1, now=0.3)) == [3]
@@ -292,15 +311,15 @@ def test_newest_keystroke_first_and_no_foreground_interrupted() -> None:
 
 def test_keystrokes_of_two_windows_run_together_up_to_the_width() -> None:
     s = Scheduler(width=2)
-    assert started(s.submit(Job(1, window=1, background=False, document="a"), now=0.0)) == [1]
-    assert started(s.submit(Job(2, window=2, background=False, document="b"), now=0.1)) == [2]
-    third = Job(3, window=3, background=False, document="c")
+    assert started(s.submit(EngineJob(1, window=1, background=False, document="a"), now=0.0)) == [1]
+    assert started(s.submit(EngineJob(2, window=2, background=False, document="b"), now=0.1)) == [2]
+    third = EngineJob(3, window=3, background=False, document="c")
     assert s.submit(third, now=0.2) == Plan()  # no room: the newest waits first in line
-    fourth = Job(4, window=3, background=False, document="d")
+    fourth = EngineJob(4, window=3, background=False, document="d")
     s.submit(fourth, now=0.3)
     assert started(s.finished(2, now=0.4)) == [4]
     # a keystroke replacing a running one of its document: both hold a place meanwhile
-    plan = s.submit(Job(5, window=1, background=False, document="a"), now=0.5)
+    plan = s.submit(EngineJob(5, window=1, background=False, document="a"), now=0.5)
     assert [j.id for j in plan.stop] == [1] and plan.start == ()
     assert started(s.finished(1, now=0.6)) == [5]
     assert [j.id for j in s.running] == [4, 5] and s.waiting == [third]
@@ -308,12 +327,12 @@ def test_keystrokes_of_two_windows_run_together_up_to_the_width() -> None:
 
 def test_background_work_runs_alone_and_yields_to_any_keystroke() -> None:
     s = Scheduler(width=2, quiet_s=0.25)
-    bg = Job(1, window=1, background=True, document="big")
+    bg = EngineJob(1, window=1, background=True, document="big")
     assert started(s.submit(bg, now=0.0)) == [1]
-    other_bg = Job(2, window=2, background=True, document="other")
+    other_bg = EngineJob(2, window=2, background=True, document="other")
     assert s.submit(other_bg, now=0.1) == Plan()  # background work never runs beside another
-    key_a = Job(3, window=3, background=False, document="a")
-    key_b = Job(4, window=4, background=False, document="b")
+    key_a = EngineJob(3, window=3, background=False, document="a")
+    key_b = EngineJob(4, window=4, background=False, document="b")
     assert s.submit(key_a, now=1.0).pause is bg
     assert s.submit(key_b, now=1.0) == Plan()  # bg is stopping: nothing beside it
     assert started(s.finished(1, paused=True, now=1.05)) == [4, 3]
@@ -324,12 +343,12 @@ def test_background_work_runs_alone_and_yields_to_any_keystroke() -> None:
 
 def test_latest_wins_per_document() -> None:
     s = Scheduler()
-    s.submit(Job(1, window=1, background=False, document="x"), now=0)
-    queued = Job(2, window=2, background=False, document="a")
+    s.submit(EngineJob(1, window=1, background=False, document="x"), now=0)
+    queued = EngineJob(2, window=2, background=False, document="a")
     s.submit(queued, now=0)
-    plan = s.submit(Job(3, window=2, background=False, document="a"), now=0)
+    plan = s.submit(EngineJob(3, window=2, background=False, document="a"), now=0)
     assert plan.stop == (queued,)
-    plan = s.submit(Job(4, window=1, background=False, document="x"), now=0)
+    plan = s.submit(EngineJob(4, window=1, background=False, document="x"), now=0)
     assert [j.id for j in plan.stop] == [1]  # the running one of the same document stops
     assert s.finished(1, now=0).start != ()
 
@@ -338,23 +357,24 @@ def test_a_replacing_request_starts_in_the_slot_the_replaced_one_leaves() -> Non
     """Room for two, yet a document's next keystroke waits for its previous generation
     to stop (that one's slot holds the document's prompt); another window's does not."""
     s = Scheduler(width=2)
-    s.submit(Job(1, window=1, background=False, document="x"), now=0)
-    plan = s.submit(Job(2, window=1, background=False, document="x"), now=0.1)
+    s.submit(EngineJob(1, window=1, background=False, document="x"), now=0)
+    plan = s.submit(EngineJob(2, window=1, background=False, document="x"), now=0.1)
     assert [j.id for j in plan.stop] == [1] and plan.start == ()
     assert [
-        j.id for j in s.submit(Job(3, window=2, background=False, document="x"), now=0.1).start
+        j.id
+        for j in s.submit(EngineJob(3, window=2, background=False, document="x"), now=0.1).start
     ] == [3]
     assert [j.id for j in s.finished(1, now=0.15).start] == [2]
 
 
 def test_disconnect_drops_everything_of_the_window() -> None:
     s = Scheduler(width=2)
-    running = Job(1, window=1, background=False, document="a")
+    running = EngineJob(1, window=1, background=False, document="a")
     s.submit(running, now=0)
-    neighbour = Job(4, window=2, background=False, document="n")
+    neighbour = EngineJob(4, window=2, background=False, document="n")
     s.submit(neighbour, now=0)
-    waiting = Job(2, window=1, background=True, document="b")
-    other = Job(3, window=2, background=True, document="c")
+    waiting = EngineJob(2, window=1, background=True, document="b")
+    other = EngineJob(3, window=2, background=True, document="c")
     s.submit(waiting, now=0)
     s.submit(other, now=0)
     plan = s.disconnect(1, now=0)
@@ -366,9 +386,9 @@ def test_disconnect_drops_everything_of_the_window() -> None:
 
 def test_a_paused_job_of_a_gone_window_is_not_resumed() -> None:
     s = Scheduler()
-    bg = Job(1, window=1, background=True)
+    bg = EngineJob(1, window=1, background=True)
     s.submit(bg, now=0)
-    s.submit(Job(2, window=2, background=False), now=0)
+    s.submit(EngineJob(2, window=2, background=False), now=0)
     s.disconnect(1, now=0)
     assert s.finished(1, paused=True, now=0).start != ()
     assert bg not in s.waiting
@@ -403,7 +423,7 @@ def test_scheduler_rules_hold_for_any_sequence(ops: list[tuple[object, ...]], wi
     gone: set[int] = set()
     now = 0.0
 
-    def check(plan: Plan, before: list[Job]) -> None:
+    def check(plan: Plan, before: list[EngineJob]) -> None:
         # A job of a document whose previous generation still stops waits for its slot.
         pool = [j for j in before if not s._follows(j)]
         for job in plan.start:
@@ -435,7 +455,7 @@ def test_scheduler_rules_hold_for_any_sequence(ops: list[tuple[object, ...]], wi
             _, window, background, document = op
             assert isinstance(window, int) and isinstance(background, bool)
             gone.discard(window)
-            job = Job(next(ids), window=window, background=background, document=str(document))
+            job = EngineJob(next(ids), window=window, background=background, document=str(document))
             kept = [
                 j
                 for j in s.waiting

@@ -22,10 +22,15 @@ from kode.backends.base import (
     TokenHealing,
 )
 from kode.backends.daemon import protocol as wire
-from kode.backends.daemon.client import Connection, SharedEngineBackend, end_process
+from kode.backends.daemon.client import (
+    MAX_RESTARTS,
+    Connection,
+    SharedEngineBackend,
+    end_process,
+)
 from kode.backends.daemon.paths import EngineConfig, EngineLock, EnginePlace, engine_place
 from kode.backends.daemon.server import EngineServer
-from kode.backends.errors import ContextOverflow, EngineError, EngineSetupError
+from kode.backends.errors import BackendClosed, ContextOverflow, EngineError, EngineSetupError
 from kode.backends.worker import BackendCounters
 
 STEP_S = 10.0
@@ -104,7 +109,7 @@ class Engine:
     ) -> None:
         self.backend = backend
         self.lock = EngineLock(place.lock)
-        assert self.lock.acquire()
+        assert self.lock.acquire(wait_s=0.5)  # as ``kode engine run``: past a window's look
 
         async def load() -> Backend:
             return backend
@@ -175,7 +180,7 @@ async def test_a_closed_window_has_its_generation_cancelled(place: EnginePlace) 
         chunks = aiter(long)
         await asyncio.wait_for(anext(chunks), STEP_S)
         await a.close()
-        with pytest.raises(EngineError, match="closed"):
+        with pytest.raises(BackendClosed, match="closed"):
             await text_of(waiting)
         assert await asyncio.wait_for(text_of(b.generate(request("b", n=2))), STEP_S)
         counters = engine.backend.counters
@@ -285,6 +290,87 @@ async def test_the_client_restarts_a_dead_engine_once_then_falls_back(
                 await engine.stop()
 
 
+def shared_backend(
+    place: EnginePlace, tmp_path: Path, spawned: list[int], notices: list[str]
+) -> tuple[SharedEngineBackend, SlowBackend]:
+    """A window's backend whose spawns are counted and start nothing (an engine that
+    ends as it starts), falling back to a ``SlowBackend``."""
+    fallback = SlowBackend(delay=0.01)
+
+    async def in_process() -> Backend:
+        return fallback
+
+    backend = SharedEngineBackend(
+        EngineConfig(tmp_path / "m.gguf"),
+        place,
+        Vocab(),
+        idle_s=60,
+        fallback=in_process,
+        notify=notices.append,
+        timeout_s=STEP_S,
+    )
+
+    def spawn(_config: EngineConfig, _p: EnginePlace) -> int:
+        spawned.append(0)
+        return 0  # no such process: it ended at once
+
+    backend._spawn = spawn  # type: ignore[attr-defined]
+    return backend, fallback
+
+
+async def test_a_folder_at_the_socket_path_is_said_once_and_no_engine_spawned(
+    place: EnginePlace, tmp_path: Path
+) -> None:
+    """#34: a folder where the socket goes made a window spawn 73 engines, each dying
+    on it, and answer only after the 180 s start timeout."""
+    place.socket.mkdir()
+    spawned: list[int] = []
+    notices: list[str] = []
+    backend, fallback = shared_backend(place, tmp_path, spawned, notices)
+    try:
+        await asyncio.wait_for(backend.start(), STEP_S)
+        assert await text_of(await backend.generate(request("x", n=1))) == "x:0 "
+        assert spawned == [] and fallback.started == ["x"]
+        assert len(notices) == 1, notices
+        assert f"{place.socket} is a folder" in notices[0] and f"rmdir {place.socket}" in notices[0]
+    finally:
+        await backend.aclose()
+
+
+async def test_an_engine_that_ends_as_it_starts_is_spawned_once(
+    place: EnginePlace, tmp_path: Path
+) -> None:
+    spawned: list[int] = []
+    notices: list[str] = []
+    backend, _ = shared_backend(place, tmp_path, spawned, notices)
+    try:
+        await asyncio.wait_for(backend.start(), STEP_S)
+        assert spawned == [0] and backend.engine_info["kind"] == "inProcess"
+        assert len(notices) == 1 and "ended before it answered" in notices[0]
+        assert str(place.log) in notices[0]
+    finally:
+        await backend.aclose()
+
+
+async def test_the_engine_refuses_a_folder_at_its_socket_path_in_one_sentence(
+    place: EnginePlace,
+) -> None:
+    place.socket.mkdir()
+    lock = EngineLock(place.lock)
+    assert lock.acquire()
+
+    async def load() -> Backend:
+        raise AssertionError("no model is loaded for an engine that cannot listen")
+
+    try:
+        server = EngineServer(place, load, idle_s=60, time_prefill=False)
+        with pytest.raises(EngineSetupError, match="is a folder, where the engine's socket"):
+            await asyncio.wait_for(server.run(signals=False), STEP_S)
+        assert place.socket.is_dir()  # left to the user
+    finally:
+        lock.release()
+
+
 async def test_a_window_asking_for_another_engine_is_refused(place: EnginePlace) -> None:
     engine = Engine(place, SlowBackend())
     first = await window(place)  # the engine is up
@@ -356,6 +442,40 @@ async def test_a_keystroke_in_flight_when_the_engine_dies_is_answered(
                 await engine.stop()
 
 
+async def test_a_keystroke_in_flight_when_the_engine_cannot_come_back_runs_on_the_fallback(
+    place: EnginePlace, tmp_path: Path
+) -> None:
+    """The engine dies once more than a window restarts it: the keystroke it was running
+    is answered by the window's own model (the user is told once), not failed."""
+    engine = Engine(place, SlowBackend(delay=5.0))
+    notices: list[str] = []
+    backend, fallback = shared_backend(place, tmp_path, [], notices)
+    try:
+        await asyncio.wait_for(backend.start(), STEP_S)
+        backend.restarts = MAX_RESTARTS  # restarted as often as a window does already
+        generation = await backend.generate(request("k", n=2))
+        long = await backend.generate(request("c", n=10_000))  # sent; no token yet
+        for w in list(engine.server.windows.values()):
+            w.writer.transport.abort()  # the engine dies: connections reset
+        engine.server.stop("crash")
+        assert await asyncio.wait_for(text_of(generation), STEP_S) == "k:0 k:1 "
+        assert sorted(fallback.started) == ["c", "k"]
+        assert generation.stats.completion_tokens == 2
+        assert generation.stats.finish_reason is FinishReason.LENGTH
+        assert len(notices) == 1 and "stopped again" in notices[0]
+        assert backend.engine_info["kind"] == "inProcess"
+        # cancelling one that runs there stops the fallback's generation
+        chunks = aiter(long)
+        assert (await asyncio.wait_for(anext(chunks), STEP_S)).text == "c:0 "
+        await asyncio.wait_for(long.cancel(), STEP_S)
+        assert long.stats.finish_reason is FinishReason.CANCELLED
+        assert fallback.counters.generations == 2  # both ended there: nothing left running
+    finally:
+        await backend.aclose()
+        if not engine.task.done():
+            await engine.stop()
+
+
 async def test_the_window_knows_the_prompt_is_evaluated_at_the_first_token(
     place: EnginePlace, tmp_path: Path
 ) -> None:
@@ -383,8 +503,10 @@ async def test_the_window_knows_the_prompt_is_evaluated_at_the_first_token(
 async def test_a_window_closing_its_connection_does_not_blame_the_engine(
     place: EnginePlace,
 ) -> None:
-    """A generation still waiting when the window closes (its shutdown) ends with words
-    that say so, and nothing is moved to a restarted engine (#15, fault 2)."""
+    """A generation still waiting when the window closes (its shutdown, its settings
+    changed) ends with words that say so, as ``BackendClosed``, which the language
+    server answers empty and never shows (#34), and nothing is moved to a restarted
+    engine (#15, fault 2)."""
     engine = Engine(place, SlowBackend(delay=5.0))
     conn = await window(place)
     lost: list[int] = []
@@ -393,7 +515,7 @@ async def test_a_window_closing_its_connection_does_not_blame_the_engine(
         generation = conn.generate(request("w", n=2))
         await asyncio.sleep(0.1)  # sent and running: no token yet
         await asyncio.wait_for(conn.close(), STEP_S)
-        with pytest.raises(EngineError, match="this window closed its connection") as raised:
+        with pytest.raises(BackendClosed, match="this window closed its connection") as raised:
             await asyncio.wait_for(text_of(generation), STEP_S)
         assert "pid" not in str(raised.value) and not lost
     finally:

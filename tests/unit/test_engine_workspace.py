@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import gc
+import threading
 import time
 from pathlib import Path
 
@@ -339,3 +340,39 @@ async def test_the_index_build_waits_while_the_model_generates(tmp_path: Path) -
         assert index.stats.paused_s >= 0.4, index.stats
     finally:
         await engine.aclose()
+
+
+async def test_a_stuck_index_update_holds_up_neither_retrieval_nor_closing(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#34: an update stuck in a read (a FIFO opened for reading waited for a writer
+    for good) ran on the event loop's default executor; a few of them took every
+    thread of it, so retrieval waited too, and ``aclose`` (the LSP ``shutdown``) waited
+    for them. Updates now run in order on a daemon thread of the index's own."""
+    engine = engine_for(ScriptedBackend(["x"]))
+    await built(engine, project)
+    index = engine.workspace
+    assert index is not None
+    release = threading.Event()
+    stuck: list[Path] = []
+
+    def blocked_update(path: Path, text: str | None = None) -> bool:
+        stuck.append(path)
+        release.wait(30)
+        return False
+
+    monkeypatch.setattr(index, "update", blocked_update)
+    try:
+        engine.files_changed([((project / f"m{i}.py").as_uri(), False) for i in range(40)])
+        async with asyncio.timeout(5):
+            while not stuck:
+                await asyncio.sleep(0.01)
+        # The default executor is free: retrieval's thread work runs at once.
+        assert await asyncio.wait_for(asyncio.to_thread(lambda: "free"), 2) == "free"
+        assert "circle_area_quill" in await complete_app(engine, project)
+        started = time.monotonic()
+        await asyncio.wait_for(engine.aclose(), 5)
+        assert time.monotonic() - started < 3
+        assert len(stuck) == 1  # one at a time, and none started after the close
+    finally:
+        release.set()

@@ -7,9 +7,9 @@ import doctest
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from kode.backends import healing as backend_healing
+from kode.backends import heal_index as backend_healing
 from kode.backends.base import GenerationRequest
-from kode.backends.healing import HealIndex
+from kode.backends.heal_index import HealIndex
 from kode.backends.speculative import TokenTree
 from kode.backends.steppers import Prefilled, Probs, heal
 from kode.completion.documents import Position

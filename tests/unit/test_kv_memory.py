@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ctypes
 
-from kode.backends.llama.runtime import KvMemory, SavedState
+from kode.backends.llama.kv_memory import KvMemory, SavedState
 
 
 def state(tokens: list[int], nbytes: int, stale_from: int | None = None) -> SavedState:

@@ -13,22 +13,21 @@ from hypothesis import strategies as st
 from kode.completion import retrieval
 from kode.completion.context import Budget, gather
 from kode.completion.documents import Document
+from kode.completion.index_worker import Definition, python_definitions, read_text
+from kode.completion.outline import Measure, MemberFacts, rank_members, render_outline
 from kode.completion.retrieval import (
     Binding,
-    MemberFacts,
     Retrieved,
     Retriever,
     Source,
     best_window,
     definition_excerpt,
     python_imports,
-    rank_members,
-    render_outline,
     resolve_relative,
     select,
 )
 from kode.completion.templates import Snippet
-from kode.completion.workspace import Definition, WorkspaceIndex, python_definitions, read_text
+from kode.completion.workspace import WorkspaceIndex
 
 
 def write(root: Path, rel: str, text: str) -> Path:
@@ -431,7 +430,7 @@ def test_retrieval_chosen_by_real_tokens_fits_and_keeps_the_definitions(tmp_path
     names used at the cursor are among them."""
     app = constants_project(tmp_path)
     text = app.read_text()
-    measure = retrieval.Measure.tokens(dense_count)
+    measure = Measure.tokens(dense_count)
     for budget in (120, 256, 512):
         got = retriever(tmp_path).retrieve(app, text, len(text), budget, measure=measure)
         assert sum(dense_count(r.snippet.text) + 8 for r in got) <= budget

@@ -3,7 +3,7 @@ chose (docs/engine.md, "Busy machine"). No model."""
 
 from __future__ import annotations
 
-from kode.cli.engine import SPIN_COUNT, choose_thread_waiting
+from kode.backends.system import SPIN_COUNT, choose_thread_waiting
 
 
 def test_a_short_spin_unless_the_user_chose_how_threads_wait() -> None:

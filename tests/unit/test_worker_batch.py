@@ -20,7 +20,7 @@ from kode.backends.errors import BackendError
 from kode.backends.local import LocalBackend
 from kode.backends.speculative import CostCurve, TokenTree
 from kode.backends.steppers import Prefilled, Probs, Stepper, step_each
-from kode.backends.worker import Job, Plain, WorkerRun
+from kode.backends.worker import Plain, WorkerJob, WorkerRun
 
 STOP = 0
 CHUNK = 4  # prompt tokens per prompt batch
@@ -312,7 +312,7 @@ def test_a_speculating_run_shares_the_batch_while_told_to() -> None:
     except while ``share()`` is true: then it asks the worker for a plain step."""
 
     async def main() -> None:
-        job = Job(GenerationRequest("p", 6), asyncio.get_running_loop())
+        job = WorkerJob(GenerationRequest("p", 6), asyncio.get_running_loop())
         run = WorkerRun(job)
         run.text_of = lambda token: "x"  # type: ignore[method-assign]
         run.text_tail = lambda: ""  # type: ignore[method-assign]

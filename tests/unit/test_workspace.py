@@ -11,14 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-from kode.completion import workspace
-from kode.completion.workspace import (
-    Ignore,
-    IndexLimits,
-    WorkspaceIndex,
-    module_name,
-    python_definitions,
-)
+from kode.completion import index_worker
+from kode.completion.index_worker import python_definitions
+from kode.completion.workspace import IndexLimits, WorkspaceIndex
+from kode.completion.workspace_files import Ignore, module_name
 
 
 def write(root: Path, rel: str, text: str | bytes) -> Path:
@@ -222,8 +218,8 @@ def test_files_are_parsed_in_a_child_process(
     def no_parse(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("parsed in the server's process")
 
-    monkeypatch.setattr(workspace, "python_definitions", no_parse)
-    monkeypatch.setattr(workspace, "fallback_definitions", no_parse)
+    monkeypatch.setattr(index_worker, "python_definitions", no_parse)
+    monkeypatch.setattr(index_worker, "fallback_definitions", no_parse)
     index = build(project)
     assert index.stats.parsed_in_child == 8 and index.stats.parsed_here == 0  # + binary, huge
     [(path, definition)] = index.find_definitions("helper_zeta")
@@ -247,14 +243,14 @@ def test_a_file_that_crashes_the_parser_is_skipped_and_the_build_goes_on(
     """A server that raised its recursion limit segfaults in ``ast.parse`` on a long
     chain of operators: in the child, only the child dies; it is restarted, retried once,
     and the file is skipped."""
-    command = workspace._worker_command
+    command = index_worker._worker_command
 
     def fragile(parent: int, nice: int) -> list[str]:
         argv = command(parent, nice)
         argv[3] = "import sys; sys.setrecursionlimit(10**6); " + argv[3]
         return argv
 
-    monkeypatch.setattr(workspace, "_worker_command", fragile)
+    monkeypatch.setattr(index_worker, "_worker_command", fragile)
     write(tmp_path, "a_before.py", "def before_quill(): pass\n")
     write(tmp_path, "b_hostile.py", "x = " + "1+" * 300_000 + "1\n")
     write(tmp_path, "c_after.py", "def after_brisk(): pass\n")

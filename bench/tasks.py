@@ -1,6 +1,5 @@
-"""Pieces every benchmark shares: tasks, seeded sampling, statistics, reports, progress.
-
-Everything here is pure (no model, no network) and unit-tested in ``tests/test_bench.py``.
+"""The tasks the benchmarks complete, and seeded sampling: pure (no model, no network),
+unit-tested in ``tests/test_bench_tasks.py``.
 
 Tasks come from two places:
 
@@ -22,21 +21,17 @@ Tasks come from two places:
 
 from __future__ import annotations
 
-import ctypes
 import enum
 import gzip
 import json
-import math
 import os
 import random
 import re
-import signal
-import sys
 import sysconfig
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HUMANEVAL_FILES = {
@@ -48,7 +43,6 @@ SPAN_SOURCE = "multi"
 # The repository's own sources used for edit-like tasks (examples/ first: it is stable).
 SOURCE_DIRS = ("examples", "backends", "completion", "lsp", "cli")
 T = TypeVar("T")
-UNKNOWN = "–"  # shown for a value that could not be measured
 
 
 # -- tasks ------------------------------------------------------------------------------
@@ -400,129 +394,3 @@ def edit_tasks(
             break
         depth += 1
     return out
-
-
-# -- statistics -------------------------------------------------------------------------
-
-
-def percentile(values: Iterable[float], q: float) -> float | None:
-    """The ``q``-th percentile (0..100), linear between order statistics (numpy's
-    default); None for no values. ``percentile([1, 2, 3, 4], 50) == 2.5``."""
-    data = sorted(values)
-    if not data:
-        return None
-    if len(data) == 1:
-        return data[0]
-    rank = (len(data) - 1) * q / 100.0
-    lo = math.floor(rank)
-    hi = min(lo + 1, len(data) - 1)
-    if rank == lo or math.isinf(data[hi]):  # inf marks "never": no interpolating into it
-        return data[lo] if rank == lo else data[hi]
-    return data[lo] + (data[hi] - data[lo]) * (rank - lo)
-
-
-def median(values: Iterable[float]) -> float | None:
-    return percentile(values, 50.0)
-
-
-def mean(values: Iterable[float]) -> float | None:
-    data = list(values)
-    return sum(data) / len(data) if data else None
-
-
-def pairwise_speedups(base: dict[str, float], other: dict[str, float]) -> list[float]:
-    """``base[k] / other[k]`` for every key measured (positive) in both, in key order.
-
-    Each ratio compares two runs on the same prompt, so prompts of different lengths or
-    difficulty do not mix: ``pairwise_speedups({"a": 100, "b": 60}, {"a": 50})`` ==
-    ``[2.0]``.
-    """
-    return [base[k] / other[k] for k in sorted(base) if k in other and base[k] > 0 and other[k] > 0]
-
-
-def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
-    """Index of the first position where two token sequences differ (a shorter one
-    differs where it ends); None if they are equal."""
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def rotated(items: Sequence[T], k: int) -> list[T]:
-    """``items`` rotated left by ``k``: ``rotated([1, 2, 3], 1) == [2, 3, 1]``."""
-    if not items:
-        return []
-    k %= len(items)
-    return [*items[k:], *items[:k]]
-
-
-# -- reports ----------------------------------------------------------------------------
-
-
-def fmt(value: float | None, digits: int = 1, suffix: str = "") -> str:
-    """A number for a table; ``UNKNOWN`` for None or NaN."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return UNKNOWN
-    return f"{value:.{digits}f}{suffix}"
-
-
-def fmt_ratio(num: int, den: int) -> str:
-    """``"3/4 (75%)"``; ``UNKNOWN`` when nothing was counted."""
-    if den == 0:
-        return UNKNOWN
-    return f"{num}/{den} ({100.0 * num / den:.0f}%)"
-
-
-def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
-    """A GitHub-flavoured markdown table; ``|`` inside cells is escaped."""
-
-    def cell(value: object) -> str:
-        return str(value).replace("|", "\\|").replace("\n", " ")
-
-    out = [
-        "| " + " | ".join(cell(h) for h in headers) + " |",
-        "|" + "|".join("---" for _ in headers) + "|",
-    ]
-    for row in rows:
-        if len(row) != len(headers):
-            raise ValueError(f"row has {len(row)} cells, expected {len(headers)}")
-        out.append("| " + " | ".join(cell(c) for c in row) + " |")
-    return "\n".join(out) + "\n"
-
-
-def write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:
-    with open(path, "w", encoding="utf-8") as handle:
-        for record in records:
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-
-
-def prepare_out(out: Path) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    return out
-
-
-def machine_note() -> str:
-    """Cores and load averages, for the report: other processes skew every timing."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    try:
-        one, five, fifteen = os.getloadavg()
-    except OSError:
-        return f"{cores} cores"
-    return f"{cores} cores, load average {one:.2f} / {five:.2f} / {fifteen:.2f} (1/5/15 min)"
-
-
-def progress(total: int, desc: str) -> Any:
-    """A tqdm bar on stderr (the tables go to stdout)."""
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True, leave=True)
-
-
-def die_with_parent() -> None:
-    """``preexec_fn`` for a benchmark's helper process (a peer server, a busy loop): the
-    kernel sends it SIGTERM when the benchmark dies, however it dies (Linux's
-    ``PR_SET_PDEATHSIG``). A benchmark stopped with SIGTERM or SIGKILL runs no ``finally``,
-    and a ``llama-server`` or a ``while True: pass`` left behind slows every later run."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
