@@ -16,8 +16,10 @@ The rule, for a text ending in ``recv.part`` where ``recv`` has members ``M``: a
 identifier (``path`` + ``.join`` is ``path.`` then ``join``: the constraint ends at the
 dot, the next one begins). For a text ending in ``recv`` itself, a token that begins with
 the dot (Qwen's vocabulary has ``.path``, ``.append``, ...) is judged the same way after
-its dot; other tokens are free. End-of-generation tokens always survive (stopping
-invents nothing). Example::
+its dot; other tokens are free. End-of-generation tokens survive where the name is
+complete, and before the model has written anything (no suggestion invents nothing);
+never mid-name or right after a dot the model wrote, where stopping would leave a name
+that does not exist (``os.pa``) or a dangling dot. Example::
 
     >>> index = VocabIndex([b"os", b".", b".pa", b"path", b"pat", b"h", b"(", b"x", b".x"])
     >>> names = Names(line="    p = os", members={"os": ("path", "sep")})
@@ -145,7 +147,8 @@ class VocabIndex:
     def spelling(self, lead: bytes, rests: Iterable[bytes]) -> Mask:
         """Tokens that spell ``lead`` followed by a prefix of one of ``rests`` (at least
         one character of it, or ``lead`` alone), or by a whole one of ``rests`` and then
-        a character that cannot continue an identifier; and the stop tokens.
+        a character that cannot continue an identifier. Never a stop token: a name is
+        not complete here (``ended`` is where it may be).
 
         >>> index = VocabIndex([b"pa", b"path", b"path(", b"paths", b".p", b"."])
         >>> np.flatnonzero(index.spelling(b"", [b"path"])).tolist()
@@ -153,7 +156,7 @@ class VocabIndex:
         >>> np.flatnonzero(index.spelling(b".", [b"path"])).tolist()
         [4, 5]
         """
-        mask = self.stops.copy()
+        mask = np.zeros(self.n_vocab, dtype=bool)
         exact = self._exact
         if lead:
             mask[exact.get(lead, [])] = True
@@ -234,7 +237,7 @@ class Monitor:
         deref = dereference(line)
         if deref is not None and self._constrains(line, deref[0]):
             recv, part = deref
-            mask = self._after_dot(recv, part.encode())
+            mask = self._after_dot(recv, part.encode(), typed=not generated)
             if mask is not None:
                 self._count(len(text) - len(part.encode()) - 1, recv)
         chain = chain_end(line)
@@ -248,13 +251,14 @@ class Monitor:
     def _constrains(self, line: str, recv: str) -> bool:
         return not (recv in self.names.open_at_start and line.lstrip().startswith(recv + "."))
 
-    def _after_dot(self, recv: str, part: bytes) -> Mask | None:
+    def _after_dot(self, recv: str, part: bytes, typed: bool) -> Mask | None:
         """Tokens after ``recv.part``: None where ``recv`` is unknown or ``part`` begins
-        no member (an unknown name the user typed: nothing to hold it to)."""
+        no member (an unknown name the user typed: nothing to hold it to). ``typed``:
+        nothing generated yet, so stopping at once is allowed (it shows nothing)."""
         members = self._members.get(recv)
         if members is None:
             return None
-        key = (recv, part, False)
+        key = (recv, part, typed)
         if key not in self._cache:
             rests = [m[len(part) :] for m in members if m.startswith(part)]
             if not rests:
@@ -263,13 +267,15 @@ class Monitor:
                 mask = self.index.spelling(b"", [r for r in rests if r])
                 if any(not r for r in rests):  # ``part`` is a whole name: it may end here
                     mask |= self.index.ended()
+                elif typed:
+                    mask |= self.index.stops
                 self._cache[key] = mask
         return self._cache[key]
 
     def _dot_mask(self, recv: str) -> Mask:
         """After ``recv`` itself: tokens not beginning with a dot are free; those that do
         must spell a member's name after it."""
-        key = (recv, b"", True)
+        key = (recv, b".", False)  # a part never holds a dot: no clash with _after_dot
         cached = self._cache.get(key)
         if cached is None:
             cached = ~self.index.dotted() | self.index.spelling(b".", self._members[recv])

@@ -65,8 +65,24 @@ def test_nothing_constrained_where_nothing_is_known() -> None:
 
 
 def test_the_generated_text_counts_across_lines() -> None:
-    assert allowed("", b"a = 1\nb = os.pa") == [0, 6]
+    assert allowed("", b"a = 1\nb = os.pa") == [6]
     assert allowed("b = os.", b"path\nc = ") is None
+
+
+def test_the_model_may_not_stop_mid_name_or_after_its_own_dot() -> None:
+    # stopping at once shows nothing, so it stays allowed after what the user typed;
+    # after what the model wrote, only a complete member may end the generation
+    typed = allowed("y = os.")
+    assert typed is not None and 0 in typed
+    assert allowed("y = os", b".") == [4, 5, 7, 9, 19, 20]  # ``os.`` then stop: no
+    assert allowed("y = os", b".pa") == [6]  # ``os.pa`` then stop: an invented name
+    assert allowed(
+        "y = os",
+        b".pa",
+    ) == allowed("", b"y = os.pa")
+    assert allowed("y = os", b".path") == [0, 2, 8, 11, 13, 17]  # complete: it may end
+    before = allowed("y = os", b"")
+    assert before is not None and 0 in before
 
 
 def test_self_may_name_a_new_attribute_where_it_begins_a_statement() -> None:
