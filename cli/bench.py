@@ -294,6 +294,9 @@ def register(subparsers: Any) -> None:
     context.add_argument("--skip-model", action="store_true", help="only the index timing")
     context.add_argument("--threads", type=int, default=0, help="llama.cpp threads (0: all)")
     context.add_argument("--prefix-tokens", type=int, default=None)
+    context.add_argument(
+        "--names-monitor", choices=("on", "off"), default="on", help="the namesMonitor setting"
+    )
     context.add_argument("--out", type=Path, default=Path("results/context"))
     context.add_argument(
         "--resume",
@@ -522,6 +525,7 @@ def run(args: argparse.Namespace) -> int:
                 skip_model=args.skip_model,
                 threads=args.threads,
                 prefix_tokens=args.prefix_tokens,
+                names_monitor=args.names_monitor == "on",
                 out=args.out,
                 resume=args.resume,
                 keystrokes=args.keystrokes,
