@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from kode.backends.monitor import Names
+
 
 class SpeculationMethod(enum.StrEnum):
     """How a backend may guess tokens ahead of the target model."""
@@ -69,6 +71,10 @@ class GenerationRequest:
     cursor's window, a prefetch); a backend shared by several windows runs a keystroke's
     request before it and may pause it. ``document`` names the document it is for (its
     URI), so that a newer request for the same document replaces an older one.
+    ``names``: the receivers whose members are known at the cursor (the names monitor,
+    ``backends/monitor.py``): after ``receiver.`` the next identifier must be one of
+    them. Only a backend that implements ``TokenHealing`` (sees every logit) applies it;
+    others ignore it.
     ``heal`` (token healing): the prompt ends just before this text, which the
     generation must begin with; its first token(s) are constrained to spell it
     (``backends/heal_index.py``) and are emitted like any other. Only a backend that
@@ -84,6 +90,7 @@ class GenerationRequest:
     background: bool = False
     document: str = ""
     heal: str = ""
+    names: Names | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +135,9 @@ class GenerationStats:
     # evaluated in one batch with other generations' counts for each of them.
     model_calls: int = 0
     batched_steps: int = 0  # decoding steps shared with another generation's (one batch)
+    monitor_fired: int = 0  # dereferences where the names monitor constrained the name
+    monitor_picks: int = 0  # picks made under its mask (verify rows included)
+    monitor_ms: float = 0.0  # time spent judging rows and masking logits
     finish_reason: FinishReason | None = None
     speculation: SpeculationStats = field(default_factory=SpeculationStats)
     route: BackendKind | None = None  # which backend served it (LOCAL or REMOTE), set by a router

@@ -67,6 +67,7 @@ class Options:
     skip_model: bool = False
     threads: int = 0  # llama.cpp threads; 0: every core
     prefix_tokens: int | None = None  # None: the setting's default
+    names_monitor: bool = True  # the setting ``namesMonitor`` (on by default)
     out: Path = Path("results/context")
     resume: bool = False  # keep the results in ``out/partial.jsonl``, run only the rest
     keystrokes: bool = False  # also count snippet changes while the holes' lines are typed
@@ -86,6 +87,7 @@ class Result:
     prompt_tokens: int = 0
     ms: float = 0.0
     retrieval_ms: float = 0.0
+    monitor_fired: int = 0  # dereferences the names monitor held
     error: str = ""
 
 
@@ -95,6 +97,7 @@ class Row:
     total: int = 0
     names: int = 0
     exact: int = 0
+    monitored: int = 0  # holes where the names monitor held a dereference
     similarity: list[float] = field(default_factory=list)
     prompt_tokens: list[float] = field(default_factory=list)
 
@@ -142,6 +145,7 @@ def summarize(results: Iterable[Result]) -> list[Row]:
         row = rows.setdefault(r.condition, Row(r.condition))
         row.total += 1
         row.names += r.name_hit
+        row.monitored += r.monitor_fired > 0
         row.exact += r.exact
         row.similarity.append(r.similarity)
         row.prompt_tokens.append(float(r.prompt_tokens))
@@ -159,7 +163,14 @@ def gap_closed(rows: Sequence[Row], condition: str = "retrieval") -> float | Non
 
 def render_table(rows: Sequence[Row]) -> str:
     return markdown_table(
-        ["condition", "name in completion", "exact line", "edit similarity", "prompt tokens"],
+        [
+            "condition",
+            "name in completion",
+            "exact line",
+            "edit similarity",
+            "prompt tokens",
+            "monitor held",
+        ],
         [
             [
                 r.condition,
@@ -167,6 +178,7 @@ def render_table(rows: Sequence[Row]) -> str:
                 report.fmt_ratio(r.exact, r.total),
                 fmt(report.mean(r.similarity), 2),
                 fmt(report.median(r.prompt_tokens), 0),
+                report.fmt_ratio(r.monitored, r.total),
             ]
             for r in rows
         ],
@@ -193,8 +205,9 @@ def chart(rows: Sequence[Row], path: Path) -> None:
 
 async def _complete(
     engine: Any, prepared: Prepared, opened: list[tuple[Path, str]], max_tokens: int
-) -> tuple[str, int]:
-    """Open ``opened`` (oldest first) and the module, complete at the hole, close all."""
+) -> tuple[str, int, int]:
+    """Open ``opened`` (oldest first) and the module, complete at the hole, close all:
+    the text, its prompt tokens, and the dereferences the names monitor held."""
     uri = (prepared.root / prepared.hole.module).as_uri()
     uris = [path.as_uri() for path, _ in opened]
     try:
@@ -203,7 +216,7 @@ async def _complete(
         engine.documents.open(uri, prepared.document, 0, "python")
         position = engine.documents.get(uri).position_at(prepared.offset)
         done = await engine.complete(uri, position, max_tokens=max_tokens)
-        return done.text, done.stats.prompt_tokens
+        return done.text, done.stats.prompt_tokens, done.stats.monitor_fired
     finally:
         await engine.cancel(uri)
         for other in [*uris, uri]:
@@ -242,9 +255,9 @@ async def _one_hole(
             await engine.retrieve(uri, prepared.document, prepared.offset, backend)
             retrieval_ms = (time.perf_counter() - t0) * 1000.0
         try:
-            text, prompt_tokens = await _complete(engine, prepared, docs, options.max_tokens)
+            text, prompt_tokens, fired = await _complete(engine, prepared, docs, options.max_tokens)
             result = score(prepared, condition, text)
-            result.prompt_tokens = prompt_tokens
+            result.prompt_tokens, result.monitor_fired = prompt_tokens, fired
         except Exception as exc:  # one broken hole must not end the run
             result = score(prepared, condition, "")
             result.error = f"{type(exc).__name__}: {exc}"
@@ -280,6 +293,7 @@ async def measure(options: Options) -> tuple[list[Result], dict[str, str]]:
             # window without any other file once the prefill speed is known.
             "firstAnswerMs": 0,
             **({} if options.prefix_tokens is None else {"prefixTokens": options.prefix_tokens}),
+            "namesMonitor": options.names_monitor,
         }
     )
     if problems:
@@ -335,6 +349,7 @@ def write_report(
             f"- model: {options.model}; {facts.get('holes')} holes (seed {options.seed}) from "
             f"{', '.join(options.packages)}; retrievalTokens {options.retrieval_tokens}; "
             f"prefixTokens {options.prefix_tokens or 'default'}; threads {options.threads}; "
+            f"namesMonitor {'on' if options.names_monitor else 'off'}; "
             f"greedy, max {options.max_tokens} tokens",
             f"- retrieval closes {fmt(None if closed is None else 100 * closed, 0)}% of the "
             "open -> oracle gap on the name metric",

@@ -5,6 +5,7 @@ kode bench quality [--model M ... | --models a,b]
                    [--set both|all|single,multi,span,file,file-lines,js-lines] [--tasks N | --full]
 kode bench latency [--model M] [--cadence-ms 120] [--files F ...] [--humaneval N]
 kode bench context [--model M] [--holes 24] [--retrieval-tokens 512] [--latency-files 5000]
+kode bench names [--model small] [--holes 24] [--windows full,short]
 kode bench load (--through-router | --spawn-server | --url URL) [--users 8] [--seconds 20]
 
 Only argument parsing lives here; the benchmark modules are imported when one runs, so
@@ -299,6 +300,9 @@ def register(subparsers: Any) -> None:
     context.add_argument("--skip-model", action="store_true", help="only the index timing")
     context.add_argument("--threads", type=int, default=0, help="llama.cpp threads (0: all)")
     context.add_argument("--prefix-tokens", type=int, default=None)
+    context.add_argument(
+        "--names-monitor", choices=("on", "off"), default="on", help="the namesMonitor setting"
+    )
     context.add_argument("--out", type=Path, default=Path("results/context"))
     context.add_argument(
         "--resume",
@@ -322,6 +326,18 @@ def register(subparsers: Any) -> None:
         help="also count the holes whose renamed name reaches the fitted retrieved context "
         "(the model's tokenizer only, no completion)",
     )
+
+    names = sub.add_parser(
+        "names", help="the first name after receiver., with and without the names monitor"
+    )
+    names.add_argument("--model", default="small", help="default | small | a GGUF path")
+    names.add_argument("--holes", type=int, default=24)
+    names.add_argument("--seed", type=int, default=0)
+    names.add_argument("--packages", type=_csv, default=None, help="comma list (stdlib)")
+    names.add_argument("--windows", type=_csv, default=("full", "short"), help="full,short")
+    names.add_argument("--max-tokens", type=int, default=12)
+    names.add_argument("--threads", type=int, default=0, help="llama.cpp threads (0: all)")
+    names.add_argument("--out", type=Path, default=Path("results/names"))
 
 
 def _setting(item: str) -> tuple[str, object]:
@@ -456,6 +472,25 @@ def run(args: argparse.Namespace) -> int:
                 lossless=args.lossless,
             )
         )
+    if args.bench_command == "names":
+        from kode.bench import names as names_bench
+
+        unknown = [w for w in args.windows if w not in names_bench.WINDOWS]
+        if unknown:
+            print(f"kode bench names: unknown window(s) {', '.join(unknown)}", file=sys.stderr)
+            return 2
+        return names_bench.main(
+            names_bench.Options(
+                model=args.model,
+                holes=args.holes,
+                seed=args.seed,
+                packages=args.packages or names_bench.DEFAULT_PACKAGES,
+                windows=tuple(args.windows),
+                max_tokens=args.max_tokens,
+                threads=args.threads,
+                out=args.out,
+            )
+        )
     if args.bench_command == "load":
         modes = [args.url is not None, args.spawn_server, args.through_router]
         if sum(modes) != 1:
@@ -497,6 +532,7 @@ def run(args: argparse.Namespace) -> int:
                 skip_model=args.skip_model,
                 threads=args.threads,
                 prefix_tokens=args.prefix_tokens,
+                names_monitor=args.names_monitor == "on",
                 out=args.out,
                 resume=args.resume,
                 keystrokes=args.keystrokes,

@@ -59,9 +59,7 @@ class CompletionEngine:
         self.documents = documents if documents is not None else DocumentStore()
         self.rate = prefill_rate if prefill_rate is not None else PrefillRate()
         self.short_answers = 0  # requests answered from a shorter window (budget)
-        # Requests that kept the project context their window was prepared with, because
-        # the newly retrieved one would have to be evaluated again at the keystroke.
-        self.kept_snippets = 0
+        self.kept_snippets = 0  # kept their prepared project context (no re-evaluation)
         self.cursor_moves = 0  # `kode/didMoveCursor` notifications received
         self._factory = backend_factory
         self._settings = settings
@@ -215,6 +213,7 @@ class CompletionEngine:
             structural=settings.structural_stops,
             prefix=ctx.prefix,
         )
+        names = await self.project.names(backend, doc, offset, ctx.line_prefix.removesuffix(heal))
         request = GenerationRequest(
             prompt=prompt,
             max_tokens=max_tokens or settings.max_tokens,
@@ -225,6 +224,7 @@ class CompletionEngine:
             background=background or yields,
             document=uri,
             heal=heal,
+            names=names,
         )
         generation = await backend.generate(request)
         before, after = doc.text[:offset], doc.text[offset:]

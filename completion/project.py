@@ -23,10 +23,14 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from kode.backends.base import Backend, TokenHealing
+from kode.backends.monitor import Names
 from kode.completion.clock import Clock
-from kode.completion.documents import DocumentStore, file_path
+from kode.completion.documents import Document, DocumentStore, file_path
 from kode.completion.index_worker import read_text
+from kode.completion.members import Resolver
 from kode.completion.outline import Measure
+from kode.completion.receivers import Receivers
 from kode.completion.retrieval import Retrieved, Retriever
 from kode.completion.settings import Settings
 from kode.completion.workspace import IndexLimits, WorkspaceIndex
@@ -67,6 +71,28 @@ class ProjectContext:
         self._model_idle = threading.Event()
         self._model_idle.set()
         self._reindex: dict[str, int] = {}  # uri -> document version awaiting re-index
+        self.receivers = Receivers(Resolver(self._module_path))
+
+    def _module_path(self, name: str) -> Path | None:
+        return None if self.index is None else self.index.module_path(name)
+
+    async def names(self, backend: Backend, doc: Document, offset: int, line: str) -> Names | None:
+        """The receivers at the cursor whose members are known (the names monitor), for
+        a Python document, with ``namesMonitor`` on and a backend that sees every logit
+        (a local one: ``TokenHealing``); worked out in a thread (the first time a document's imports
+        are read costs tens to hundreds of ms), cached by the text around the cursor's
+        line. ``line``: the cursor's line before the generation's first character."""
+        if not self._settings().names_monitor or doc.language_id != "python":
+            return None
+        if not isinstance(backend, TokenHealing):
+            return None
+        path = file_path(doc.uri)
+        index = self.index
+        module = (index.module_of(path) if index is not None and path else None) or ""
+        package = path is not None and path.name == "__init__.py"
+        return await asyncio.to_thread(
+            self.receivers.names, doc.text, offset, line, module, package
+        )
 
     def open(self, roots: list[Path]) -> None:
         """Index ``roots`` in a worker thread (setting ``workspaceIndex``)."""

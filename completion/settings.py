@@ -91,6 +91,9 @@ class Settings(
     # Off by default: +1 task of 14 mid-word on one sample, a suspected loss on another
     # (docs/benchmarks.md); not shown to gain.
     token_healing: bool = False
+    # Local engine, Python: after `receiver.` whose members are known (a module, a class,
+    # self), the next name must be one of them (the names monitor, backends/monitor.py).
+    names_monitor: bool = True
     max_lines: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 32
     prefix_tokens: Annotated[int, msgspec.Meta(ge=1, le=_TOKENS)] = 1024
     suffix_tokens: _Tokens = 64

@@ -57,6 +57,12 @@ def _last_completion(answer: Completion | None) -> dict[str, Any] | None:
         "ttftMs": round(stats.ttft_ms, 1),
         "generationMs": round(stats.total_ms, 1),
         "tokensPerS": speed,
+        # the names monitor: dereferences it held to known members, picks under its mask
+        "namesMonitor": {
+            "fired": stats.monitor_fired,
+            "picks": stats.monitor_picks,
+            "ms": round(stats.monitor_ms, 1),
+        },
     }
 
 

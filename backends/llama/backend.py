@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 from kode.backends.base import Sampling, SpeculationMethod
 from kode.backends.defaults import CONTEXT_SIZE
+from kode.backends.guided import Guide
 from kode.backends.llama.runtime import LlamaContext, LlamaModel, Row, llama_thread
 from kode.backends.llama.target import (
     LlamaDraft,
@@ -85,8 +86,8 @@ class LlamaEngine:
     def pieces(self) -> list[bytes]:
         return [self.model.piece(token) for token in range(self.model.n_vocab)]
 
-    def target(self, sampling: Sampling) -> LlamaTarget:
-        return LlamaTarget(self.ctx, Sampler(sampling))
+    def target(self, sampling: Sampling, guide: Guide | None = None) -> LlamaTarget:
+        return LlamaTarget(self.ctx, Sampler(sampling), guide)
 
     @property
     def width(self) -> int:
@@ -99,11 +100,7 @@ class LlamaEngine:
         docs/benchmarks.md), so a near tie may be picked differently."""
         rows = [Row(root, len(t.slot.tokens), (t.slot.base,), True) for t, root in steps]
         self.ctx.decode(rows)
-        picks = []
-        for i, (target, root) in enumerate(steps):
-            picks.append(target.pick(i))
-            target.slot.tokens.append(root)
-        return picks
+        return [target.pick_batched(i, root) for i, (target, root) in enumerate(steps)]
 
     def refuse(self, method: SpeculationMethod) -> str | None:
         if method is SpeculationMethod.DRAFT and self._draft is None:

@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 from kode.backends.base import Sampling, SpeculationMethod, SpeculationStats
 from kode.backends.errors import BackendError
+from kode.backends.guided import Guide
 from kode.backends.llama.runtime import LlamaContext, Row, Slot
 from kode.backends.speculative import CostCurve, Lookahead, TokenTree, draft_chain
 from kode.backends.steppers import Draft, Prefilled, Probs, drain_steps, measure_curve
@@ -52,12 +53,13 @@ class Sampler:
 
 class LlamaTarget:
     """One generation's view of a ``LlamaContext``: the slot it claims when its prompt
-    comes (``prefill_steps``) and holds until ``release``, and a ``Sampler``."""
+    comes (``prefill_steps``) and holds until ``release``, and a ``Sampler``; with a
+    ``guide``, every pick is made under the names monitor's mask for its row."""
 
     trees = True
 
-    def __init__(self, ctx: LlamaContext, sampler: Sampler) -> None:
-        self.ctx, self.sampler = ctx, sampler
+    def __init__(self, ctx: LlamaContext, sampler: Sampler, guide: Guide | None = None) -> None:
+        self.ctx, self.sampler, self.guide = ctx, sampler, guide
         self._slot: Slot | None = None
 
     @property
@@ -86,6 +88,8 @@ class LlamaTarget:
             self._slot = self.ctx.claim(prompt)
         slot = self._slot
         reused = yield from slot.prefill_steps(prompt, cancelled, max_drift=max_drift)
+        if self.guide is not None:
+            self.guide.prompt()
         return Prefilled(reused, 0 if slot.last_move is None else slot.last_move.length)
 
     def release(self) -> None:
@@ -106,9 +110,34 @@ class LlamaTarget:
             seqs = tuple(slot.seq(b) for b in branches)
             rows.append(Row(token, n_past + tree.depths[i], seqs, True))
         self.ctx.decode(rows)
+        self.expect(tree)
+
+    def expect(self, tree: TokenTree) -> None:
+        """The last batch holds ``tree`` from its row 0 (what the guide judges rows by)."""
+        if self.guide is not None:
+            self.guide.tree(tree)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """``tokens`` joined the slot's own sequence (their KV entries are there)."""
+        self.slot.tokens.extend(tokens)
+        if self.guide is not None:
+            self.guide.commit(tokens)
+
+    def _logits(self, row: int) -> npt.NDArray[np.float32]:
+        logits = self.ctx.logits(row)
+        return logits if self.guide is None else self.guide.logits(row, logits)
 
     def pick(self, row: int) -> int:
-        return self.sampler(self.ctx.logits(row))
+        return self.sampler(self._logits(row))
+
+    def pick_batched(self, row: int, root: int) -> int:
+        """The pick after ``root``, evaluated at row ``row`` of a batch of several
+        generations' plain steps; ``root`` then joins the slot's sequence."""
+        if self.guide is not None:
+            self.guide.rows({row: (root,)})
+        token = self.pick(row)
+        self.extend([root])
+        return token
 
     # A verify batch's logits differ from a one-row step's by up to 0.3-0.6 on these
     # quantized CPU kernels (0.5B, 60 rows, with and without weight repacking).
@@ -117,18 +146,22 @@ class LlamaTarget:
     def margin(self, row: int) -> float:
         if not self.sampler.sampling.greedy:
             return float("inf")
-        top2 = np.partition(self.ctx.logits(row), -2)[-2:]
+        top2 = np.partition(self._logits(row), -2)[-2:]
         return float(abs(top2[1] - top2[0]))
 
     def pick_among(self, row: int, allowed: Sequence[int]) -> int:
-        logits = self.ctx.logits(row)
+        """Among ``allowed`` and what the guide allows; ``allowed`` alone where none is
+        both (the healed text is the user's: it is spelled whatever the monitor says)."""
         ids = np.asarray(allowed, dtype=np.intp)
+        logits = self._logits(row)
+        if not np.isfinite(logits[ids]).any():
+            logits = self.ctx.logits(row)
         masked = np.full_like(logits, -np.inf)
         masked[ids] = logits[ids]
         return self.sampler(masked)
 
     def probs(self, rows: int) -> Probs:
-        return np.stack([self.sampler.probs(self.ctx.logits(i)) for i in range(rows)])
+        return np.stack([self.sampler.probs(self._logits(i)) for i in range(rows)])
 
     def commit(self, tree: TokenTree, accepted: int, branch: int) -> None:
         """Keep the root and ``accepted`` rows of ``branch`` in the slot's own sequence,
@@ -141,7 +174,7 @@ class LlamaTarget:
                 slot.copy(branch, 0)
                 slot.clear(branch)
         slot.remove(0, n_keep)
-        slot.tokens.extend(tree.tokens[r] for r in tree.branch_rows(branch)[: accepted + 1])
+        self.extend([tree.tokens[r] for r in tree.branch_rows(branch)[: accepted + 1]])
 
     def synchronize(self) -> None:
         """llama_decode returns when the batch is done."""
@@ -203,7 +236,8 @@ class LookaheadStepper:
     def __init__(self, target: LlamaTarget, lookahead: Lookahead) -> None:
         if target.ctx.n_seq_max < lookahead.max_seqs:
             raise ValueError(f"lookahead needs {lookahead.max_seqs} sequences")
-        self.ctx, self.slot, self.pick, self.la = target.ctx, target.slot, target.pick, lookahead
+        self.target, self.la = target, lookahead
+        self.ctx, self.slot, self.pick = target.ctx, target.slot, target.pick
         self.stats = SpeculationStats(method=SpeculationMethod.LOOKAHEAD)
         self._started = False
 
@@ -222,6 +256,7 @@ class LookaheadStepper:
             for r in plan.rows
         ]
         self.ctx.decode(rows)
+        self.target.expect(plan.tree)  # plan rows 0 .. tree.n_rows - 1 are its rows
         picks = [-1] * len(plan.rows)
         for row in plan.logit_rows:  # llama_get_logits_ith takes the batch row index
             picks[row] = self.pick(row)
@@ -236,7 +271,7 @@ class LookaheadStepper:
                 slot.clear(result.keep_seq)
         for s in range(1, la.max_seqs):
             slot.clear(s)
-        slot.tokens.extend([root, *result.accepted_tokens])
+        self.target.extend([root, *result.accepted_tokens])
         self.stats.steps += 1
         self.stats.drafted += plan.n_draft
         self.stats.accepted += accepted

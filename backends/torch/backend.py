@@ -27,6 +27,7 @@ import torch
 from kode.backends.base import Backend, Sampling, SpeculationMethod
 from kode.backends.defaults import CONTEXT_SIZE
 from kode.backends.errors import BackendError, ModelError
+from kode.backends.guided import Guide
 from kode.backends.local import (
     NO_DRAFT_MODEL,
     DraftOptions,
@@ -201,7 +202,8 @@ class TorchEngine:
     def pieces(self) -> list[bytes]:
         raise BackendError("the torch engine does not heal tokens")
 
-    def target(self, sampling: Sampling) -> TorchTarget:
+    def target(self, sampling: Sampling, guide: Guide | None = None) -> TorchTarget:
+        """``guide`` is never given: the names monitor needs ``pieces`` (``heals``)."""
         return TorchTarget(self.lm, Picker(sampling))
 
     width = 1  # one cache: one generation at a time

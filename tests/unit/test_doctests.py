@@ -12,6 +12,7 @@ MODULES = [
     "kode.backends.daemon.scheduler",
     "kode.backends.kv_reuse",
     "kode.backends.latest",
+    "kode.backends.monitor",
     "kode.bench.load",
     "kode.completion.clock",
     "kode.completion.documents",

@@ -35,6 +35,7 @@ from kode.backends.daemon.paths import (
 )
 from kode.backends.daemon.scheduler import EngineJob, Plan, Scheduler
 from kode.backends.errors import ContextOverflow, EngineError, EngineSetupError
+from kode.backends.monitor import Names
 
 # -- the folder ------------------------------------------------------------------------------
 
@@ -125,6 +126,7 @@ def test_a_request_is_carried_whole() -> None:
         moved_kv_drift=32,
         background=True,
         document="file:///a.py",
+        names=Names("x = os.", {"os": ("getcwd", "sep"), "self": ("x",)}, ("self",)),
     )
     frame = wire.encode(wire.Generate(id=3, request=request))
     assert int.from_bytes(frame[:4], "big") == len(frame) - 4
@@ -135,6 +137,7 @@ def test_a_request_is_carried_whole() -> None:
         request
     )
     assert back.request.speculation is SpeculationMethod.NGRAM
+    assert back.request.names == request.names  # the names monitor's receivers
 
 
 def test_stats_come_back_whole() -> None:

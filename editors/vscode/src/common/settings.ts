@@ -40,6 +40,7 @@ export const SERVER_KEYS = [
   "prefetch",
   "readAhead",
   "tokenHealing",
+  "namesMonitor",
   "firstAnswerMs",
   "kvMemoryMb",
 ] as const;

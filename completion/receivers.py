@@ -1,0 +1,199 @@
+"""The receivers at the cursor whose members are known: what the names monitor holds to.
+
+For a Python document and a cursor, ``Receivers.names`` lists each receiver the model may
+dereference (``os``, ``os.path``, ``np``, a class, ``self``) with the closed set of names
+its members have (``completion/members.py``); a receiver whose set is open, or a name
+that is bound otherwise than by its import somewhere in the document (``path = ...``
+beside ``from os import path``), is left out: the model stays free there. The document
+is parsed with the cursor's line replaced by ``pass`` (the line being typed rarely
+parses), or, failing that, up to that line; the result is cached by the text around the
+cursor's line, so typing on one line parses once.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections import OrderedDict
+from collections.abc import Iterator
+
+from kode.backends.monitor import Names
+from kode.completion.members import ModuleInfo, Resolver, read_class, read_module
+
+# Methods where ``self.`` at the start of a statement likely makes a new attribute: there
+# the monitor leaves it free.
+CREATING = frozenset({"__init__", "__new__", "__post_init__", "__setstate__", "setUp", "setup"})
+MAX_NAMES = 60_000  # all receivers together: a bound on the request's size
+MAX_CHAINS = 32  # dotted receivers (``os.path``) read from the document's text
+_CACHE = 8
+
+
+def parse_around(text: str, line_start: int, line_end: int) -> ast.Module | None:
+    """The document's syntax tree with the cursor's line (``text[line_start:line_end]``)
+    replaced by ``pass`` at its indentation; else the text up to that line; else None.
+
+    >>> tree = parse_around("import os\\nx = os.\\ny = 1\\n", 10, 17)
+    >>> [type(n).__name__ for n in tree.body]
+    ['Import', 'Pass', 'Assign']
+    """
+    line = text[line_start:line_end]
+    indent = line[: len(line) - len(line.lstrip())]
+    stub = f"{indent}pass"
+    for candidate in (text[:line_start] + stub + text[line_end:], text[:line_start] + stub):
+        try:
+            return ast.parse(candidate)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            continue
+    return None
+
+
+def enclosing_method(tree: ast.Module, line: int) -> tuple[ast.ClassDef, str, str] | None:
+    """``(class, its method's first parameter, the method's name)`` around 1-based
+    ``line``, for a method that has an instance or class as its first parameter."""
+    found: tuple[ast.ClassDef, str, str] | None = None
+    for cls in _classes(tree):
+        if not (cls.lineno <= line <= (cls.end_lineno or cls.lineno)):
+            continue
+        for item in cls.body:
+            if not isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            if not (item.lineno <= line <= (item.end_lineno or item.lineno)):
+                continue
+            decorators = {getattr(d, "id", getattr(d, "attr", "")) for d in item.decorator_list}
+            args = [*item.args.posonlyargs, *item.args.args]
+            if args and "staticmethod" not in decorators:
+                found = (cls, args[0].arg, item.name)  # the innermost class wins (later)
+    return found
+
+
+def _classes(tree: ast.AST) -> Iterator[ast.ClassDef]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            yield node
+
+
+def _import_chains(tree: ast.Module) -> Iterator[str]:
+    """``a.b`` and ``a.b.c`` of ``import a.b.c`` (``a`` is a binding of its own)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname is None and "." in alias.name:
+                    parts = alias.name.split(".")
+                    for i in range(2, len(parts) + 1):
+                        yield ".".join(parts[:i])
+
+
+class Receivers:
+    """``Names`` for a cursor, with a small cache of the documents' analyses."""
+
+    def __init__(self, resolver: Resolver) -> None:
+        self.resolver = resolver
+        self._cache: OrderedDict[tuple[str, int, int], tuple[dict[str, tuple[str, ...]], bool]]
+        self._cache = OrderedDict()
+
+    def names(
+        self, text: str, offset: int, line: str, module: str = "", package: bool = False
+    ) -> Names | None:
+        """The receivers at ``offset`` of ``text`` (a Python document; ``module``: its
+        dotted name, for relative imports), for a generation that begins after ``line``
+        (the cursor's line before it). None where none is known."""
+        line_start = text.rfind("\n", 0, offset) + 1
+        line_end = text.find("\n", offset)
+        line_end = len(text) if line_end < 0 else line_end
+        key = (module, hash(text[:line_start]), hash(text[line_end:]))
+        cached = self._cache.get(key)
+        if cached is None:
+            cached = self._analyse(text, line_start, line_end, module, package)
+            self._cache[key] = cached
+            while len(self._cache) > _CACHE:
+                self._cache.popitem(last=False)
+        self._cache.move_to_end(key)
+        members, creating = cached
+        if not members:
+            return None
+        return Names(line, members, ("self",) if creating else ())
+
+    def _analyse(
+        self, text: str, line_start: int, line_end: int, module: str, package: bool
+    ) -> tuple[dict[str, tuple[str, ...]], bool]:
+        tree = parse_around(text, line_start, line_end)
+        if tree is None:
+            return {}, False
+        doc = read_module(tree, module, package)
+        out: dict[str, frozenset[str]] = {}
+        resolver = self.resolver
+        for local, target in doc.modules.items():
+            self._add(out, doc, local, resolver.module_members(target))
+        for chain in _import_chains(tree):
+            self._add(out, doc, chain, resolver.module_members(chain))
+        for local, (source, attr) in doc.imported.items():
+            self._add(out, doc, local, self._imported(source, attr))
+        for name in doc.classes:
+            found = resolver.class_members(doc, name, as_class=True)
+            if found is not None and doc.bound.get(name) == 1:  # its only binding
+                out[name] = found
+        self._chains(out, doc, text)
+        creating = False
+        method = enclosing_method(tree, text.count("\n", 0, line_start) + 1)
+        if method is not None:
+            node, me, method_name = method
+            info = doc.classes.get(node.name) or read_class(node)
+            as_class = me == "cls"
+            found = resolver.members_of(doc, info, as_class=as_class)
+            if found is not None:
+                out[me] = found
+                creating = method_name in CREATING and not as_class
+        members: dict[str, tuple[str, ...]] = {}
+        total = 0
+        for recv, names in out.items():
+            total += len(names)
+            if total > MAX_NAMES:
+                break
+            members[recv] = tuple(sorted(names))
+        return members, creating and "self" in members
+
+    def _add(
+        self,
+        out: dict[str, frozenset[str]],
+        doc: ModuleInfo,
+        recv: str,
+        found: frozenset[str] | None,
+    ) -> None:
+        if found is not None and recv.split(".")[0] not in doc.rebound:
+            out[recv] = found
+
+    def _imported(self, source: str, attr: str) -> frozenset[str] | None:
+        """Members of ``from source import attr``: a submodule, or a class."""
+        resolver = self.resolver
+        if resolver.is_module(f"{source}.{attr}"):
+            return resolver.module_members(f"{source}.{attr}")
+        info = resolver.module(source)
+        return None if info is None else resolver.class_members(info, attr, as_class=True)
+
+    def _chains(self, out: dict[str, frozenset[str]], doc: ModuleInfo, text: str) -> None:
+        """Dotted receivers the document dereferences (``os.path.join``, ``ast.NodeVisitor
+        .visit``), where their head is a module receiver: a submodule, a module's import,
+        or a class it defines."""
+        heads = [r for r in out if r in doc.modules]
+        if not heads:
+            return
+        alternatives = "|".join(map(re.escape, heads))
+        pattern = re.compile(rf"(?<![\w.])((?:{alternatives})(?:\.[A-Za-z_]\w*)+)\.")
+        seen = 0
+        for chain in dict.fromkeys(m.group(1) for m in pattern.finditer(text)):
+            if chain in out or seen >= MAX_CHAINS:
+                continue
+            seen += 1
+            head, _, rest = chain.partition(".")
+            dotted = f"{doc.modules[head]}.{rest}"
+            parent, _, last = dotted.rpartition(".")
+            found = self.resolver.module_members(dotted)
+            if found is None:
+                info = self.resolver.module(parent) or self._aliased(parent)
+                if info is not None:
+                    found = self.resolver.class_members(info, last, as_class=True)
+            self._add(out, doc, chain, found)
+
+    def _aliased(self, name: str) -> ModuleInfo | None:
+        alias = self.resolver.alias(name)
+        return None if alias is None else self.resolver.module(alias)

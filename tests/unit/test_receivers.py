@@ -1,0 +1,177 @@
+"""Which receivers' members are known at a cursor, read from source without running it."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+from kode.completion.documents import Position
+from kode.completion.members import Resolver
+from kode.completion.receivers import Receivers
+from test_engine import URI, ScriptedBackend, engine_for
+from test_healing import HealingBackend
+
+PACKAGE = {
+    "shapes/__init__.py": "from .base import *\nVERSION = 1\n",
+    "shapes/base.py": (
+        "__all__ = ['Shape', 'area']\n"
+        "class Shape:\n"
+        "    sides = 0\n"
+        "    def __init__(self, name):\n"
+        "        self.name = name\n"
+        "    def describe(self):\n"
+        "        self.described = True\n"
+        "def area(s):\n    return 0\n"
+        "def _hidden():\n    pass\n"
+    ),
+    "shapes/circle.py": (
+        "from shapes.base import Shape\n"
+        "class Circle(Shape):\n"
+        "    def __init__(self, r):\n        self.radius = r\n"
+        "class Odd(Shape):\n"
+        "    def __getattr__(self, name):\n        return 1\n"
+        "class Magic(Unknown):\n    pass\n"
+        "class Err(ValueError):\n    pass\n"
+        "class Dyn:\n"
+        "    def set(self, k, v):\n        setattr(self, k, v)\n"
+    ),
+    "lazy.py": "def __getattr__(name):\n    return name\n",
+    "writes.py": "g = globals()\nfor k in 'ab':\n    g[k] = 1\n",
+    "reads.py": "def has(n):\n    return n in globals()\nX = 1\n",
+}
+
+
+@pytest.fixture
+def resolver(tmp_path: Path) -> Resolver:
+    for rel, text in PACKAGE.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return Resolver(paths=[str(tmp_path), *sys.path])
+
+
+def test_module_members_follow_star_imports_and_list_submodules(resolver: Resolver) -> None:
+    members = resolver.module_members("shapes")
+    assert members is not None
+    assert {"VERSION", "Shape", "area", "base", "circle", "__name__"} <= members
+    assert "_hidden" not in members and "sides" not in members
+    assert resolver.module_members("shapes.nothing") is None  # not found: free
+
+
+def test_modules_that_add_names_at_run_time_are_open(resolver: Resolver) -> None:
+    assert resolver.module_members("lazy") is None  # module __getattr__
+    assert resolver.module_members("writes") is None  # writes through globals()
+    assert resolver.module_members("reads") == resolver.module_members("reads") is not None
+
+
+def test_class_members_take_self_attributes_and_bases(resolver: Resolver) -> None:
+    info = resolver.module("shapes.circle")
+    assert info is not None
+    circle = resolver.class_members(info, "Circle")
+    assert circle is not None
+    assert {"radius", "name", "described", "describe", "sides", "__init__"} <= circle
+    err = resolver.class_members(info, "Err")
+    assert err is not None and {"args", "with_traceback"} <= err  # a builtin base
+    for open_class in ("Odd", "Magic", "Dyn"):  # __getattr__, unknown base, setattr(self)
+        assert resolver.class_members(info, open_class) is None
+
+
+@pytest.mark.parametrize("name", ["os", "os.path", "collections", "json", "math", "typing"])
+def test_standard_library_members_cover_what_python_sees(name: str) -> None:
+    """Every attribute the imported module has is allowed (the set may hold a few more:
+    names of other platforms' branches)."""
+    members = Resolver().module_members(name)
+    assert members is not None
+    assert set(dir(importlib.import_module(name))) <= members
+
+
+def test_standard_library_modules_that_add_names_stay_open() -> None:
+    resolver = Resolver()
+    for name in ("re", "inspect", "signal"):  # global_enum, globals() alias, _convert_
+        assert resolver.module_members(name) is None
+
+
+DOC = """import os
+import xml.etree.ElementTree
+import json as j
+from collections import OrderedDict
+from shapes.circle import Circle
+from pathlib import Path
+
+path = Path('.')
+
+
+class Box(Circle):
+    def __init__(self):
+        self.size = 1
+        CURSOR_INIT
+
+    def grow(self):
+        x = os.path.join('a')
+        CURSOR_GROW
+"""
+
+
+def names_at(resolver: Resolver, marker: str, line: str) -> dict[str, tuple[str, ...]] | None:
+    text = DOC.replace(marker, line)
+    offset = text.index(line) + len(line)
+    found = Receivers(resolver).names(text, offset, line)
+    return None if found is None else dict(found.members)
+
+
+def test_receivers_of_a_document(resolver: Resolver) -> None:
+    members = names_at(resolver, "CURSOR_GROW", "return self.")
+    assert members is not None
+    assert "join" in members["os.path"] and "getcwd" in members["os"]
+    assert "loads" in members["j"] and "j" in members and "json" not in members
+    assert "parse" in members["xml.etree.ElementTree"]
+    assert "move_to_end" in members["OrderedDict"]
+    assert {"size", "radius", "name", "grow"} <= set(members["self"])
+    assert "Box" in members and "Circle" in members
+    assert "Path" not in members or "path" not in members  # ``path`` is rebound
+    assert "path" not in members
+
+
+def test_a_name_bound_in_any_scope_is_left_free(resolver: Resolver) -> None:
+    text = "import json\nimport os\n\ndef f(json):\n    for os in []:\n        pass\n    x = \n"
+    found = Receivers(resolver).names(text, len(text) - 1, "    x = ")
+    assert found is None or not {"json", "os"} & set(found.members)
+
+
+def test_self_begins_free_in_init_only(resolver: Resolver) -> None:
+    text = DOC.replace("CURSOR_INIT", "self.").replace("CURSOR_GROW", "pass")
+    offset = text.index("self.\n") + 5
+    found = Receivers(resolver).names(text, offset, "        self.")
+    assert found is not None and found.open_at_start == ("self",)
+    text = DOC.replace("CURSOR_GROW", "self.").replace("CURSOR_INIT", "pass")
+    found = Receivers(resolver).names(text, text.index("self.\n") + 5, "        self.")
+    assert found is not None and found.open_at_start == ()
+
+
+def test_a_document_that_does_not_parse_still_gives_its_imports(resolver: Resolver) -> None:
+    text = "import os\nx = (os.\n"
+    found = Receivers(resolver).names(text, len(text) - 1, "x = (os.")
+    assert found is not None and "getcwd" in found.members["os"]
+    assert Receivers(resolver).names("x = (\ndef (", 3, "x = (") is None
+
+
+async def test_engine_sends_the_receivers_with_the_setting_on() -> None:
+    text = "import os\n\nx = os.\n"
+    for on, language, backend_type in (
+        (True, "python", HealingBackend),
+        (False, "python", HealingBackend),
+        (True, "plaintext", HealingBackend),
+        (True, "python", ScriptedBackend),  # cannot apply it (a remote server)
+    ):
+        backend = backend_type(["getcwd()", "\n"])
+        engine = engine_for(backend, namesMonitor=on)
+        engine.documents.open(URI, text, 1, language)
+        await engine.complete(URI, Position(2, 7))
+        names = backend.requests[-1].names
+        if on and language == "python" and backend_type is HealingBackend:
+            assert names is not None and names.line == "x = os."
+            assert "getcwd" in names.members["os"]
+        else:
+            assert names is None
