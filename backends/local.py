@@ -49,6 +49,7 @@ from kode.backends.worker import (
     WorkerGeneration,
     WorkerJob,
     WorkerRun,
+    fail,
 )
 
 T = TypeVar("T", bound=Target)
@@ -308,8 +309,9 @@ class LocalBackend(Generic[T]):
             while True:
                 with self._inbox_lock:
                     while self._inbox and len(live) < self.width:
-                        job = self._inbox.popleft()
-                        live.append(Live(job, LocalRun(self, job)))
+                        admitted = self._admit(self._inbox.popleft())
+                        if admitted is not None:
+                            live.append(admitted)
                     self._live = len(live)
                     if not live:
                         self._serving = False
@@ -330,7 +332,8 @@ class LocalBackend(Generic[T]):
                 live = [one for one in live if not one.ended]
         except BaseException as exc:  # a fault of this loop: no generation may hang
             with self._inbox_lock:
-                live += [Live(job, LocalRun(self, job)) for job in self._inbox]
+                for job in self._inbox:
+                    fail(job, exc)
                 self._inbox.clear()
                 self._serving = False
             for one in live:
@@ -338,6 +341,14 @@ class LocalBackend(Generic[T]):
                     one.advance(error=exc)
                     one.close()
             raise
+
+    def _admit(self, job: WorkerJob) -> Live[LocalRun[T]] | None:
+        """The job's run, or None when making it failed (its consumer got the error)."""
+        try:
+            return Live(job, LocalRun(self, job))
+        except BaseException as exc:
+            fail(job, exc)
+            return None
 
     def _advance(
         self,

@@ -338,6 +338,14 @@ class Live(Generic[R]):
             self.job.close()
 
 
+def fail(job: WorkerJob, exc: BaseException) -> None:
+    """End a job that has no run (making its run failed): its consumer gets the error
+    once, then the end of its stream, instead of waiting for ever."""
+    job.stats.finish_reason = FinishReason.ERROR
+    job.emit(exc if isinstance(exc, BackendError) else _unexpected(exc))
+    job.close()
+
+
 def _unexpected(exc: BaseException) -> BackendError:
     """An unexpected error, named by its type only: its text may quote the prompt,
     which is everyone's code (a UnicodeEncodeError's repr carries the whole prompt),

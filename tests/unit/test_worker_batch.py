@@ -48,6 +48,7 @@ class Engine:
         self.batches: list[int] = []  # rows of every step_together
         self.prefills = 0
         self.fail_next = False
+        self.fail_target = False
         self.gate = gate  # when given, every model call waits for it (a slow model)
         self.released = 0
         self.log: list[str] = []  # "p<n>" prompt batch of generation n, "s<rows>" a step
@@ -71,7 +72,9 @@ class Engine:
     def pieces(self) -> list[bytes]:
         return []
 
-    def target(self, sampling: Sampling) -> Target:
+    def target(self, sampling: Sampling, guide: object = None) -> Target:
+        if self.fail_target:
+            raise RuntimeError("no target for def secret():")  # may quote the prompt
         return Target(self)
 
     def refuse(self, method: SpeculationMethod) -> str | None:
@@ -285,6 +288,26 @@ async def test_an_engine_error_in_a_batch_reaches_every_generation_of_it() -> No
                 async for _ in generation:
                     pass
         assert engine.released == 2
+        assert await run(b, "after", 3) == alone("after", 3)
+    finally:
+        await b.aclose()
+
+
+async def test_a_run_that_cannot_start_ends_with_its_error_and_the_next_runs() -> None:
+    # Making a run (the engine's target) fails for one generation: its caller gets the
+    # error once, named by type only (the text may quote the prompt), instead of waiting
+    # for ever; the worker goes on with the next.
+    engine = Engine(width=2)
+    b = backend(engine)
+    try:
+        engine.fail_target = True
+        generation = await b.generate(request("def secret():", 5))
+        with pytest.raises(BackendError, match=r"unexpectedly \(RuntimeError\)") as caught:
+            async for _ in generation:
+                pass
+        assert "secret" not in str(caught.value)
+        assert generation.stats.finish_reason is FinishReason.ERROR
+        engine.fail_target = False
         assert await run(b, "after", 3) == alone("after", 3)
     finally:
         await b.aclose()
