@@ -377,6 +377,17 @@ class Resolver:
         self._parsed: dict[tuple[str, float], ModuleInfo | None] = {}
         self._members: dict[str, tuple[float, frozenset[str] | None]] = {}
         self._locate: dict[str, tuple[Path | None, bool]] = {}
+        self.read: dict[str, float] = {}  # every source file looked at: its mtime
+
+    def stale(self, read: dict[str, float]) -> bool:
+        """Whether a file of ``read`` (a ``read`` taken earlier) changed since."""
+        for path, mtime in read.items():
+            try:
+                if Path(path).stat().st_mtime != mtime:
+                    return True
+            except OSError:
+                return True
+        return False
 
     def locate(self, name: str) -> tuple[Path | None, bool]:
         """``(source file, is a package)``; the file is None where there is none."""
@@ -415,6 +426,7 @@ class Resolver:
             mtime = path.stat().st_mtime
         except OSError:
             return None
+        self.read[str(path)] = mtime
         key = (str(path), mtime)
         if key not in self._parsed:
             try:
@@ -457,7 +469,10 @@ class Resolver:
     def _stamp(self, name: str) -> float:
         path, _ = self.locate(name)
         try:
-            return 0.0 if path is None else path.stat().st_mtime
+            if path is None:
+                return 0.0
+            self.read[str(path)] = stamp = path.stat().st_mtime
+            return stamp
         except OSError:
             return -1.0
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 
@@ -26,6 +27,7 @@ CREATING = frozenset({"__init__", "__new__", "__post_init__", "__setstate__", "s
 MAX_NAMES = 60_000  # all receivers together: a bound on the request's size
 MAX_CHAINS = 32  # dotted receivers (``os.path``) read from the document's text
 _CACHE = 8
+_Analysis = tuple[dict[str, tuple[str, ...]], bool, dict[str, float]]
 
 
 def parse_around(text: str, line_start: int, line_end: int) -> ast.Module | None:
@@ -88,8 +90,9 @@ class Receivers:
 
     def __init__(self, resolver: Resolver) -> None:
         self.resolver = resolver
-        self._cache: OrderedDict[tuple[str, int, int], tuple[dict[str, tuple[str, ...]], bool]]
-        self._cache = OrderedDict()
+        # per text around the cursor's line: (members, creating, the files read for them)
+        self._cache: OrderedDict[tuple[str, int, int], _Analysis] = OrderedDict()
+        self._lock = threading.Lock()
 
     def names(
         self, text: str, offset: int, line: str, module: str = "", package: bool = False
@@ -101,14 +104,17 @@ class Receivers:
         line_end = text.find("\n", offset)
         line_end = len(text) if line_end < 0 else line_end
         key = (module, hash(text[:line_start]), hash(text[line_end:]))
-        cached = self._cache.get(key)
-        if cached is None:
-            cached = self._analyse(text, line_start, line_end, module, package)
-            self._cache[key] = cached
-            while len(self._cache) > _CACHE:
-                self._cache.popitem(last=False)
-        self._cache.move_to_end(key)
-        members, creating = cached
+        with self._lock:  # documents' analyses run in threads; one at a time
+            cached = self._cache.get(key)
+            if cached is None or self.resolver.stale(cached[2]):  # a module changed on disk
+                self.resolver.read = {}
+                members, creating = self._analyse(text, line_start, line_end, module, package)
+                cached = (members, creating, self.resolver.read)
+                self._cache[key] = cached
+                while len(self._cache) > _CACHE:
+                    self._cache.popitem(last=False)
+            self._cache.move_to_end(key)
+        members, creating, _read = cached
         if not members:
             return None
         return Names(line, members, ("self",) if creating else ())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from pathlib import Path
 
@@ -132,6 +133,27 @@ def test_receivers_of_a_document(resolver: Resolver) -> None:
     assert "Box" in members and "Circle" in members
     assert "Path" not in members or "path" not in members  # ``path`` is rebound
     assert "path" not in members
+
+
+def test_a_module_changed_on_disk_is_read_again_at_the_same_place(
+    resolver: Resolver, tmp_path: Path
+) -> None:
+    # The same text around the cursor (only the cursor's line edited): the analysis is
+    # cached, but not past a change of a module it read (a rename the watcher reported).
+    receivers = Receivers(resolver)
+    text = "from shapes import base\n\n\ndef f():\n    area = base.\n"
+    line = "    area = base."
+    found = receivers.names(text, text.index(line) + len(line), line)
+    assert found is not None and "area" in found.members["base"]
+    base = tmp_path / "shapes" / "base.py"
+    base.write_text(PACKAGE["shapes/base.py"].replace("area", "volume"))
+    stat = base.stat()
+    os.utime(base, ns=(stat.st_atime_ns, stat.st_mtime_ns + 2_000_000_000))
+    edited = text.replace("    area = ", "    surface = ")
+    line = "    surface = base."
+    found = receivers.names(edited, edited.index(line) + len(line), line)
+    assert found is not None
+    assert "volume" in found.members["base"] and "area" not in found.members["base"]
 
 
 def test_a_name_bound_in_any_scope_is_left_free(resolver: Resolver) -> None:
