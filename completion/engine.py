@@ -130,10 +130,9 @@ class CompletionEngine:
         self._requests += 1  # background preparation waits until it is answered
         try:
             # What this keystroke makes obsolete is told to stop, never waited for: the
-            # backend runs the next generation once it has stopped (in-process: its one
-            # worker; shared engine: its scheduler starts a document's next generation in
-            # the slot the previous one leaves), so the keystroke's own generation is
-            # queued at once instead of after a round trip to the engine and its step.
+            # backend runs the next generation once it has stopped (its worker, or the
+            # shared engine's scheduler in the slot the previous one leaves), so this
+            # keystroke's generation is queued at once, not after the engine's step.
             self.preparation.stop()
             self._leave_others(uri)
             live = self._live.get(uri)
