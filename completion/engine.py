@@ -66,8 +66,7 @@ class CompletionEngine:
         self._live: dict[str, Suggestion] = {}
         self._tickets: Latest[str, object] = Latest()  # the current request per document
         self.typed_ahead_hits = 0
-        # The last non-empty answer (`kode/stats` `lastCompletion`, the status bars): the
-        # backend's own last generation is often a one-token background one.
+        # The last non-empty answer (`kode/stats` `lastCompletion`), not background work.
         self.last_answer: Completion | None = None
         self._background: set[asyncio.Future[None]] = set()
         self.clock: Clock = clock if clock is not None else SystemClock()
