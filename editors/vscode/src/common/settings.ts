@@ -24,6 +24,7 @@ export const SERVER_KEYS = [
   "multiline",
   "maxLines",
   "structuralStops",
+  "namesMonitor",
   "prefixTokens",
   "suffixTokens",
   "movedSuffixDrift",
