@@ -24,7 +24,6 @@ export const SERVER_KEYS = [
   "multiline",
   "maxLines",
   "structuralStops",
-  "namesMonitor",
   "prefixTokens",
   "suffixTokens",
   "movedSuffixDrift",
