@@ -4,11 +4,12 @@ A target (``steppers.Target``) picks after a batch row; which text that row ends
 on the row: the generation's tokens already in the cache, then the path through the
 token tree from its root to the row. ``Guide`` keeps those paths (``tree``, ``rows``) and
 masks a row's logits (``logits``) with what ``backends/monitor.py`` allows after that
-text, so every decoding method picks under the same rule at the same text: a draft
-token is accepted only if it equals the masked pick (sample-and-match), or by the p/q
-rule against the masked distribution, which is what plain constrained decoding samples
-from. Speculation stays lossless against constrained decoding. A row it has no path for
-(lookahead's window rows, which only guess) is picked unmasked.
+text, and weighs them by the document's uses there (``monitor.Prior``), so every
+decoding method picks under the same rule at the same text: a draft token is accepted
+only if it equals the masked pick (sample-and-match), or by the p/q rule against the
+masked distribution, which is what plain constrained decoding samples from. Speculation
+stays lossless against constrained decoding. A row it has no path for (lookahead's
+window rows, which only guess) is picked unmasked.
 """
 
 from __future__ import annotations
@@ -60,15 +61,23 @@ class Guide:
         self._generated.extend(tokens)
         self._text += b"".join(pieces[t] for t in tokens)
 
-    def mask(self, row: int) -> npt.NDArray[np.bool_] | None:
-        """What may follow row ``row`` of the last batch; None: anything."""
+    def _written(self, row: int) -> bytes | None:
+        """What the generation has written up to row ``row`` of the last batch."""
         path = self._paths.get(row)
         if path is None:
             return None
-        start = time.perf_counter()
         pieces = self.monitor.index.pieces
+        return self._text + b"".join(pieces[t] for t in path)
+
+    def mask(self, row: int) -> npt.NDArray[np.bool_] | None:
+        """What may follow row ``row`` of the last batch; None: anything."""
+        generated = self._written(row)
+        return None if generated is None else self._judge(generated)
+
+    def _judge(self, generated: bytes) -> npt.NDArray[np.bool_] | None:
+        start = time.perf_counter()
         before = self.monitor.fired.dereferences
-        mask = self.monitor.allowed(self._text + b"".join(pieces[t] for t in path))
+        mask = self.monitor.allowed(generated)
         fired = self.monitor.fired
         if fired.dereferences > before:
             log.debug("names monitor fired: %d names allowed", fired.names[-1])
@@ -76,12 +85,23 @@ class Guide:
         return mask
 
     def logits(self, row: int, logits: Logits) -> Logits:
-        """Row ``row``'s logits, masked where the monitor constrains (a copy then)."""
-        mask = self.mask(row)
-        if mask is None:
+        """Row ``row``'s logits, masked where the monitor constrains and weighed by the
+        document's uses where it has them (a copy then; ``logits`` is never changed)."""
+        generated = self._written(row)
+        if generated is None:
             return logits
+        mask = self._judge(generated)
         start = time.perf_counter()
-        out = np.where(mask, logits, np.float32(-np.inf)).astype(np.float32, copy=False)
+        prior = self.monitor.prior(generated)
+        if mask is None and prior is None:
+            self.ms += (time.perf_counter() - start) * 1000.0
+            return logits
+        if mask is None:
+            out = np.array(logits, dtype=np.float32, copy=True)
+        else:
+            out = np.where(mask, logits, np.float32(-np.inf)).astype(np.float32, copy=False)
+        if prior is not None:
+            prior.mix(out)
         self.ms += (time.perf_counter() - start) * 1000.0
         return out
 

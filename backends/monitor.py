@@ -32,6 +32,17 @@ that does not exist (``os.pa``) or a dangling dot. Example::
     [1, 2, 6, 8]
     >>> monitor.allowed(b".path()") is None  # nothing constrained
     True
+
+Which allowed name the model picks is the model's, weighed by how the document itself
+uses the receiver (``Names.uses``, nearer the cursor counting more): a cache language
+model mixed in after ``recv.part``, and after ``recv`` among the tokens that begin with
+a dot (Tu, Su and Devanbu, "On the localness of software", FSE 2014): ``p = (1 -
+USES_WEIGHT) * model + USES_WEIGHT * uses``, where ``uses`` spreads each used name's
+share over the tokens that spell it as the model itself would. A short
+window shows the model few of the document's names; the analysis read them all. Where a
+new attribute is made (``self.`` at the start of a statement in ``__init__``), nothing is
+masked, and the uses weighed are the class's names not yet assigned in that method
+(``Names.uses_at_start``): the attribute a class reads and no line above makes yet.
 """
 
 from __future__ import annotations
@@ -50,6 +61,11 @@ Mask = npt.NDArray[np.bool_]
 # multi-byte UTF-8 character (Python identifiers may hold them; judged conservatively).
 _IDENT_SET = frozenset(c for c in range(256) if c >= 128 or c == 95 or chr(c).isalnum())
 
+# The share of the pick after ``recv.`` the document's uses decide (module docstring). At
+# 0.3 a name the document uses alone wins a greedy pick unless the model gives another
+# token more than 0.43 more probability than it: the model still overrules a weak prior.
+USES_WEIGHT = 0.3
+
 # ``recv.part`` at the end of a line: a dotted chain of identifiers not preceded by a dot,
 # an identifier character or a closing bracket (``f().x.`` has no static receiver).
 _DEREF = re.compile(r"(?<![\w.)\]}])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)\.(\w*)\Z")
@@ -62,11 +78,16 @@ class Names:
     """What is known at the cursor: for each receiver (``os``, ``os.path``, ``self``),
     every name its members may have. ``line``: the text of the cursor's line before the
     generation begins. ``open_at_start``: receivers that stay free where they begin a
-    statement (``self.`` in ``__init__``, where new attributes are made)."""
+    statement (``self.`` in ``__init__``, where new attributes are made). ``uses``: per
+    receiver, how much the document uses each of its names (weights, any scale), and
+    ``uses_at_start`` the same for ``open_at_start``'s receivers where they begin a
+    statement; both weigh the model's pick (``USES_WEIGHT``), never widen the mask."""
 
     line: str
     members: dict[str, tuple[str, ...]]
     open_at_start: tuple[str, ...] = ()
+    uses: dict[str, dict[str, float]] = field(default_factory=dict)
+    uses_at_start: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -201,6 +222,50 @@ class VocabIndex:
         return self._dotted
 
 
+@dataclass(frozen=True, slots=True)
+class Prior:
+    """The document's uses at one place: for each used name, the tokens that spell it
+    from there (``VocabIndex.spelling``) and its share (the shares sum to 1). ``group``:
+    the tokens the uses speak for (after ``recv`` itself: those that begin with a dot;
+    the model alone decides whether a dot comes); None: every token."""
+
+    spellings: tuple[npt.NDArray[np.intp], ...]
+    shares: npt.NDArray[np.float64]
+    group: Mask | None = None
+
+    def mix(self, logits: npt.NDArray[np.float32], weight: float = USES_WEIGHT) -> None:
+        """``logits`` (masked: -inf where not allowed) become those of ``(1 - weight) *
+        model + weight * uses`` within the group, in place, the group's mass unchanged.
+        A name all of whose spellings are masked gives its share to the others; none
+        left: unchanged."""
+        inside = np.isfinite(logits)
+        if self.group is not None:
+            inside &= self.group
+        if not inside.any():
+            return
+        finite = logits[inside].astype(np.float64)
+        top = float(finite.max())
+        lse = top + float(np.log(np.exp(finite - top).sum()))
+        q: dict[int, float] = {}
+        kept = 0.0
+        for ids, share in zip(self.spellings, self.shares, strict=True):
+            ids = ids[inside[ids]]
+            p = np.exp(logits[ids].astype(np.float64) - lse)
+            total = float(p.sum())
+            if total <= 0.0:
+                continue
+            kept += share
+            for token, pt in zip(ids.tolist(), (share * p / total).tolist(), strict=True):
+                q[token] = q.get(token, 0.0) + pt
+        if kept <= 0.0:
+            return
+        tokens = np.fromiter(q, dtype=np.intp, count=len(q))
+        uses = np.fromiter(q.values(), dtype=np.float64, count=len(q)) / kept
+        model = np.exp(logits[tokens].astype(np.float64) - lse)
+        logits[inside] += np.float32(np.log1p(-weight))
+        logits[tokens] = (np.log((1.0 - weight) * model + weight * uses) + lse).astype(np.float32)
+
+
 @dataclass(slots=True)
 class Fired:
     """What the monitor did in one generation (for the stats and the debug log)."""
@@ -208,6 +273,7 @@ class Fired:
     dereferences: int = 0  # dots after which a closed set constrained the identifier
     steps: int = 0  # picks made under a mask (after a known receiver, or its dot)
     names: list[int] = field(default_factory=list)  # names allowed at each dereference
+    weighed: int = 0  # picks the document's uses weighed (``Prior``)
 
 
 class Monitor:
@@ -224,15 +290,75 @@ class Monitor:
         self._line = names.line.encode()
         self._members = {k: tuple(n.encode() for n in v) for k, v in names.members.items()}
         self._cache: dict[tuple[str, bytes, bool], Mask | None] = {}
+        self._uses = {
+            start: {
+                recv: {n.encode(): w for n, w in used.items() if w > 0}
+                for recv, used in table.items()
+            }
+            for start, table in ((False, names.uses), (True, names.uses_at_start))
+        }
+        self._priors: dict[tuple[str, bytes, bool, bool], Prior | None] = {}
         self.fired = Fired()
         self._last: tuple[int, str] | None = None  # (dot's offset, receiver) last counted
 
-    def allowed(self, generated: bytes) -> Mask | None:
+    def _last_line(self, generated: bytes) -> tuple[bytes, str] | None:
+        """The text so far and its last line, where that line may end in a receiver or a
+        dereference; None (the common case, decided at once) where it cannot."""
         text = self._line + generated
         cut = text.rfind(b"\n") + 1
         line = text[cut:].decode(errors="replace")
         if not line or not (line[-1] == "." or line[-1].isidentifier() or line[-1].isdigit()):
-            return None  # the common case, decided at once
+            return None
+        return text, line
+
+    def prior(self, generated: bytes) -> Prior | None:
+        """The document's uses of the names that may come next: after ``recv.part``, or
+        after ``recv`` itself (for the tokens that begin with a dot); None where it has
+        none there (the model alone picks)."""
+        found = self._last_line(generated)
+        if found is None:
+            return None
+        line = found[1]
+        deref = dereference(line)
+        if deref is not None:
+            recv, part = deref
+            key = (recv, part.encode(), not self._constrains(line, recv), False)
+        else:
+            recv = chain_end(line) or ""
+            if not any(recv in table for table in self._uses.values()):
+                return None
+            at_start = recv in self.names.open_at_start and line.lstrip() == recv
+            key = (recv, b"", at_start, True)
+        if key not in self._priors:
+            self._priors[key] = self._prior(*key)
+        prior = self._priors[key]
+        if prior is not None:
+            self.fired.weighed += 1
+        return prior
+
+    def _prior(self, recv: str, part: bytes, at_start: bool, dot: bool) -> Prior | None:
+        used = self._uses[at_start].get(recv)
+        if not used:
+            return None
+        lead = b"." if dot else b""
+        spellings, weights = [], []
+        for name, weight in used.items():
+            if name.startswith(part) and len(name) > len(part):
+                ids = np.flatnonzero(self.index.spelling(lead, [name[len(part) :]]))
+                if ids.size:
+                    spellings.append(ids)
+                    weights.append(weight)
+        if not spellings:
+            return None
+        shares = np.asarray(weights, dtype=np.float64)
+        group = self.index.dotted() if dot else None
+        return Prior(tuple(spellings), shares / shares.sum(), group)
+
+    def allowed(self, generated: bytes) -> Mask | None:
+        found = self._last_line(generated)
+        if found is None:
+            return None
+        text, line = found
         mask: Mask | None = None
         deref = dereference(line)
         if deref is not None and self._constrains(line, deref[0]):

@@ -3,11 +3,13 @@
 Holes are cut from large standard-library packages: a line that dereferences a receiver
 whose members the analysis knows (``completion/receivers.py``: a module, a class,
 ``self``), the cursor right after the dot, the rest of the line removed. The model
-completes it twice per window, with the names monitor and without, side by side on one
-loaded model, greedy. The first identifier it writes is judged against what Python
-itself says, not against the analysis: the file's module is imported and the receiver
-evaluated in it (``dir()``; for ``self`` the class's ``dir()`` and the attributes its
-MRO's methods assign), so an analysis that allowed too little or too much shows.
+completes it three times per window, side by side on one loaded model, greedy: ``free``
+(no monitor), ``mask`` (the monitor's mask alone, the document's uses not weighed) and
+``monitor`` (as shipped: the mask and the uses, ``backends/monitor.py``). The first
+identifier it writes is judged against what Python itself says, not against the
+analysis: the file's module is imported and the receiver evaluated in it (``dir()``; for
+``self`` the class's ``dir()`` and the attributes its MRO's methods assign), so an
+analysis that allowed too little or too much shows.
 
     exact     the identifier the file has
     exists    a member of the receiver (exact included)
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import dataclasses
 import importlib
 import inspect
 import json
@@ -235,8 +238,11 @@ async def run(options: Options) -> dict[str, object]:
                 prefix = _window(backend, hole.before, before_tokens, tail=True)
                 suffix = _window(backend, hole.after, after_tokens, tail=False)
                 prompt = render(template, prefix, suffix, path=Path(hole.file).name)
-                for monitor in (False, True):
-                    names = hole.names if monitor else None
+                for condition, names in (
+                    ("free", None),
+                    ("mask", dataclasses.replace(hole.names, uses={}, uses_at_start={})),
+                    ("monitor", hole.names),
+                ):
                     request = GenerationRequest(
                         prompt, options.max_tokens, speculation=SpeculationMethod.NONE, names=names
                     )
@@ -245,7 +251,7 @@ async def run(options: Options) -> dict[str, object]:
                     stats = await generation.wait()
                     found = _IDENT.match(out)
                     name = found.group(0) if found else ""
-                    key = f"{window} {'monitor' if monitor else 'free'}"
+                    key = f"{window} {condition}"
                     t = tallies.setdefault(key, Tally())
                     t.n += 1
                     t.exact += name == hole.expected
@@ -275,7 +281,7 @@ async def run(options: Options) -> dict[str, object]:
                             "receiver": hole.receiver,
                             "expected": hole.expected,
                             "window": window,
-                            "monitor": monitor,
+                            "condition": condition,
                             "wrote": name,
                             "allowedByAnalysis": hole.allowed,
                             "monitorPicks": stats.monitor_picks,

@@ -126,7 +126,13 @@ def test_a_request_is_carried_whole() -> None:
         moved_kv_drift=32,
         background=True,
         document="file:///a.py",
-        names=Names("x = os.", {"os": ("getcwd", "sep"), "self": ("x",)}, ("self",)),
+        names=Names(
+            "x = os.",
+            {"os": ("getcwd", "sep"), "self": ("x",)},
+            ("self",),
+            uses={"os": {"sep": 1.5}},
+            uses_at_start={"self": {"y": 0.5}},
+        ),
     )
     frame = wire.encode(wire.Generate(id=3, request=request))
     assert int.from_bytes(frame[:4], "big") == len(frame) - 4

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
-from kode.backends.monitor import Monitor, Names, VocabIndex, dereference
+from kode.backends.monitor import USES_WEIGHT, Monitor, Names, Prior, VocabIndex, dereference
 
 PIECES = [
     b"<eos>",  # 0 stop
@@ -105,3 +107,83 @@ def test_dereference() -> None:
     assert dereference("x = '#' + os.") == ("os", "")
     assert dereference("x = a.b().c.") is None
     assert dereference("x = [1, 2].") is None
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x[np.isfinite(x)].max())
+    return e / e.sum()
+
+
+def test_the_uses_mix_into_the_model_at_their_weight() -> None:
+    logits = np.log(np.array([0.6, 0.3, 0.1], dtype=np.float32))  # tokens 0, 1, 2
+    prior = Prior((np.array([1]), np.array([2])), np.array([0.75, 0.25]))
+    mixed = logits.copy()
+    prior.mix(mixed)
+    w = USES_WEIGHT
+    expected = (1 - w) * np.array([0.6, 0.3, 0.1]) + w * np.array([0, 0.75, 0.25])
+    assert np.allclose(_softmax(mixed), expected, atol=1e-6)
+    assert np.isclose(np.log(np.exp(mixed).sum()), 0.0, atol=1e-6)  # the mass unchanged
+    assert int(np.argmax(mixed)) == 1  # unsure model: the used name wins
+    sure = np.log(np.array([0.95, 0.04, 0.01], dtype=np.float32))
+    prior.mix(sure)
+    assert int(np.argmax(sure)) == 0  # a sure model overrules the uses
+
+
+def test_a_names_share_spreads_over_its_spellings_as_the_model_spells_it() -> None:
+    logits = np.log(np.array([0.5, 0.4, 0.1], dtype=np.float32))  # 1 and 2 spell one name
+    prior = Prior((np.array([1, 2]),), np.array([1.0]))
+    prior.mix(logits)
+    w = USES_WEIGHT
+    expected = (1 - w) * np.array([0.5, 0.4, 0.1]) + w * np.array([0, 0.8, 0.2])
+    assert np.allclose(_softmax(logits), expected, atol=1e-6)
+
+
+def test_masked_names_give_their_share_to_the_others() -> None:
+    logits = np.array([0.0, -np.inf, 0.0], dtype=np.float32)
+    prior = Prior((np.array([1]), np.array([2])), np.array([0.5, 0.5]))
+    prior.mix(logits)
+    assert logits[1] == -np.inf
+    assert np.allclose(_softmax(logits), [0.35, 0.0, 0.65], atol=1e-6)
+
+
+def test_the_prior_after_a_receiver_is_the_documents_uses_of_its_names() -> None:
+    uses = {"os": {"sep": 2.0, "path": 1.0, "gone": 5.0}}
+    monitor = Monitor(INDEX, Names("y = os.", MEMBERS, uses=uses))
+    prior = monitor.prior(b"")
+    assert prior is not None
+    spelled = [
+        (ids.tolist(), float(s)) for ids, s in zip(prior.spellings, prior.shares, strict=True)
+    ]
+    assert spelled == [([7], 2 / 3), ([4, 5, 9], 1 / 3)]  # ``gone``: no token spells it
+    after = Monitor(INDEX, Names("y = os.pa", MEMBERS, uses=uses)).prior(b"")
+    assert after is not None and [ids.tolist() for ids in after.spellings] == [[6]]
+    assert monitor.prior(b"path(") is None and monitor.fired.weighed == 1
+
+
+def test_where_self_makes_an_attribute_the_uses_at_start_weigh_it_unmasked() -> None:
+    names = Names(
+        "        self.",
+        MEMBERS,
+        ("self",),
+        uses={"self": {"x": 1.0}},
+        uses_at_start={"self": {"sep": 1.0}},  # read in the class, made by no line yet
+    )
+    monitor = Monitor(INDEX, names)
+    assert monitor.allowed(b"") is None
+    start = monitor.prior(b"")
+    assert start is not None and [i.tolist() for i in start.spellings] == [[7]]
+    inside = Monitor(INDEX, dataclasses.replace(names, line="        y = self.")).prior(b"")
+    assert inside is not None and [i.tolist() for i in inside.spellings] == [[15]]
+
+
+def test_after_the_receiver_itself_the_uses_weigh_only_the_tokens_that_begin_with_a_dot() -> None:
+    monitor = Monitor(INDEX, Names("y = os", MEMBERS, uses={"os": {"path": 1.0}}))
+    prior = monitor.prior(b"")
+    assert prior is not None and prior.group is not None
+    assert [ids.tolist() for ids in prior.spellings] == [[2, 3]]  # ``.``, ``.pa``
+    logits = np.zeros(len(PIECES), dtype=np.float32)
+    prior.mix(logits)
+    assert logits[1] == 0.0 and logits[13] == 0.0  # no dot: as the model had it
+    dots = np.flatnonzero(prior.group)
+    assert np.isclose(np.exp(logits[dots]).sum(), len(dots))  # the dots' mass kept
+    assert logits[3] > logits[11]  # ``.pa`` (path, used) over ``.join``

@@ -172,6 +172,52 @@ def test_self_begins_free_in_init_only(resolver: Resolver) -> None:
     assert found is not None and found.open_at_start == ()
 
 
+USES_DOC = """\
+import os
+
+
+class Encoder:
+    def __init__(self, indent, sort_keys):
+        self.indent = indent
+        CURSOR
+        self.cache = {}
+
+    def encode(self, o):
+        if self.sort_keys:
+            o = sorted(o)
+        return os.sep.join(self.indent for _ in o)
+
+    class Inner:
+        def f(self):
+            return self.elsewhere
+
+
+print(os.getcwd(), os.getcwd())
+"""
+
+
+def test_the_documents_uses_weigh_names_nearer_the_cursor_more(resolver: Resolver) -> None:
+    text = USES_DOC.replace("CURSOR", "x = os.")
+    line = "        x = os."
+    found = Receivers(resolver).names(text, text.index(line) + len(line), line)
+    assert found is not None
+    used = found.uses["os"]
+    assert set(used) == {"sep", "getcwd"} and used["sep"] > used["getcwd"] / 2
+    # self's uses are its class's, members only (``sort_keys`` is assigned by no line)
+    assert set(found.uses["self"]) == {"indent", "cache"}
+
+
+def test_where_init_makes_an_attribute_the_class_uses_not_made_above_weigh(
+    resolver: Resolver,
+) -> None:
+    text = USES_DOC.replace("CURSOR", "self.")
+    line = "        self."
+    found = Receivers(resolver).names(text, text.index(line + "\n") + len(line), line)
+    assert found is not None and found.open_at_start == ("self",)
+    # ``indent`` is made on the line above; ``elsewhere`` is another class's
+    assert set(found.uses_at_start["self"]) == {"sort_keys", "cache"}
+
+
 def test_a_document_that_does_not_parse_still_gives_its_imports(resolver: Resolver) -> None:
     text = "import os\nx = (os.\n"
     found = Receivers(resolver).names(text, len(text) - 1, "x = (os.")
