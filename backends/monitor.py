@@ -38,11 +38,11 @@ uses the receiver (``Names.uses``, nearer the cursor counting more): a cache lan
 model mixed in after ``recv.part``, and after ``recv`` among the tokens that begin with
 a dot (Tu, Su and Devanbu, "On the localness of software", FSE 2014): ``p = (1 -
 USES_WEIGHT) * model + USES_WEIGHT * uses``, where ``uses`` spreads each used name's
-share over the tokens that spell it as the model itself would. A short
-window shows the model few of the document's names; the analysis read them all. Where a
-new attribute is made (``self.`` at the start of a statement in ``__init__``), nothing is
-masked, and the uses weighed are the class's names not yet assigned in that method
-(``Names.uses_at_start``): the attribute a class reads and no line above makes yet.
+share over the tokens that spell it as the model itself would. A short window shows the
+model few of the document's names; the analysis read them all. Where a new attribute is
+made (``self.`` at the start of a statement in ``__init__``), nothing is masked, and the
+uses weighed are the class's names that method does not assign on another line
+(``Names.uses_at_start``): the attribute the class uses and nothing makes yet.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ analysis that allowed too little or too much shows.
     exact     the identifier the file has
     exists    a member of the receiver (exact included)
     invented  a name the receiver does not have
+    open      of those invented, how many at an open site (``self.`` beginning a
+              statement in ``__init__``: the monitor masks nothing there)
     empty     no identifier (the model wrote something else, or stopped)
 
 Windows: ``full`` (1024 prefix and 64 suffix tokens, the settings' defaults) and
@@ -84,6 +86,15 @@ class Hole:
     truth: frozenset[str]  # what Python says the receiver has
 
     @property
+    def open_site(self) -> bool:
+        """Where the monitor masks nothing: ``self.`` beginning a statement where new
+        attributes are made."""
+        line = self.before[self.before.rfind("\n") + 1 :]
+        return self.receiver in self.names.open_at_start and line.lstrip().startswith(
+            self.receiver + "."
+        )
+
+    @property
     def allowed(self) -> bool:
         """Whether the analysis allows the expected name (else the monitor must miss)."""
         return self.expected in self.names.members.get(self.receiver, ())
@@ -95,6 +106,7 @@ class Tally:
     exact: int = 0
     exists: int = 0
     invented: int = 0
+    invented_open: int = 0
     empty: int = 0
     tokens: int = 0
     decode_ms: float = 0.0
@@ -258,6 +270,7 @@ async def run(options: Options) -> dict[str, object]:
                     t.exists += bool(name) and name in hole.truth
                     invented = bool(name) and name not in hole.truth
                     t.invented += invented
+                    t.invented_open += invented and hole.open_site
                     t.empty += not name
                     if invented and len(t.examples) < 6:
                         t.examples.append(f"{hole.receiver}.{name} (file: {hole.expected})")
@@ -284,6 +297,7 @@ async def run(options: Options) -> dict[str, object]:
                             "condition": condition,
                             "wrote": name,
                             "allowedByAnalysis": hole.allowed,
+                            "openSite": hole.open_site,
                             "monitorPicks": stats.monitor_picks,
                             "monitorMs": round(stats.monitor_ms, 2),
                         }
@@ -298,6 +312,7 @@ async def run(options: Options) -> dict[str, object]:
             "other": sum(h.receiver not in ("self", "cls") for h in holes),
         },
         "expectedOutsideAnalysis": sum(not h.allowed for h in holes),
+        "openSites": sum(h.open_site for h in holes),
         "seen": seen,
         "tallies": {k: asdict(v) for k, v in tallies.items()},
         "rows": rows,
@@ -309,9 +324,10 @@ def table(result: dict[str, object]) -> str:
     assert isinstance(tallies, dict)
     lines = [
         f"model {result['model']}, {result['holes']} holes {result['receivers']}, expected name "
-        f"outside the analysis' set in {result['expectedOutsideAnalysis']}; "
+        f"outside the analysis' set in {result['expectedOutsideAnalysis']}, open sites "
+        f"{result.get('openSites', 0)}; "
         f"dereferences seen {result['seen']}",
-        f"{'condition':<15} {'exact':>7} {'exists':>7} {'invented':>9} {'empty':>6} "
+        f"{'condition':<15} {'exact':>7} {'exists':>7} {'invented':>9} {'open':>5} {'empty':>6} "
         f"{'ms/token':>9} {'mask ms/pick':>13} {'fired':>6}",
     ]
     for key, t in tallies.items():
@@ -319,8 +335,8 @@ def table(result: dict[str, object]) -> str:
         per_pick = t["monitor_ms"] / t["monitor_picks"] if t["monitor_picks"] else 0.0
         lines.append(
             f"{key:<15} {t['exact']:>4}/{t['n']:<2} {t['exists']:>4}/{t['n']:<2} "
-            f"{t['invented']:>6}/{t['n']:<2} {t['empty']:>6} {per_token:>9.1f} "
-            f"{per_pick:>13.2f} {t['fired']:>6}"
+            f"{t['invented']:>6}/{t['n']:<2} {t['invented_open']:>5} {t['empty']:>6} "
+            f"{per_token:>9.1f} {per_pick:>13.2f} {t['fired']:>6}"
         )
         if t["examples"]:
             lines.append(f"{'':<15} invented: {', '.join(t['examples'])}")

@@ -108,10 +108,11 @@ def document_uses(
     method: tuple[ast.ClassDef, str, str] | None = None,
 ) -> tuple[Uses, Uses]:
     """How much the document uses each receiver's members, and, for a method that makes
-    attributes (``CREATING``), its first parameter's names not yet assigned in it above
-    ``line`` (1-based): the attribute about to be made is one the class uses and no line
-    above makes. A use ``d`` lines from ``line`` weighs ``1 / (1 + d / USE_HALF_LINES)``;
-    ``self`` counts only inside its class (a nested class's ``self`` is another).
+    attributes (``CREATING``), its first parameter's names that no other line of it
+    assigns: the attribute about to be made at ``line`` (1-based) is one the class uses
+    and that method does not make yet. A use ``d`` lines from ``line`` weighs
+    ``1 / (1 + d / USE_HALF_LINES)``; ``self`` counts only inside its class (a nested
+    class's ``self`` is another).
 
     >>> tree = ast.parse("import os\\nos.sep\\nx = 1\\nos.sep, os.getcwd()\\n")
     >>> uses, _ = document_uses(tree, {"os": ("getcwd", "sep")}, 3)
@@ -122,9 +123,7 @@ def document_uses(
     at_start: Uses = {}
     known = {recv: frozenset(names) for recv, names in members.items()}
     me = method[1] if method is not None else None
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ClassDef) and method is not None and node is method[0]:
-            continue  # its own walk below: without the classes nested in it
+    for node in ast.walk(tree):  # ``self`` below: its class's only
         if isinstance(node, ast.Attribute):
             recv = _dotted(node.value)
             if recv is not None and recv != me and node.attr in known.get(recv, ()):
@@ -132,7 +131,7 @@ def document_uses(
     if method is None or me is None:
         return uses, at_start
     cls, me, name = method
-    made_above = set()
+    made = set()
     for node in _walk_class(cls):
         if not (isinstance(node, ast.Attribute) and _dotted(node.value) == me):
             continue
@@ -141,10 +140,10 @@ def document_uses(
         if name not in CREATING:
             continue
         _count(at_start, me, node.attr, node.lineno, line)
-        stored = isinstance(node.ctx, ast.Store) and node.lineno < line
+        stored = isinstance(node.ctx, ast.Store) and node.lineno != line
         if stored and _in_method(cls, name, node.lineno):
-            made_above.add(node.attr)
-    for attr in made_above:
+            made.add(node.attr)
+    for attr in made:
         at_start.get(me, {}).pop(attr, None)
     return uses, at_start
 
