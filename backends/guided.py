@@ -4,7 +4,7 @@ A target (``steppers.Target``) picks after a batch row; which text that row ends
 on the row: the generation's tokens already in the cache, then the path through the
 token tree from its root to the row. ``Guide`` keeps those paths (``tree``, ``rows``) and
 masks a row's logits (``logits``) with what ``backends/monitor.py`` allows after that
-text, and weighs them by the document's uses there (``monitor.Prior``), so every
+text, and weighs them where an attribute is being made (``monitor.Prior``), so every
 decoding method picks under the same rule at the same text: a draft token is accepted
 only if it equals the masked pick (sample-and-match), or by the p/q rule against the
 masked distribution, which is what plain constrained decoding samples from. Speculation
@@ -86,7 +86,8 @@ class Guide:
 
     def logits(self, row: int, logits: Logits) -> Logits:
         """Row ``row``'s logits, masked where the monitor constrains and weighed by the
-        document's uses where it has them (a copy then; ``logits`` is never changed)."""
+        names likely made where an attribute is made (a copy then; ``logits`` is never
+        changed)."""
         generated = self._written(row)
         if generated is None:
             return logits

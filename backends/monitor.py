@@ -33,16 +33,15 @@ that does not exist (``os.pa``) or a dangling dot. Example::
     >>> monitor.allowed(b".path()") is None  # nothing constrained
     True
 
-Which allowed name the model picks is the model's, weighed by how the document itself
-uses the receiver (``Names.uses``, nearer the cursor counting more): a cache language
-model mixed in after ``recv.part``, and after ``recv`` among the tokens that begin with
-a dot (Tu, Su and Devanbu, "On the localness of software", FSE 2014): ``p = (1 -
-USES_WEIGHT) * model + USES_WEIGHT * uses``, where ``uses`` spreads each used name's
-share over the tokens that spell it as the model itself would. A short window shows the
-model few of the document's names; the analysis read them all. Where a new attribute is
-made (``self.`` at the start of a statement in ``__init__``), nothing is masked, and the
-uses weighed are the class's names that method does not assign on another line
-(``Names.uses_at_start``): the attribute the class uses and nothing makes yet.
+Where a new attribute is made (``self.`` at the start of a statement in ``__init__``),
+nothing is masked: the name may be new. There the model's pick is weighed towards the
+names the class uses that the method makes on no other line (``Names.unmade``: the
+attribute the class reads and nothing makes yet), a cache language model mixed in
+(Tu, Su and Devanbu, "On the localness of software", FSE 2014): ``p = (1 - UNMADE_WEIGHT)
+* model + UNMADE_WEIGHT * unmade``, each name's share spread over the tokens that spell
+it as the model itself would. Measured (``kode bench names``, docs/benchmarks.md): the
+same weighing of the document's uses at closed receivers gained nothing on held-out
+holes (one name lost), so it is not done there.
 """
 
 from __future__ import annotations
@@ -61,10 +60,10 @@ Mask = npt.NDArray[np.bool_]
 # multi-byte UTF-8 character (Python identifiers may hold them; judged conservatively).
 _IDENT_SET = frozenset(c for c in range(256) if c >= 128 or c == 95 or chr(c).isalnum())
 
-# The share of the pick after ``recv.`` the document's uses decide (module docstring). At
-# 0.3 a name the document uses alone wins a greedy pick unless the model gives another
-# token more than 0.43 more probability than it: the model still overrules a weak prior.
-USES_WEIGHT = 0.3
+# The share of the pick at an attribute being made that ``Names.unmade`` decides (module
+# docstring). At 0.3 a name alone in it wins a greedy pick unless the model gives another
+# token more than 0.43 more probability: the model still overrules a weak prior.
+UNMADE_WEIGHT = 0.3
 
 # ``recv.part`` at the end of a line: a dotted chain of identifiers not preceded by a dot,
 # an identifier character or a closing bracket (``f().x.`` has no static receiver).
@@ -78,16 +77,15 @@ class Names:
     """What is known at the cursor: for each receiver (``os``, ``os.path``, ``self``),
     every name its members may have. ``line``: the text of the cursor's line before the
     generation begins. ``open_at_start``: receivers that stay free where they begin a
-    statement (``self.`` in ``__init__``, where new attributes are made). ``uses``: per
-    receiver, how much the document uses each of its names (weights, any scale), and
-    ``uses_at_start`` the same for ``open_at_start``'s receivers where they begin a
-    statement; both weigh the model's pick (``USES_WEIGHT``), never widen the mask."""
+    statement (``self.`` in ``__init__``, where new attributes are made). ``unmade``:
+    for those, where they begin a statement, the names their class uses that the method
+    makes on no other line, with weights (any scale): they weigh the model's pick there
+    (``UNMADE_WEIGHT``)."""
 
     line: str
     members: dict[str, tuple[str, ...]]
     open_at_start: tuple[str, ...] = ()
-    uses: dict[str, dict[str, float]] = field(default_factory=dict)
-    uses_at_start: dict[str, dict[str, float]] = field(default_factory=dict)
+    unmade: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -224,18 +222,18 @@ class VocabIndex:
 
 @dataclass(frozen=True, slots=True)
 class Prior:
-    """The document's uses at one place: for each used name, the tokens that spell it
-    from there (``VocabIndex.spelling``) and its share (the shares sum to 1). ``group``:
-    the tokens the uses speak for (after ``recv`` itself: those that begin with a dot;
-    the model alone decides whether a dot comes); None: every token."""
+    """The names likely at one place: for each, the tokens that spell it from there
+    (``VocabIndex.spelling``) and its share (the shares sum to 1). ``group``: the tokens
+    the prior speaks for (after ``recv`` itself: those that begin with a dot; the model
+    alone decides whether a dot comes); None: every token."""
 
     spellings: tuple[npt.NDArray[np.intp], ...]
     shares: npt.NDArray[np.float64]
     group: Mask | None = None
 
-    def mix(self, logits: npt.NDArray[np.float32], weight: float = USES_WEIGHT) -> None:
+    def mix(self, logits: npt.NDArray[np.float32], weight: float = UNMADE_WEIGHT) -> None:
         """``logits`` (masked: -inf where not allowed) become those of ``(1 - weight) *
-        model + weight * uses`` within the group, in place, the group's mass unchanged.
+        model + weight * prior`` within the group, in place, the group's mass unchanged.
         A name all of whose spellings are masked gives its share to the others; none
         left: unchanged."""
         inside = np.isfinite(logits)
@@ -260,10 +258,10 @@ class Prior:
         if kept <= 0.0:
             return
         tokens = np.fromiter(q, dtype=np.intp, count=len(q))
-        uses = np.fromiter(q.values(), dtype=np.float64, count=len(q)) / kept
+        prior = np.fromiter(q.values(), dtype=np.float64, count=len(q)) / kept
         model = np.exp(logits[tokens].astype(np.float64) - lse)
         logits[inside] += np.float32(np.log1p(-weight))
-        logits[tokens] = (np.log((1.0 - weight) * model + weight * uses) + lse).astype(np.float32)
+        logits[tokens] = (np.log((1.0 - weight) * model + weight * prior) + lse).astype(np.float32)
 
 
 @dataclass(slots=True)
@@ -273,7 +271,7 @@ class Fired:
     dereferences: int = 0  # dots after which a closed set constrained the identifier
     steps: int = 0  # picks made under a mask (after a known receiver, or its dot)
     names: list[int] = field(default_factory=list)  # names allowed at each dereference
-    weighed: int = 0  # picks the document's uses weighed (``Prior``)
+    weighed: int = 0  # picks ``Names.unmade`` weighed (``Prior``)
 
 
 class Monitor:
@@ -290,14 +288,12 @@ class Monitor:
         self._line = names.line.encode()
         self._members = {k: tuple(n.encode() for n in v) for k, v in names.members.items()}
         self._cache: dict[tuple[str, bytes, bool], Mask | None] = {}
-        self._uses = {
-            start: {
-                recv: {n.encode(): w for n, w in used.items() if w > 0}
-                for recv, used in table.items()
-            }
-            for start, table in ((False, names.uses), (True, names.uses_at_start))
+        self._unmade = {
+            recv: {n.encode(): w for n, w in weights.items() if w > 0}
+            for recv, weights in names.unmade.items()
+            if recv in names.open_at_start
         }
-        self._priors: dict[tuple[str, bytes, bool, bool], Prior | None] = {}
+        self._priors: dict[tuple[str, bytes, bool], Prior | None] = {}
         self.fired = Fired()
         self._last: tuple[int, str] | None = None  # (dot's offset, receiver) last counted
 
@@ -312,23 +308,24 @@ class Monitor:
         return text, line
 
     def prior(self, generated: bytes) -> Prior | None:
-        """The document's uses of the names that may come next: after ``recv.part``, or
-        after ``recv`` itself (for the tokens that begin with a dot); None where it has
-        none there (the model alone picks)."""
-        found = self._last_line(generated)
+        """Where an attribute is made (``recv.part`` beginning a statement, or ``recv``
+        alone there, for the tokens that begin with a dot), the names likely made;
+        None elsewhere (the model alone picks)."""
+        found = self._last_line(generated) if self._unmade else None
         if found is None:
             return None
         line = found[1]
         deref = dereference(line)
         if deref is not None:
             recv, part = deref
-            key = (recv, part.encode(), not self._constrains(line, recv), False)
-        else:
-            recv = chain_end(line) or ""
-            if not any(recv in table for table in self._uses.values()):
+            if recv not in self._unmade or self._constrains(line, recv):
                 return None
-            at_start = recv in self.names.open_at_start and line.lstrip() == recv
-            key = (recv, b"", at_start, True)
+            key = (recv, part.encode(), False)
+        else:
+            recv = line.lstrip()
+            if recv not in self._unmade or chain_end(line) != recv:
+                return None
+            key = (recv, b"", True)
         if key not in self._priors:
             self._priors[key] = self._prior(*key)
         prior = self._priors[key]
@@ -336,13 +333,10 @@ class Monitor:
             self.fired.weighed += 1
         return prior
 
-    def _prior(self, recv: str, part: bytes, at_start: bool, dot: bool) -> Prior | None:
-        used = self._uses[at_start].get(recv)
-        if not used:
-            return None
+    def _prior(self, recv: str, part: bytes, dot: bool) -> Prior | None:
         lead = b"." if dot else b""
         spellings, weights = [], []
-        for name, weight in used.items():
+        for name, weight in self._unmade[recv].items():
             if name.startswith(part) and len(name) > len(part):
                 ids = np.flatnonzero(self.index.spelling(lead, [name[len(part) :]]))
                 if ids.size:

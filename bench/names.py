@@ -4,8 +4,9 @@ Holes are cut from large standard-library packages: a line that dereferences a r
 whose members the analysis knows (``completion/receivers.py``: a module, a class,
 ``self``), the cursor right after the dot, the rest of the line removed. The model
 completes it three times per window, side by side on one loaded model, greedy: ``free``
-(no monitor), ``mask`` (the monitor's mask alone, the document's uses not weighed) and
-``monitor`` (as shipped: the mask and the uses, ``backends/monitor.py``). The first
+(no monitor), ``mask`` (the monitor's mask alone) and ``monitor`` (as shipped: the mask,
+and where ``__init__`` makes an attribute the names the class uses and makes nowhere
+else weighed, ``Names.unmade`` in ``backends/monitor.py``). The first
 identifier it writes is judged against what Python itself says, not against the
 analysis: the file's module is imported and the receiver evaluated in it (``dir()``; for
 ``self`` the class's ``dir()`` and the attributes its MRO's methods assign), so an
@@ -252,7 +253,7 @@ async def run(options: Options) -> dict[str, object]:
                 prompt = render(template, prefix, suffix, path=Path(hole.file).name)
                 for condition, names in (
                     ("free", None),
-                    ("mask", dataclasses.replace(hole.names, uses={}, uses_at_start={})),
+                    ("mask", dataclasses.replace(hole.names, unmade={})),
                     ("monitor", hole.names),
                 ):
                     request = GenerationRequest(

@@ -9,8 +9,9 @@ is parsed with the cursor's line replaced by ``pass`` (the line being typed rare
 parses), or, failing that, up to that line; the result is cached by the text around the
 cursor's line, so typing on one line parses once.
 
-Beside the sets, how much the document uses each receiver's names (``document_uses``):
-what weighs the model's pick among them (``backends/monitor.py``, ``Prior``).
+Where ``__init__`` makes an attribute, the names its class uses and that method makes on
+no other line (``unmade``): what weighs the model's pick there (``backends/monitor.py``,
+``Prior``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import ast
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from kode.backends.monitor import Names
@@ -34,15 +35,13 @@ MAX_CHAINS = 32  # dotted receivers (``os.path``) read from the document's text
 # beside it: the code being written uses what the code around it uses.
 USE_HALF_LINES = 25.0
 _CACHE = 8
-Uses = dict[str, dict[str, float]]
 
 
 @dataclass(frozen=True, slots=True)
 class _Analysis:
     members: dict[str, tuple[str, ...]]
     creating: bool
-    uses: Uses
-    uses_at_start: Uses
+    unmade: dict[str, float]  # where ``self.`` makes an attribute: ``unmade``
     read: dict[str, float]  # the files read for it, by path: their modification times
 
 
@@ -101,57 +100,36 @@ def _import_chains(tree: ast.Module) -> Iterator[str]:
                         yield ".".join(parts[:i])
 
 
-def document_uses(
-    tree: ast.Module,
-    members: Mapping[str, tuple[str, ...]],
-    line: int,
-    method: tuple[ast.ClassDef, str, str] | None = None,
-) -> tuple[Uses, Uses]:
-    """How much the document uses each receiver's members, and, for a method that makes
-    attributes (``CREATING``), its first parameter's names that no other line of it
-    assigns: the attribute about to be made at ``line`` (1-based) is one the class uses
-    and that method does not make yet. A use ``d`` lines from ``line`` weighs
-    ``1 / (1 + d / USE_HALF_LINES)``; ``self`` counts only inside its class (a nested
-    class's ``self`` is another).
+def unmade(cls: ast.ClassDef, me: str, method: str, line: int) -> dict[str, float]:
+    """The names ``me.`` (the method's first parameter) reaches in class ``cls`` that
+    method ``method`` makes (assigns) on no line but ``line`` (1-based): the attribute
+    about to be made there is one the class uses and nothing makes yet. A use ``d``
+    lines from ``line`` weighs ``1 / (1 + d / USE_HALF_LINES)``; the classes nested in
+    ``cls`` have a ``self`` of their own.
 
-    >>> tree = ast.parse("import os\\nos.sep\\nx = 1\\nos.sep, os.getcwd()\\n")
-    >>> uses, _ = document_uses(tree, {"os": ("getcwd", "sep")}, 3)
-    >>> {k: round(v, 2) for k, v in uses["os"].items()}
-    {'sep': 1.92, 'getcwd': 0.96}
+    >>> tree = ast.parse(
+    ...     "class C:\\n"
+    ...     "    def __init__(self, a):\\n"
+    ...     "        self.a = a\\n"
+    ...     "        pass\\n"
+    ...     "    def f(self):\\n"
+    ...     "        return self.a + self.b\\n"
+    ... )
+    >>> {k: round(v, 2) for k, v in unmade(tree.body[0], "self", "__init__", 4).items()}
+    {'b': 0.93}
     """
-    uses: Uses = {}
-    at_start: Uses = {}
-    known = {recv: frozenset(names) for recv, names in members.items()}
-    me = method[1] if method is not None else None
-    for node in ast.walk(tree):  # ``self`` below: its class's only
-        if isinstance(node, ast.Attribute):
-            recv = _dotted(node.value)
-            if recv is not None and recv != me and node.attr in known.get(recv, ()):
-                _count(uses, recv, node.attr, node.lineno, line)
-    if method is None or me is None:
-        return uses, at_start
-    cls, me, name = method
-    made = set()
+    weights: dict[str, float] = {}
+    made: set[str] = set()
     for node in _walk_class(cls):
         if not (isinstance(node, ast.Attribute) and _dotted(node.value) == me):
             continue
-        if node.attr in known.get(me, ()):
-            _count(uses, me, node.attr, node.lineno, line)
-        if name not in CREATING:
+        if node.lineno == line:
             continue
-        _count(at_start, me, node.attr, node.lineno, line)
-        stored = isinstance(node.ctx, ast.Store) and node.lineno != line
-        if stored and _in_method(cls, name, node.lineno):
+        weight = 1.0 / (1.0 + abs(node.lineno - line) / USE_HALF_LINES)
+        weights[node.attr] = weights.get(node.attr, 0.0) + weight
+        if isinstance(node.ctx, ast.Store) and _in_method(cls, method, node.lineno):
             made.add(node.attr)
-    for attr in made:
-        at_start.get(me, {}).pop(attr, None)
-    return uses, at_start
-
-
-def _count(table: Uses, recv: str, attr: str, at: int, line: int) -> None:
-    if at != line:
-        weights = table.setdefault(recv, {})
-        weights[attr] = weights.get(attr, 0.0) + 1.0 / (1.0 + abs(at - line) / USE_HALF_LINES)
+    return {name: w for name, w in weights.items() if name not in made}
 
 
 def _dotted(node: ast.expr) -> str | None:
@@ -216,20 +194,16 @@ class Receivers:
             self._cache.move_to_end(key)
         if not cached.members:
             return None
-        return Names(
-            line,
-            cached.members,
-            ("self",) if cached.creating else (),
-            cached.uses,
-            cached.uses_at_start,
-        )
+        if not cached.creating:
+            return Names(line, cached.members)
+        return Names(line, cached.members, ("self",), {"self": cached.unmade})
 
     def _analyse(
         self, text: str, line_start: int, line_end: int, module: str, package: bool
     ) -> _Analysis:
         tree = parse_around(text, line_start, line_end)
         if tree is None:
-            return _Analysis({}, False, {}, {}, self.resolver.read)
+            return _Analysis({}, False, {}, self.resolver.read)
         doc = read_module(tree, module, package)
         out: dict[str, frozenset[str]] = {}
         resolver = self.resolver
@@ -245,6 +219,7 @@ class Receivers:
                 out[name] = found
         self._chains(out, doc, text)
         creating = False
+        made: dict[str, float] = {}
         cursor_line = text.count("\n", 0, line_start) + 1
         method = enclosing_method(tree, cursor_line)
         if method is not None:
@@ -255,6 +230,8 @@ class Receivers:
             if found is not None:
                 out[me] = found
                 creating = method_name in CREATING and not as_class
+                if creating:
+                    made = unmade(node, me, method_name, cursor_line)
         members: dict[str, tuple[str, ...]] = {}
         total = 0
         for recv, names in out.items():
@@ -263,8 +240,7 @@ class Receivers:
                 break
             members[recv] = tuple(sorted(names))
         creating = creating and "self" in members
-        uses, at_start = document_uses(tree, members, cursor_line, method)
-        return _Analysis(members, creating, uses, at_start if creating else {}, self.resolver.read)
+        return _Analysis(members, creating, made if creating else {}, self.resolver.read)
 
     def _add(
         self,

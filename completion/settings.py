@@ -92,8 +92,8 @@ class Settings(
     # (docs/benchmarks.md); not shown to gain.
     token_healing: bool = False
     # Local engine, Python: after `receiver.` whose members are known (a module, a class,
-    # self), the next name must be one of them, the ones the document uses weighing more
-    # (the names monitor, backends/monitor.py).
+    # self), the next name must be one of them; where __init__ makes an attribute, the names
+    # the class uses and makes nowhere else weigh more (the names monitor, backends/monitor.py).
     names_monitor: bool = True
     max_lines: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 32
     prefix_tokens: Annotated[int, msgspec.Meta(ge=1, le=_TOKENS)] = 1024

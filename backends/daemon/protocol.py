@@ -41,7 +41,7 @@ from kode.backends.errors import (
 )
 
 # Bump on any change to the messages below.
-PROTOCOL_VERSION = 4  # 3: GenerationRequest.names, the monitor counters in stats; 4: Names.uses
+PROTOCOL_VERSION = 4  # 3: GenerationRequest.names, the monitor counters in stats; 4: Names.unmade
 # A frame larger than this is refused (a prompt is at most a few hundred kB).
 MAX_FRAME = 64 << 20
 

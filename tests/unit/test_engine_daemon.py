@@ -130,8 +130,7 @@ def test_a_request_is_carried_whole() -> None:
             "x = os.",
             {"os": ("getcwd", "sep"), "self": ("x",)},
             ("self",),
-            uses={"os": {"sep": 1.5}},
-            uses_at_start={"self": {"y": 0.5}},
+            {"self": {"y": 0.5}},
         ),
     )
     frame = wire.encode(wire.Generate(id=3, request=request))

@@ -119,11 +119,13 @@ class InventingDraft:
         return Draft([2, 10, 23, 13, 1][:max_draft])
 
 
-USES = {"os": {"sep": 3.0, "getcwd": 1.0}}  # what the document around uses of os
+UNMADE = {"os": {"sep": 3.0, "getcwd": 1.0}}  # likely names where ``os.`` begins a line
 
 
-def guide(line: str = "y = os", uses: bool = False) -> Guide:
-    return Guide(Monitor(INDEX, Names(line, MEMBERS, uses=USES if uses else {})))
+def guide(line: str = "y = os", unmade: bool = False) -> Guide:
+    if unmade:  # ``os`` as if it were ``self`` in ``__init__``: free where a line begins
+        return Guide(Monitor(INDEX, Names("os.", MEMBERS, ("os",), UNMADE)))
+    return Guide(Monitor(INDEX, Names(line, MEMBERS)))
 
 
 def decode(stepper: Stepper, target: ToyTarget, n: int = 60) -> list[int]:
@@ -138,8 +140,8 @@ def text(tokens: Sequence[int]) -> bytes:
     return b"".join(PIECES[t] for t in tokens)
 
 
-def plain(guided: bool, temperature: float = 0.0, seed: int = 0, uses: bool = False) -> list[int]:
-    target = ToyTarget(guide(uses=uses) if guided else None, temperature, seed)
+def plain(guided: bool, temperature: float = 0.0, seed: int = 0, unmade: bool = False) -> list[int]:
+    target = ToyTarget(guide(unmade=unmade) if guided else None, temperature, seed)
     return decode(PlainStepper(target), target)
 
 
@@ -154,20 +156,19 @@ def test_unguided_invents_and_guided_does_not() -> None:
     assert tame and all(m in (b"path", b"sep", b"getcwd") for m in tame)
 
 
-@pytest.mark.parametrize("uses", [False, True])
-@pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.parametrize(("temperature", "unmade"), [(0.0, False), (0.8, False), (0.0, True)])
 def test_speculation_under_the_mask_equals_plain_constrained(
-    temperature: float, uses: bool
+    temperature: float, unmade: bool
 ) -> None:
-    reference = plain(True, temperature, seed=3, uses=uses)
-    ngram_target = ToyTarget(guide(uses=uses), temperature, seed=3)
+    reference = plain(True, temperature, seed=3, unmade=unmade)
+    ngram_target = ToyTarget(guide(unmade=unmade), temperature, seed=3)
     # the drafter finds ``os.pathx.foo`` in a source: invented, and rejected where masked
     drafter = NgramDrafter()
     drafter.add_source([1, 2, 10, 23, 13, 1, 2, 10, 23, 13, 1, 2, 10, 23])
     curve = CostCurve({1: 1.0, 2: 1.05, 4: 1.1, 8: 1.3})
     policy = AdaptivePolicy(curve, [SpeculationMethod.NGRAM], prior_accept=0.9)
     ngram = NgramStepper(ngram_target, drafter, policy, allow_plain=False)
-    draft_target = ToyTarget(guide(uses=uses), temperature, seed=3)
+    draft_target = ToyTarget(guide(unmade=unmade), temperature, seed=3)
     drafted = DraftModelStepper(draft_target, InventingDraft(), max_draft=4)
     if temperature == 0.0:  # sample-and-match consumes the generator like plain decoding
         assert decode(ngram, ngram_target) == reference
@@ -190,17 +191,20 @@ def test_guide_reports_what_fired() -> None:
     assert g.ms > 0.0
 
 
-def test_the_documents_uses_weigh_the_pick_among_members() -> None:
-    free = members_after_dots(plain(True))
-    weighed = members_after_dots(plain(True, uses=True))
-    assert all(m in (b"path", b"sep", b"getcwd") for m in weighed)
-    assert weighed.count(b"sep") > free.count(b"sep")  # the name used most around
+def test_where_an_attribute_is_made_the_unmade_names_weigh_the_pick() -> None:
+    picks = []
+    for unmade in (False, True):
+        names = Names("os.", MEMBERS, ("os",), UNMADE if unmade else {})
+        target = ToyTarget(Guide(Monitor(INDEX, names)))
+        picks.append(decode(PlainStepper(target), target, n=1)[0])
+    assert PIECES[picks[0]] not in (b"sep", b"get", b"getcwd")  # the toy's own choice
+    assert PIECES[picks[1]] == b"sep"  # the name the class uses most and makes nowhere
 
 
 def test_a_guide_never_changes_the_logits_it_is_given() -> None:
-    g = guide("y = os.", uses=True)
+    g = Guide(Monitor(INDEX, Names("os.", MEMBERS, ("os",), {"os": {"sep": 1.0}})))
     g.prompt()
     logits = np.zeros(V, dtype=np.float32)
     out = g.logits(-1, logits)
     assert (logits == 0).all() and out is not logits
-    assert out[7] > out[4] > -np.inf and out[10] == -np.inf  # sep over path; pathx masked
+    assert out[7] > out[4] and out[10] == out[4]  # sep weighed; nothing masked here

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from kode.backends.monitor import USES_WEIGHT, Monitor, Names, Prior, VocabIndex, dereference
+from kode.backends.monitor import UNMADE_WEIGHT, Monitor, Names, Prior, VocabIndex, dereference
 
 PIECES = [
     b"<eos>",  # 0 stop
@@ -114,26 +114,26 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum()
 
 
-def test_the_uses_mix_into_the_model_at_their_weight() -> None:
+def test_the_prior_mixes_into_the_model_at_its_weight() -> None:
     logits = np.log(np.array([0.6, 0.3, 0.1], dtype=np.float32))  # tokens 0, 1, 2
     prior = Prior((np.array([1]), np.array([2])), np.array([0.75, 0.25]))
     mixed = logits.copy()
     prior.mix(mixed)
-    w = USES_WEIGHT
+    w = UNMADE_WEIGHT
     expected = (1 - w) * np.array([0.6, 0.3, 0.1]) + w * np.array([0, 0.75, 0.25])
     assert np.allclose(_softmax(mixed), expected, atol=1e-6)
     assert np.isclose(np.log(np.exp(mixed).sum()), 0.0, atol=1e-6)  # the mass unchanged
-    assert int(np.argmax(mixed)) == 1  # unsure model: the used name wins
+    assert int(np.argmax(mixed)) == 1  # unsure model: the likely name wins
     sure = np.log(np.array([0.95, 0.04, 0.01], dtype=np.float32))
     prior.mix(sure)
-    assert int(np.argmax(sure)) == 0  # a sure model overrules the uses
+    assert int(np.argmax(sure)) == 0  # a sure model overrules the prior
 
 
 def test_a_names_share_spreads_over_its_spellings_as_the_model_spells_it() -> None:
     logits = np.log(np.array([0.5, 0.4, 0.1], dtype=np.float32))  # 1 and 2 spell one name
     prior = Prior((np.array([1, 2]),), np.array([1.0]))
     prior.mix(logits)
-    w = USES_WEIGHT
+    w = UNMADE_WEIGHT
     expected = (1 - w) * np.array([0.5, 0.4, 0.1]) + w * np.array([0, 0.8, 0.2])
     assert np.allclose(_softmax(logits), expected, atol=1e-6)
 
@@ -146,38 +146,25 @@ def test_masked_names_give_their_share_to_the_others() -> None:
     assert np.allclose(_softmax(logits), [0.35, 0.0, 0.65], atol=1e-6)
 
 
-def test_the_prior_after_a_receiver_is_the_documents_uses_of_its_names() -> None:
-    uses = {"os": {"sep": 2.0, "path": 1.0, "gone": 5.0}}
-    monitor = Monitor(INDEX, Names("y = os.", MEMBERS, uses=uses))
+def test_where_self_makes_an_attribute_the_unmade_names_weigh_it_unmasked() -> None:
+    unmade = {"self": {"sep": 2.0, "x": 1.0, "gone": 5.0}}  # read in the class, made nowhere
+    names = Names("        self.", MEMBERS, ("self",), unmade)
+    monitor = Monitor(INDEX, names)
+    assert monitor.allowed(b"") is None
     prior = monitor.prior(b"")
-    assert prior is not None
+    assert prior is not None and prior.group is None
     spelled = [
         (ids.tolist(), float(s)) for ids, s in zip(prior.spellings, prior.shares, strict=True)
     ]
-    assert spelled == [([7], 2 / 3), ([4, 5, 9], 1 / 3)]  # ``gone``: no token spells it
-    after = Monitor(INDEX, Names("y = os.pa", MEMBERS, uses=uses)).prior(b"")
-    assert after is not None and [ids.tolist() for ids in after.spellings] == [[6]]
-    assert monitor.prior(b"path(") is None and monitor.fired.weighed == 1
+    assert spelled == [([7], 2 / 3), ([15], 1 / 3)]  # ``gone``: no token spells it
+    assert monitor.prior(b"x = 1") is None and monitor.fired.weighed == 1
+    # not where a statement begins, nor at a receiver that is not open there
+    assert Monitor(INDEX, dataclasses.replace(names, line="        y = self.")).prior(b"") is None
+    assert Monitor(INDEX, Names("os.", MEMBERS, (), {"os": {"sep": 1.0}})).prior(b"") is None
 
 
-def test_where_self_makes_an_attribute_the_uses_at_start_weigh_it_unmasked() -> None:
-    names = Names(
-        "        self.",
-        MEMBERS,
-        ("self",),
-        uses={"self": {"x": 1.0}},
-        uses_at_start={"self": {"sep": 1.0}},  # read in the class, made by no line yet
-    )
-    monitor = Monitor(INDEX, names)
-    assert monitor.allowed(b"") is None
-    start = monitor.prior(b"")
-    assert start is not None and [i.tolist() for i in start.spellings] == [[7]]
-    inside = Monitor(INDEX, dataclasses.replace(names, line="        y = self.")).prior(b"")
-    assert inside is not None and [i.tolist() for i in inside.spellings] == [[15]]
-
-
-def test_after_the_receiver_itself_the_uses_weigh_only_the_tokens_that_begin_with_a_dot() -> None:
-    monitor = Monitor(INDEX, Names("y = os", MEMBERS, uses={"os": {"path": 1.0}}))
+def test_after_the_receiver_itself_the_prior_weighs_only_the_tokens_that_begin_with_a_dot() -> None:
+    monitor = Monitor(INDEX, Names("    os", MEMBERS, ("os",), {"os": {"path": 1.0}}))
     prior = monitor.prior(b"")
     assert prior is not None and prior.group is not None
     assert [ids.tolist() for ids in prior.spellings] == [[2, 3]]  # ``.``, ``.pa``
@@ -186,4 +173,4 @@ def test_after_the_receiver_itself_the_uses_weigh_only_the_tokens_that_begin_wit
     assert logits[1] == 0.0 and logits[13] == 0.0  # no dot: as the model had it
     dots = np.flatnonzero(prior.group)
     assert np.isclose(np.exp(logits[dots]).sum(), len(dots))  # the dots' mass kept
-    assert logits[3] > logits[11]  # ``.pa`` (path, used) over ``.join``
+    assert logits[3] > logits[11]  # ``.pa`` (path, likely made) over ``.join``

@@ -196,18 +196,7 @@ print(os.getcwd(), os.getcwd())
 """
 
 
-def test_the_documents_uses_weigh_names_nearer_the_cursor_more(resolver: Resolver) -> None:
-    text = USES_DOC.replace("CURSOR", "x = os.")
-    line = "        x = os."
-    found = Receivers(resolver).names(text, text.index(line) + len(line), line)
-    assert found is not None
-    used = found.uses["os"]
-    assert set(used) == {"sep", "getcwd"} and used["sep"] > used["getcwd"] / 2
-    # self's uses are its class's, members only (``sort_keys`` is assigned by no line)
-    assert set(found.uses["self"]) == {"indent", "cache"}
-
-
-def test_where_init_makes_an_attribute_the_class_uses_it_does_not_make_weigh(
+def test_where_init_makes_an_attribute_the_names_the_class_uses_unmade_weigh(
     resolver: Resolver,
 ) -> None:
     text = USES_DOC.replace("CURSOR", "self.")
@@ -215,7 +204,11 @@ def test_where_init_makes_an_attribute_the_class_uses_it_does_not_make_weigh(
     found = Receivers(resolver).names(text, text.index(line + "\n") + len(line), line)
     assert found is not None and found.open_at_start == ("self",)
     # ``indent`` and ``cache`` are made on other lines; ``elsewhere`` is another class's
-    assert set(found.uses_at_start["self"]) == {"sort_keys"}
+    assert set(found.unmade["self"]) == {"sort_keys"}
+    text = USES_DOC.replace("CURSOR", "pass").replace("return os.", "return self.")
+    line = "        return self."
+    found = Receivers(resolver).names(text, text.index(line) + len(line), line)
+    assert found is not None and found.unmade == {}  # not where attributes are made
 
 
 def test_a_document_that_does_not_parse_still_gives_its_imports(resolver: Resolver) -> None:
