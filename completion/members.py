@@ -5,7 +5,9 @@ members only where the set is closed: every name that can follow the dot is know
 module's members are its top-level bindings (definitions, assignments, imports, names a
 function declares ``global``), its submodules if it is a package, and what its star
 imports bring (resolved in turn); a class's are its body's bindings, the attributes its
-methods assign on their first parameter, ``__slots__``, and its bases' members. Anything
+methods assign or read on their first parameter (a mixin reads what its subclasses make,
+``self._userinfo`` in ``urllib.parse``; a class being written reads what it will make),
+``__slots__``, and its bases' members. Anything
 that may add names we cannot see makes the set open (``None``): a module
 ``__getattr__``, ``globals()``, a star import or a base that does not resolve, a class
 ``__getattr__``/``__getattribute__``, ``setattr`` or ``__dict__`` on its instances.
@@ -85,7 +87,7 @@ def absolute(module: str, level: int, current: str, package: bool) -> str | None
     """The dotted name of ``from <level dots><module> import ...`` inside ``current``.
 
     >>> absolute("sub", 1, "pkg.mod", False), absolute("", 2, "pkg.a.b", True)
-    ('pkg.sub', 'pkg')
+    ('pkg.sub', 'pkg.a')
     """
     if level == 0:
         return module
@@ -265,7 +267,7 @@ def read_module(tree: ast.Module, name: str, package: bool) -> ModuleInfo:
 
 def read_class(node: ast.ClassDef) -> ClassInfo:
     """A class statement's members: its body's bindings, ``__slots__``, and what its
-    methods assign on their first parameter (``self.x = ...``)."""
+    methods assign or read on their first parameter (``self.x = ...``, ``self.y``)."""
     metaclass = any(k.arg == "metaclass" for k in node.keywords)
     decorated = any(_last(d) not in PLAIN_DECORATORS for d in node.decorator_list)
     info = ClassInfo(node.name, set(), list(node.bases), decorated, metaclass)
@@ -309,8 +311,9 @@ def _strings(node: ast.expr) -> set[str]:
 
 
 def _instance_attributes(func: ast.AST, me: str, info: ClassInfo) -> None:
-    """Attributes a method assigns on ``me``; writing its ``__dict__`` or ``setattr``
-    on it makes the class open."""
+    """Attributes a method assigns or reads on ``me`` (one it reads exists at run time,
+    made by a subclass or a line not yet written); writing its ``__dict__`` or
+    ``setattr`` on it makes the class open."""
 
     def own_dict(node: ast.expr) -> bool:
         return (
@@ -323,8 +326,7 @@ def _instance_attributes(func: ast.AST, me: str, info: ClassInfo) -> None:
     for node in ast.walk(func):
         if isinstance(node, ast.Attribute):
             if isinstance(node.value, ast.Name) and node.value.id == me:
-                if isinstance(node.ctx, ast.Store):
-                    info.members.add(node.attr)
+                info.members.add(node.attr)
             elif node.attr in ("update", "setdefault") and own_dict(node.value):
                 info.open = True
         elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store):

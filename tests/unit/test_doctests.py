@@ -18,7 +18,9 @@ MODULES = [
     "kode.completion.documents",
     "kode.completion.outline",
     "kode.completion.index_worker",
+    "kode.completion.members",
     "kode.completion.preparation",
+    "kode.completion.receivers",
     "kode.completion.windows",
 ]
 

@@ -37,6 +37,8 @@ PACKAGE = {
         "class Err(ValueError):\n    pass\n"
         "class Dyn:\n"
         "    def set(self, k, v):\n        setattr(self, k, v)\n"
+        "class Mixin:\n"
+        "    def host(self):\n        return self._netloc.lower()\n"
     ),
     "lazy.py": "def __getattr__(name):\n    return name\n",
     "writes.py": "g = globals()\nfor k in 'ab':\n    g[k] = 1\n",
@@ -77,6 +79,8 @@ def test_class_members_take_self_attributes_and_bases(resolver: Resolver) -> Non
     assert err is not None and {"args", "with_traceback"} <= err  # a builtin base
     for open_class in ("Odd", "Magic", "Dyn"):  # __getattr__, unknown base, setattr(self)
         assert resolver.class_members(info, open_class) is None
+    mixin = resolver.class_members(info, "Mixin")  # reads what its subclasses make
+    assert mixin is not None and "_netloc" in mixin and "lower" not in mixin
 
 
 @pytest.mark.parametrize("name", ["os", "os.path", "collections", "json", "math", "typing"])
