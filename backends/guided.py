@@ -103,6 +103,8 @@ class Guide:
             out = np.where(mask, logits, np.float32(-np.inf)).astype(np.float32, copy=False)
         if prior is not None:
             prior.mix(out)
+            if self.monitor.fired.weighed == 1:  # sizes only, never the names
+                log.debug("names monitor weighed %d names likely made", len(prior.shares))
         self.ms += (time.perf_counter() - start) * 1000.0
         return out
 

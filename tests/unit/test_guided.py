@@ -4,6 +4,7 @@ sampled, and what comes after ``receiver.`` is one of its members."""
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Sequence
 
@@ -199,6 +200,17 @@ def test_where_an_attribute_is_made_the_unmade_names_weigh_the_pick() -> None:
         picks.append(decode(PlainStepper(target), target, n=1)[0])
     assert PIECES[picks[0]] not in (b"sep", b"get", b"getcwd")  # the toy's own choice
     assert PIECES[picks[1]] == b"sep"  # the name the class uses most and makes nowhere
+
+
+def test_the_debug_log_says_how_many_names_weighed_never_which(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    g = Guide(Monitor(INDEX, Names("os.", MEMBERS, ("os",), {"os": {"sep": 1.0, "x": 1.0}})))
+    g.prompt()
+    with caplog.at_level(logging.DEBUG, logger="kode.backends.monitor"):
+        g.logits(-1, np.zeros(V, dtype=np.float32))
+        g.logits(-1, np.zeros(V, dtype=np.float32))
+    assert [r.getMessage() for r in caplog.records] == ["names monitor weighed 2 names likely made"]
 
 
 def test_a_guide_never_changes_the_logits_it_is_given() -> None:
