@@ -127,6 +127,8 @@ def stdlib_files(packages: tuple[str, ...]) -> Iterator[tuple[Path, str]]:
             parts = list(rel.parts)
             if parts[-1] == "__init__":
                 parts.pop()
+            if parts[-1] == "__main__":  # importing it runs the package (unittest's exits)
+                continue
             if "test" in parts or "tests" in parts or not all(p.isidentifier() for p in parts):
                 continue
             yield path, ".".join(parts)
