@@ -87,6 +87,11 @@ class Names:
     open_at_start: tuple[str, ...] = ()
     unmade: dict[str, dict[str, float]] = field(default_factory=dict)
 
+    def opens(self, line: str, recv: str) -> bool:
+        """Whether ``line`` begins a statement with ``recv.`` where ``recv`` is open
+        there (an attribute being made: nothing masked)."""
+        return recv in self.open_at_start and line.lstrip().startswith(recv + ".")
+
     @property
     def size(self) -> int:
         """How many names in all (what the debug log and the benchmarks report)."""
@@ -369,7 +374,7 @@ class Monitor:
         return mask
 
     def _constrains(self, line: str, recv: str) -> bool:
-        return not (recv in self.names.open_at_start and line.lstrip().startswith(recv + "."))
+        return not self.names.opens(line, recv)
 
     def _after_dot(self, recv: str, part: bytes, typed: bool) -> Mask | None:
         """Tokens after ``recv.part``: None where ``recv`` is unknown or ``part`` begins

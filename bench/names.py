@@ -90,10 +90,7 @@ class Hole:
     def open_site(self) -> bool:
         """Where the monitor masks nothing: ``self.`` beginning a statement where new
         attributes are made."""
-        line = self.before[self.before.rfind("\n") + 1 :]
-        return self.receiver in self.names.open_at_start and line.lstrip().startswith(
-            self.receiver + "."
-        )
+        return self.names.opens(self.before[self.before.rfind("\n") + 1 :], self.receiver)
 
     @property
     def allowed(self) -> bool:

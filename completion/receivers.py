@@ -20,7 +20,7 @@ import ast
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from kode.backends.monitor import Names
@@ -118,30 +118,37 @@ def unmade(cls: ast.ClassDef, me: str, method: str, line: int) -> dict[str, floa
     >>> {k: round(v, 2) for k, v in unmade(tree.body[0], "self", "__init__", 4).items()}
     {'b': 0.93}
     """
+    making = [
+        item
+        for item in cls.body
+        if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
+        and item.name == method
+        and item.lineno <= line <= (item.end_lineno or item.lineno)
+    ]
+    made = {
+        node.attr
+        for func in making
+        for node in _on(ast.walk(func), me, line)
+        if isinstance(node.ctx, ast.Store)
+    }
     weights: dict[str, float] = {}
-    made: set[str] = set()
-    for node in _walk_class(cls):
-        if not (isinstance(node, ast.Attribute) and _dotted(node.value) == me):
-            continue
-        if node.lineno == line:
-            continue
-        weight = 1.0 / (1.0 + abs(node.lineno - line) / USE_HALF_LINES)
-        weights[node.attr] = weights.get(node.attr, 0.0) + weight
-        if isinstance(node.ctx, ast.Store) and _in_method(cls, method, node.lineno):
-            made.add(node.attr)
-    return {name: w for name, w in weights.items() if name not in made}
+    for node in _on(_walk_class(cls), me, line):
+        if node.attr not in made:
+            weight = 1.0 / (1.0 + abs(node.lineno - line) / USE_HALF_LINES)
+            weights[node.attr] = weights.get(node.attr, 0.0) + weight
+    return weights
 
 
-def _dotted(node: ast.expr) -> str | None:
-    """``a.b.c`` for a chain of names and attributes, else None."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    parts.append(node.id)
-    return ".".join(reversed(parts))
+def _on(nodes: Iterable[ast.AST], me: str, line: int) -> Iterator[ast.Attribute]:
+    """The ``me.name`` among ``nodes`` that are not on ``line``."""
+    for node in nodes:
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == me
+            and node.lineno != line
+        ):
+            yield node
 
 
 def _walk_class(cls: ast.ClassDef) -> Iterator[ast.AST]:
@@ -153,15 +160,6 @@ def _walk_class(cls: ast.ClassDef) -> Iterator[ast.AST]:
             continue
         yield node
         todo.extend(ast.iter_child_nodes(node))
-
-
-def _in_method(cls: ast.ClassDef, name: str, at: int) -> bool:
-    return any(
-        isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
-        and item.name == name
-        and item.lineno <= at <= (item.end_lineno or item.lineno)
-        for item in cls.body
-    )
 
 
 class Receivers:
