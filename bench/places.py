@@ -469,18 +469,44 @@ def quality_main(
     *,
     full: bool = True,
     settings: Sequence[tuple[str, Any]] = (),
+    assembly: Sequence[int] | None = None,
+    chunk_lines: int = 32,
+    recompute_lines: int = 0,
 ) -> int:
     chosen = tuple(files) if files else DEFAULT_FILES
     cases = line_cases(chosen, n, seed, 60)
-    windows = windows_for(rate, 1000.0, *horizons)
-    if not full:
-        windows = windows[1:]
     machine_before = report.machine_note()
-    results = asyncio.run(window_quality(model, chosen, cases, windows, settings))
-    rows: list[list[object]] = [
-        [label, f"{sum(hits)}/{len(hits)}"] for label, hits in results.items()
-    ]
-    table = markdown_table(["window", "exact line"], rows)
+    if assembly is not None:
+        from kode.bench import assembly as assembly_bench
+
+        scores = asyncio.run(
+            assembly_bench.assembly_quality(
+                model, chosen, cases, assembly, chunk_lines, recompute_lines, settings
+            )
+        )
+        table = markdown_table(
+            ["window", "exact line", "prompt tokens evaluated a place", "of the prompt"],
+            assembly_bench.table_rows(scores),
+        )
+        per_place = [
+            {
+                "file": chosen[case.file].name,
+                "line": case.line + 1,
+                "expected": case.body,
+                **{label: score.lines[i] for label, score in scores.items()},
+            }
+            for i, case in enumerate(cases)
+        ]
+        report.write_jsonl(report.prepare_out(out) / "assembly.jsonl", per_place)
+    else:
+        windows = windows_for(rate, 1000.0, *horizons)
+        if not full:
+            windows = windows[1:]
+        results = asyncio.run(window_quality(model, chosen, cases, windows, settings))
+        rows: list[list[object]] = [
+            [label, f"{sum(hits)}/{len(hits)}"] for label, hits in results.items()
+        ]
+        table = markdown_table(["window", "exact line"], rows)
     out = report.prepare_out(out)
     (out / "windows.md").write_text(
         f"# Exact lines by window size (`{model}`)\n\n- {len(cases)} lines from "

@@ -43,6 +43,16 @@ def _csv(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in _csv(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not whole numbers: {text!r}") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"give numbers >= 0: {text!r}")
+    return values
+
+
 MAX_USERS = 100
 MAX_SECONDS = 600.0
 
@@ -234,6 +244,23 @@ def register(subparsers: Any) -> None:
         "--no-full",
         action="store_true",
         help="windows: leave out the full window (its figure is known from an earlier run)",
+    )
+    latency.add_argument(
+        "--assembly",
+        type=_ints,
+        default=None,
+        metavar="K[,K...]",
+        help="windows: the full window evaluated whole beside it assembled from chunks "
+        "evaluated alone, re-evaluating the first K tokens of each (issue #29's guard)",
+    )
+    latency.add_argument(
+        "--chunk-lines", type=int, default=32, help="windows --assembly: lines per chunk"
+    )
+    latency.add_argument(
+        "--recompute-lines",
+        type=int,
+        default=0,
+        help="windows --assembly: whole lines before the cursor's evaluated as usual",
     )
     latency.add_argument("--out", type=Path, default=Path("results/latency"))
 
@@ -453,6 +480,9 @@ def run(args: argparse.Namespace) -> int:
                 horizons=tuple(args.horizons),
                 full=not args.no_full,
                 settings=options.settings,
+                assembly=args.assembly,
+                chunk_lines=args.chunk_lines,
+                recompute_lines=args.recompute_lines,
             )
         return latency.main(options)
     if args.bench_command == "engine":

@@ -7,10 +7,10 @@ function declares ``global``), its submodules if it is a package, and what its s
 imports bring (resolved in turn); a class's are its body's bindings, the attributes its
 methods assign or read on their first parameter (a mixin reads what its subclasses make,
 ``self._userinfo`` in ``urllib.parse``; a class being written reads what it will make),
-``__slots__``, and its bases' members. Anything
-that may add names we cannot see makes the set open (``None``): a module
-``__getattr__``, ``globals()``, a star import or a base that does not resolve, a class
-``__getattr__``/``__getattribute__``, ``setattr`` or ``__dict__`` on its instances.
+``__slots__``, and its bases' members. Anything that may add names we cannot see makes
+the set open (``None``): a module ``__getattr__``, ``globals()``, a star import or a base
+that does not resolve, a class ``__getattr__``/``__getattribute__``, ``setattr`` or
+``__dict__`` on its instances.
 
 Modules are found the way Python's import system would, without importing: the
 workspace index first, then ``importlib.machinery.PathFinder`` over the search path.
@@ -582,8 +582,7 @@ class Resolver:
             module = info.modules.get(head)
             if module is None:
                 return None
-            dotted = module if not rest else f"{module}.{rest}"
-            other = self.module(dotted)
+            other = self.module(module if not rest else f"{module}.{rest}")
             if other is None:
                 return None
             return self.class_members(other, base.attr, depth + 1, as_class=as_class)

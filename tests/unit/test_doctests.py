@@ -13,6 +13,7 @@ MODULES = [
     "kode.backends.kv_reuse",
     "kode.backends.latest",
     "kode.backends.monitor",
+    "kode.bench.assembly",
     "kode.bench.load",
     "kode.completion.clock",
     "kode.completion.documents",
