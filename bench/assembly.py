@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,9 +155,11 @@ def assembling(assembler: Assembler) -> Iterator[None]:
     """While inside, every prompt a slot evaluates goes through ``assembler`` first."""
     original = Slot.prefill_steps
 
-    def prefill_steps(slot: Slot, tokens: Sequence[int], abort: Any, max_drift: int = 0) -> Any:
-        assembler(slot, tokens)
-        return original(slot, tokens, abort, max_drift)
+    def prefill_steps(
+        self: Slot, tokens: Sequence[int], abort: Callable[[], bool], max_drift: int = 0
+    ) -> Generator[None, None, int]:
+        assembler(self, tokens)
+        return original(self, tokens, abort, max_drift)
 
     Slot.prefill_steps = prefill_steps  # type: ignore[method-assign]
     try:
