@@ -1,21 +1,12 @@
-"""What a full window assembled from separately evaluated chunks would cost in quality
-(issue #29's guard), measured before anything is built on it.
+"""What a full window assembled from chunks evaluated alone costs in quality (issue #29's
+guard): ``kode bench latency --scenario windows --assembly K,...``.
 
-Kode could keep the KV entries of a file's line-aligned chunks, evaluated while the user
-reads, and assemble a place's full window from them (EPIC, CacheBlend, llama-server's
-``--cache-reuse``): each chunk's entries shifted to their place, the first ``k`` tokens
-of each chunk evaluated again inside the whole window (the seams), and the lines at the
-cursor evaluated as usual. A chunk's entries never saw the chunks before it: that is the
-approximation measured here.
-
-``Assembler`` builds exactly those entries in a live slot. It evaluates each chunk alone,
-in a scratch sequence, at the chunk's place in the window: with rotary positions,
-attention inside a chunk depends only on distances, so these are the entries a chunk
-evaluated alone at position 0 and then shifted (``llama_memory_seq_add``) would have,
-without a shift's rounding. Then the engine's own generation (its window, healing, stop
-rules) answers from the assembled window: the slot holds it as an evaluated prefix. The
-chunks' entries are kept in the context's second slot between the conditions of one
-place, so trying several ``k`` evaluates the chunks once.
+For every place the full window is evaluated whole, then assembled
+(``backends/llama/chunks.py``) with seams of each ``K`` tokens: its chunks are evaluated
+alone first, as a reading pause would (not counted: the user was reading), kept in a
+``ChunkStore``, restored and shifted into the window. The engine's own generation (its
+window, healing, stop rules) then answers from the slot holding the assembled window;
+the exact first line and the prompt tokens evaluated for the place are recorded.
 
 Chunks are counted from the window's first line (a real chunk store would align them to
 the file's lines, so a window's first chunk would be a later part of a stored one).
@@ -25,68 +16,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import llama_cpp
-from kode.backends.llama.runtime import LlamaContext, Row, Slot
+from kode.backends.llama import chunks
+from kode.backends.llama.runtime import Slot
 from kode.bench import report
 
 # Lines per chunk: llama.vim keeps 64-line chunks; a window of ~1,000 prompt tokens holds
 # about 100 lines of Python, so 32 gives a few seams per window.
 CHUNK_LINES = 32
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """Where a prompt's parts are, as token indices: ``[0, header)`` is evaluated whole
-    (the template's head, the same for every place of a file), ``chunks`` are evaluated
-    alone, ``[tail, end)`` (the cursor's line, the suffix) is evaluated as usual."""
-
-    header: int
-    chunks: tuple[tuple[int, int], ...]
-    tail: int
-
-
-def plan(
-    tokens: Sequence[int],
-    piece: Callable[[int], bytes],
-    prefix_token: int,
-    suffix_token: int,
-    chunk_lines: int,
-    recompute_lines: int = 0,
-) -> Plan | None:
-    """Split a PSM prompt: the prefix's whole lines before the cursor's line (less
-    ``recompute_lines`` more) in chunks of ``chunk_lines`` lines; None if the prompt has
-    no ``<|fim_prefix|>...<|fim_suffix|>``.
-
-    >>> text = {1: b"a\\n", 2: b"b", 3: b"\\n"}
-    >>> plan([9, 7, 1, 1, 2, 3, 2, 8, 5], text.get, 7, 8, chunk_lines=2)
-    Plan(header=2, chunks=((2, 4), (4, 6)), tail=6)
-    >>> plan([9, 7, 1, 1, 2, 3, 2, 8, 5], text.get, 7, 8, 2, recompute_lines=1)
-    Plan(header=2, chunks=((2, 4),), tail=4)
-    """
-    try:
-        start = list(tokens).index(prefix_token) + 1
-        end = list(tokens).index(suffix_token, start)
-    except ValueError:
-        return None
-    starts = [start] + [i + 1 for i in range(start, end - 1) if b"\n" in piece(tokens[i])]
-    cut = max(0, len(starts) - 1 - recompute_lines)
-    tail = starts[cut]
-    bounds = [starts[i] for i in range(0, cut, chunk_lines)] + [tail]
-    chunks = tuple((a, b) for a, b in itertools.pairwise(bounds) if b > a)
-    return Plan(start, chunks, tail)
-
-
-def _evaluate(ctx: LlamaContext, seq: int, tokens: Sequence[int], a: int, b: int) -> None:
-    """Evaluate ``tokens[a:b]`` at their positions in sequence ``seq`` (context id)."""
-    for p in range(a, b, ctx.n_batch):
-        q = min(b, p + ctx.n_batch)
-        ctx.decode([Row(tokens[i], i, (seq,)) for i in range(p, q)])
+STORE_BYTES = 1 << 30
 
 
 @dataclass(slots=True)
@@ -95,22 +37,20 @@ class Assembler:
     None: nothing, so the generation evaluates the whole prompt: full recompute), and
     counts the prompt tokens each window cost."""
 
-    store: int  # context id of the sequence that keeps the chunks' entries
+    store: chunks.ChunkStore
     chunk_lines: int = CHUNK_LINES
     recompute_lines: int = 0
     k: int | None = None
     evaluated: list[int] = field(default_factory=list)
     total: list[int] = field(default_factory=list)
-    _key: tuple[int, ...] | None = None
 
     def __call__(self, slot: Slot, tokens: Sequence[int]) -> None:
-        ctx, mem = slot.ctx, slot.ctx.mem
         slot.truncate(0)
         slot.clear_scratch()
-        model = ctx.model
-        found = None
-        if self.k is not None:
-            found = plan(
+        model = slot.ctx.model
+        k, found = self.k, None
+        if k is not None:
+            found = chunks.plan(
                 tokens,
                 model.piece,
                 model.tokenize("<|fim_prefix|>")[0],
@@ -119,34 +59,15 @@ class Assembler:
                 self.recompute_lines,
             )
         self.total.append(len(tokens))
-        if found is None:
+        if k is None or found is None:
             self.evaluated.append(len(tokens))
             return
-        own, scratch = slot.seq(0), slot.seq(1)
-        key = (self.chunk_lines, *tokens[: found.tail])
-        if key != self._key:
-            llama_cpp.llama_memory_seq_rm(mem, self.store, -1, -1)
-            for a, b in found.chunks:
-                llama_cpp.llama_memory_seq_rm(mem, scratch, -1, -1)
-                _evaluate(ctx, scratch, tokens, a, b)
-                llama_cpp.llama_memory_seq_cp(mem, scratch, self.store, a, b)
-            llama_cpp.llama_memory_seq_rm(mem, scratch, -1, -1)
-            self._key = key
-        _evaluate(ctx, own, tokens, 0, found.header)
-        evaluated = found.header
-        for a, b in found.chunks:
-            seam = min(self.k or 0, b - a)
-            llama_cpp.llama_memory_seq_cp(mem, self.store, own, a + seam, b)
-            if seam:
-                # A sequence's new positions must follow its last one: the seam is
-                # evaluated in the scratch sequence holding the window up to the chunk.
-                llama_cpp.llama_memory_seq_cp(mem, own, scratch, 0, a)
-                _evaluate(ctx, scratch, tokens, a, a + seam)
-                llama_cpp.llama_memory_seq_cp(mem, scratch, own, a, a + seam)
-                llama_cpp.llama_memory_seq_rm(mem, scratch, -1, -1)
-                evaluated += seam
-        slot.tokens = list(tokens[: found.tail])
-        slot.prompt_len = 0  # nothing to move: the generation evaluates the tail
+        for a, b in found.chunks:  # read before: evaluated while the user read
+            if tokens[a:b] not in self.store:
+                chunk = chunks.evaluate(slot, tokens[a:b])
+                assert chunk is not None
+                self.store.add(chunk)
+        evaluated = chunks.assemble(slot, tokens, found, self.store, k)
         self.evaluated.append(evaluated + len(tokens) - found.tail)
 
 
@@ -186,8 +107,8 @@ async def assembly_quality(
     overrides: Sequence[tuple[str, Any]] = (),
 ) -> dict[str, Scores]:
     """Exact first lines at ``cases`` from the full window evaluated whole and assembled
-    with seams of each of ``ks`` tokens, place by place (the chunks evaluated once per
-    place); and the prompt tokens each evaluated."""
+    with seams of each of ``ks`` tokens, place by place; and the prompt tokens each
+    evaluated."""
     from kode.backends import models
     from kode.backends.llama.backend import LlamaBackend
     from kode.bench.places import blank
@@ -196,11 +117,8 @@ async def assembly_quality(
     from kode.completion.settings import parse
 
     texts = [f.read_text(encoding="utf-8") for f in files]
-    backend = await LlamaBackend.load(await asyncio.to_thread(models.resolve, model), n_slots=2)
-    ctx = backend.engine.ctx
-    store = ctx.slots[1]
-    store.busy = True  # never claimed: its sequence keeps the chunks
-    assembler = Assembler(store.seq(0), chunk_lines, recompute_lines)
+    backend = await LlamaBackend.load(await asyncio.to_thread(models.resolve, model))
+    assembler = Assembler(chunks.ChunkStore(STORE_BYTES), chunk_lines, recompute_lines)
     settings, problems = parse(
         {
             "model": model,
@@ -211,7 +129,7 @@ async def assembly_quality(
             "readAhead": False,
             "maxTokens": 48,
             "multiline": "never",  # only the first line is scored
-            "speculation": "none",  # scratch sequences stay the assembler's
+            "speculation": "none",  # plain decoding: the same text, sooner
             **dict(overrides),
         }
     )
