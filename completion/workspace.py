@@ -161,6 +161,7 @@ class IndexStats:
     crashed: int = 0  # files skipped because parsing them crashed the child twice
     timed_out: int = 0  # ... because parsing them did not answer in time, twice
     paused_s: float = 0.0  # how long the build waited for the model to be idle
+    updates: int = 0  # files read again after a change (saves, watched files, edits)
 
     @property
     def approx_bytes(self) -> int:
@@ -386,7 +387,9 @@ class WorkspaceIndex:
         if root is None or self._ignored(path, root):
             self.remove(path)
             return False
-        return self._index_path(path, root, text) and self.entry(path) is not None
+        indexed = self._index_path(path, root, text)
+        self.stats.updates += 1  # after the merge: what a query finds now reflects it
+        return indexed and self.entry(path) is not None
 
     def remove(self, path: Path) -> None:
         resolved = resolve_path(path)

@@ -103,4 +103,5 @@ def _index_stats(engine: CompletionEngine) -> dict[str, Any] | None:
         },
         "parsedInChild": stats.parsed_in_child,
         "parsedInServer": stats.parsed_here,
+        "updates": stats.updates,
     }

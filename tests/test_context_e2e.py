@@ -130,13 +130,16 @@ async def test_a_closed_modules_renamed_function_is_used(
     assert text.startswith("circle_area_quill"), text
 
     # Renamed on disk, reported by the client's file watcher: the next completion knows.
+    before = (await index_stats(client))["updates"]
     geometry.write_text(GEOMETRY.format(name="disc_area_brisk"))
     client.workspace_did_change_watched_files(
         types.DidChangeWatchedFilesParams(
             changes=[types.FileEvent(uri=geometry.as_uri(), type=types.FileChangeType.Changed)]
         )
     )
-    await asyncio.sleep(0.5)
+    async with asyncio.timeout(TIMEOUT):  # the index read the file again
+        while (await index_stats(client))["updates"] <= before:
+            await asyncio.sleep(0.05)
     # An edit elsewhere, so that the first suggestion cannot answer the second request.
     edited = APP.replace("    area = ", "    surface = ")
     client.text_document_did_change(
