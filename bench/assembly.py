@@ -105,10 +105,10 @@ async def assembly_quality(
     chunk_lines: int,
     recompute_lines: int,
     overrides: Sequence[tuple[str, Any]] = (),
-) -> dict[str, Scores]:
+) -> tuple[dict[str, Scores], dict[str, int]]:
     """Exact first lines at ``cases`` from the full window evaluated whole and assembled
     with seams of each of ``ks`` tokens, place by place; and the prompt tokens each
-    evaluated."""
+    evaluated; what the chunk store held at the end."""
     from kode.backends import models
     from kode.backends.llama.backend import LlamaBackend
     from kode.bench.places import blank
@@ -169,7 +169,7 @@ async def assembly_quality(
         for engine in engines:
             await engine.aclose()
         await backend.aclose()
-    return rows
+    return rows, assembler.store.as_dict()
 
 
 def table_rows(rows: dict[str, Scores]) -> list[list[object]]:

@@ -479,7 +479,7 @@ def quality_main(
     if assembly is not None:
         from kode.bench import assembly as assembly_bench
 
-        scores = asyncio.run(
+        scores, store = asyncio.run(
             assembly_bench.assembly_quality(
                 model, chosen, cases, assembly, chunk_lines, recompute_lines, settings
             )
@@ -498,6 +498,11 @@ def quality_main(
             for i, case in enumerate(cases)
         ]
         report.write_jsonl(report.prepare_out(out) / "assembly.jsonl", per_place)
+        per_token = store["bytes"] / max(1, store["tokens"])
+        table += (
+            f"\n\nChunk store at the end: {store['chunks']} chunks, {store['tokens']} tokens,"
+            f" {store['bytes'] / 1e6:.0f} MB ({per_token:,.0f} bytes a token).\n"
+        )
     else:
         windows = windows_for(rate, 1000.0, *horizons)
         if not full:

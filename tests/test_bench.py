@@ -86,6 +86,12 @@ def test_cli_parses_each_benchmark() -> None:
     args = _parse(["bench", "load", "--through-router", "--users", "6", "--seconds", "20"])
     assert (args.through_router, args.users, args.seconds) == (True, 6, 20.0)
     assert args.func is cli_bench.run
+    args = _parse(["bench", "latency", "--scenario", "windows", "--assembly", "0,8, 32"])
+    assert (args.assembly, args.chunk_lines, args.recompute_lines) == ((0, 8, 32), 32, 0)
+    assert _parse(["bench", "latency"]).assembly is None
+    for bad in ("", "8,x", "-1"):
+        with pytest.raises(SystemExit):
+            _parse(["bench", "latency", "--assembly", bad])
 
 
 def test_load_bench_refuses_unbounded_or_ambiguous_runs(capsys: pytest.CaptureFixture[str]) -> None:
