@@ -378,7 +378,7 @@ class Resolver:
         self.paths = list(sys.path if paths is None else paths)
         self._parsed: dict[tuple[str, float], ModuleInfo | None] = {}
         self._members: dict[str, tuple[float, frozenset[str] | None]] = {}
-        self._locate: dict[str, tuple[Path | None, bool]] = {}
+        self._locate: dict[str, tuple[Path | None, bool]] = {}  # the search path's answers
         self.read: dict[str, float] = {}  # every source file looked at: its mtime
 
     def stale(self, read: dict[str, float]) -> bool:
@@ -392,15 +392,16 @@ class Resolver:
         return False
 
     def locate(self, name: str) -> tuple[Path | None, bool]:
-        """``(source file, is a package)``; the file is None where there is none."""
+        """``(source file, is a package)``, the file None where there is none; the
+        workspace is asked each time (a module made there is found at once)."""
+        path = self.find(name)
+        if path is not None:
+            return path, path.name == "__init__.py"
         if name not in self._locate:
             self._locate[name] = self._find(name)
         return self._locate[name]
 
     def _find(self, name: str) -> tuple[Path | None, bool]:
-        path = self.find(name)
-        if path is not None:
-            return path, path.name == "__init__.py"
         search: list[str] | None = self.paths
         spec = None
         parts = name.split(".")
@@ -429,8 +430,7 @@ class Resolver:
         except OSError:
             return None
         self.read[str(path)] = mtime
-        key = (str(path), mtime)
-        if key not in self._parsed:
+        if (key := (str(path), mtime)) not in self._parsed:
             try:
                 tree = ast.parse(path.read_bytes())
                 self._parsed[key] = read_module(tree, name, package)

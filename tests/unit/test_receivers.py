@@ -240,3 +240,14 @@ async def test_engine_sends_the_receivers_with_the_setting_on() -> None:
             assert "getcwd" in names.members["os"]
         else:
             assert names is None
+
+
+def test_a_module_made_in_the_workspace_after_a_lookup_is_found(tmp_path: Path) -> None:
+    modules: dict[str, Path] = {}
+    resolver = Resolver(modules.get, paths=[str(tmp_path)])
+    assert resolver.module_members("brand_new") is None  # not there yet
+    made = tmp_path / "brand_new.py"
+    made.write_text("def spin():\n    pass\n")
+    modules["brand_new"] = made  # the workspace index read it
+    members = resolver.module_members("brand_new")
+    assert members is not None and "spin" in members
