@@ -2,7 +2,7 @@
 guard): ``kode bench latency --scenario windows --assembly K,...``.
 
 For every place the full window is evaluated whole, then assembled
-(``backends/llama/chunks.py``) with seams of each ``K`` tokens: its chunks are evaluated
+(``backends/llama/kv_chunks.py``) with seams of each ``K`` tokens: its chunks are evaluated
 alone first, as a reading pause would (not counted: the user was reading), kept in a
 ``ChunkStore``, restored and shifted into the window. The engine's own generation (its
 window, healing, stop rules) then answers from the slot holding the assembled window;
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kode.backends.llama import chunks
+from kode.backends.llama import kv_chunks
 from kode.backends.llama.runtime import Slot
 from kode.bench import report
 
@@ -37,7 +37,7 @@ class Assembler:
     None: nothing, so the generation evaluates the whole prompt: full recompute), and
     counts the prompt tokens each window cost."""
 
-    store: chunks.ChunkStore
+    store: kv_chunks.ChunkStore
     chunk_lines: int = CHUNK_LINES
     recompute_lines: int = 0
     k: int | None = None
@@ -50,7 +50,7 @@ class Assembler:
         model = slot.ctx.model
         k, found = self.k, None
         if k is not None:
-            found = chunks.plan(
+            found = kv_chunks.plan(
                 tokens,
                 model.piece,
                 model.tokenize("<|fim_prefix|>")[0],
@@ -64,10 +64,10 @@ class Assembler:
             return
         for a, b in found.chunks:  # read before: evaluated while the user read
             if tokens[a:b] not in self.store:
-                chunk = chunks.evaluate(slot, tokens[a:b])
+                chunk = kv_chunks.evaluate(slot, tokens[a:b])
                 assert chunk is not None
                 self.store.add(chunk)
-        evaluated = chunks.assemble(slot, tokens, found, self.store, k)
+        evaluated = kv_chunks.assemble(slot, tokens, found, self.store, k)
         self.evaluated.append(evaluated + len(tokens) - found.tail)
 
 
@@ -118,7 +118,7 @@ async def assembly_quality(
 
     texts = [f.read_text(encoding="utf-8") for f in files]
     backend = await LlamaBackend.load(await asyncio.to_thread(models.resolve, model))
-    assembler = Assembler(chunks.ChunkStore(STORE_BYTES), chunk_lines, recompute_lines)
+    assembler = Assembler(kv_chunks.ChunkStore(STORE_BYTES), chunk_lines, recompute_lines)
     settings, problems = parse(
         {
             "model": model,

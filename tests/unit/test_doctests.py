@@ -11,7 +11,7 @@ MODULES = [
     "kode.backends.daemon.paths",
     "kode.backends.daemon.scheduler",
     "kode.backends.kv_reuse",
-    "kode.backends.llama.chunks",
+    "kode.backends.llama.kv_chunks",
     "kode.backends.latest",
     "kode.backends.monitor",
     "kode.bench.load",

@@ -1,4 +1,4 @@
-"""Windows assembled from chunks (``backends/llama/chunks.py``) on the real 0.5B.
+"""Windows assembled from chunks (``backends/llama/kv_chunks.py``) on the real 0.5B.
 
 - A chunk evaluated alone at position 0, copied out, restored and shifted gives the
   next-token logits of the chunk evaluated alone at its place, within kernel noise.
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from kode.backends import models
-from kode.backends.llama import chunks
+from kode.backends.llama import kv_chunks
 from kode.backends.llama.runtime import LlamaContext, LlamaModel, Row, llama_thread
 
 pytestmark = [pytest.mark.model]
@@ -34,7 +34,7 @@ def _check() -> None:
         # A chunk restored at another place.
         text = model.tokenize("".join(LINES[:30]), special=False)
         probe = text[:3]
-        chunk = chunks.evaluate(slot, text)
+        chunk = kv_chunks.evaluate(slot, text)
         assert chunk is not None and chunk.nbytes > 0
         at = 700
         ctx.decode([Row(t, at + i, (slot.seq(0),)) for i, t in enumerate(text)])
@@ -43,11 +43,11 @@ def _check() -> None:
         )
         in_place = ctx.logits(-1).copy()
         slot.truncate(0)
-        store = chunks.ChunkStore(64 << 20)
+        store = kv_chunks.ChunkStore(64 << 20)
         store.add(chunk)
         tokens = [0] * at + text + probe  # only the chunk's span is read from the store
-        found = chunks.Plan(header=0, chunks=((at, at + len(text)),), tail=at + len(text))
-        assert chunks.assemble(slot, tokens, found, store, k=0) == 0
+        found = kv_chunks.Plan(header=0, chunks=((at, at + len(text)),), tail=at + len(text))
+        assert kv_chunks.assemble(slot, tokens, found, store, k=0) == 0
         assert store.hits == 1
         ctx.decode(
             [Row(t, at + len(text) + i, (slot.seq(0),), i == 2) for i, t in enumerate(probe)]
@@ -64,7 +64,7 @@ def _check() -> None:
             + "".join(LINES[61:])
             + "<|fim_middle|>"
         )
-        found = chunks.plan(
+        found = kv_chunks.plan(
             tokens,
             model.piece,
             model.tokenize("<|fim_prefix|>")[0],
@@ -75,10 +75,10 @@ def _check() -> None:
         slot.truncate(0)
         slot.prefill(tokens, lambda: False)
         whole = ctx.logits(-1).copy()
-        store = chunks.ChunkStore(64 << 20)
+        store = kv_chunks.ChunkStore(64 << 20)
 
         def assembled(k: int) -> tuple[np.ndarray, int]:
-            n = chunks.assemble(slot, tokens, found, store, k)
+            n = kv_chunks.assemble(slot, tokens, found, store, k)
             assert slot.prefill(tokens, lambda: False) == found.tail
             return ctx.logits(-1).copy(), n
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ctypes
 
-from kode.backends.llama.chunks import Chunk, ChunkStore
+from kode.backends.llama.kv_chunks import Chunk, ChunkStore
 
 
 def chunk(tokens: tuple[int, ...], nbytes: int) -> Chunk:
