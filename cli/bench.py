@@ -452,6 +452,8 @@ def run(args: argparse.Namespace) -> int:
         )
         if args.word_pause and args.scenario != "places":
             raise SystemExit("kode bench latency: --word-pause is for --scenario places")
+        if args.assembly is not None and args.scenario != "windows":
+            raise SystemExit("kode bench latency: --assembly is for --scenario windows")
         if args.scenario == "places":
             from kode.bench import places
 
