@@ -120,18 +120,29 @@ async def test_an_engine_killed_under_a_window_is_restarted(engine_folder: Path)
         except Exception as exc:  # say what the window was told (CI failed here once)
             raise AssertionError(f"{exc!r}; the window showed {window.shown}") from exc
         assert answer.strip()
-        # the /proc scan can miss a process for a moment (its environ unreadable): a
-        # bounded wait; the stats below still say whether the answer came from it
-        assert await eventually(lambda: len(engine_pids(engine_folder)) == 1, 10), engine_pids(
-            engine_folder
-        )
-        (second,) = engine_pids(engine_folder)
-        assert second != first
+        # What the window says first (a fallback to its own model is told and shown in
+        # its stats), then the process: on a failure, the engines' logs say why.
         process = (await window.stats())["engineProcess"]
-        assert process == {**process, "kind": "shared", "pid": second, "restarts": 1}
-        assert not window.shown, window.shown
+        assert not window.shown, (window.shown, engine_logs(engine_folder))
+        assert process == {**process, "kind": "shared", "restarts": 1}, (
+            process,
+            engine_logs(engine_folder),
+        )
+        assert process["pid"] != first
+        # the /proc scan can miss a process for a moment (its environ unreadable): bounded
+        found = await eventually(lambda: engine_pids(engine_folder) == [process["pid"]], 10)
+        assert found, (engine_pids(engine_folder), process, engine_logs(engine_folder))
     finally:
         await window.stop()
+
+
+def engine_logs(folder: Path) -> str:
+    """The last lines of every engine log under ``folder`` (for a failure's message)."""
+    tails = []
+    for log in sorted(folder.rglob("*.log")):
+        lines = log.read_text(errors="replace").splitlines()[-15:]
+        tails.append(f"{log.name}:\n" + "\n".join(lines))
+    return "\n".join(tails) or "no engine log"
 
 
 async def test_an_open_engine_folder_is_refused_with_a_message(engine_folder: Path) -> None:

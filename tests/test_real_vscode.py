@@ -234,9 +234,12 @@ class Editor:
         self.page.keyboard.press("Control+P")
         self.page.wait_for_selector(".quick-input-widget input", state="visible")
         self.page.keyboard.type(name)
-        self.page.wait_for_selector(f".quick-input-list .monaco-list-row[aria-label*='{name}']")
+        # Enter opens the focused row: wait until that is the file (on a busy machine the
+        # list may still show an earlier filter's rows for a while).
+        row = f".quick-input-list .monaco-list-row.focused[aria-label*='{name}']"
+        self.page.wait_for_selector(row, timeout=START_S * 1000)
         self.page.keyboard.press("Enter")
-        self.page.wait_for_selector(f".tab.active[aria-label*='{name}']", timeout=30_000)
+        self.page.wait_for_selector(f".tab.active[aria-label*='{name}']", timeout=START_S * 1000)
         # The item shows a sparkle once the server runs (a spinner while it starts).
         running = self.page.locator("[id$='kode.status'] .codicon-sparkle")
         self.wait("Kode's server to run (status bar)", lambda: running.count() > 0, START_S)
