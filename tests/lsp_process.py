@@ -93,7 +93,11 @@ class StdioWindow:
     def answer(self, n: int, timeout_s: float) -> dict[str, Any]:
         with self._arrived:
             if not self._arrived.wait_for(lambda: n in self._responses, timeout_s):
-                raise TimeoutError(f"no answer to request {n} within {timeout_s} s")
+                tail = self.log.read_text(errors="replace").splitlines()[-20:]
+                raise TimeoutError(
+                    f"no answer to request {n} within {timeout_s} s; the server's log ends:\n"
+                    + "\n".join(tail)
+                )
             return self._responses.pop(n)
 
     def request(self, method: str, params: Any, timeout_s: float) -> dict[str, Any]:
