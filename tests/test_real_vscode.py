@@ -466,7 +466,10 @@ def test_a_word_accepted_with_the_suggest_widget_open(editor: Editor) -> None:
     # the widget, the ghost text read here may be a streamed partial (once `<`, all of
     # it one word): VS Code then accepted it whole and asked nothing more, and the rest
     # never showed; `kode.acceptNextWord` asks again there too.
-    ghost = editor.wait("ghost text after `if n`", editor.ghost)
+    # Read once settled: while a partial grows, each longer one hides and shows the ghost
+    # text again, and a Ctrl+Right in between moved the cursor instead of taking a word
+    # (the file was then saved without it).
+    ghost = editor.wait("ghost text after `if n` to settle", editor.settled_ghost, 60)
     widget = editor.suggest_widget_open()
     print(f"suggest widget open: {widget}; ghost text: {ghost!r}")
     editor.page.keyboard.press("Control+ArrowRight")

@@ -9,10 +9,10 @@ own sequence, except its first ``k`` tokens (the seam), which are evaluated agai
 the window, so that they see what precedes them (EPIC's recomputation of each chunk's
 first tokens). The template's head and the lines at the cursor are evaluated as usual.
 
-Measured (``kode bench latency --scenario windows --assembly``, 1.5B, 40 lines of
-``argparse.py`` and ``tarfile.py``): with 32-line chunks, seams of 32 tokens scored the
-exact first lines of the window evaluated whole (20/40 both) evaluating 20% of its
-tokens; no seams scored 18/40 at 8%. A chunk restored and shifted gives next-token
+Measured (``kode bench latency --scenario windows --assembly``, 1.5B, 32-line chunks):
+seams of 32 tokens scored the exact first lines of the window evaluated whole, 20/40
+on ``argparse.py`` and ``tarfile.py`` and 9/40 held out on ``pydoc.py`` and
+``doctest.py``, evaluating 19-20% of its tokens; no seams scored 18/40 and 8/40 at 8%. A chunk restored and shifted gives next-token
 logits within 0.33 of the chunk evaluated at its place (0.5B), what evaluating the same
 tokens at other absolute positions gives anyway.
 
