@@ -12,9 +12,10 @@ first tokens). The template's head and the lines at the cursor are evaluated as 
 Measured (``kode bench latency --scenario windows --assembly``, 1.5B, 32-line chunks):
 seams of 32 tokens scored the exact first lines of the window evaluated whole, 20/40
 on ``argparse.py`` and ``tarfile.py`` and 9/40 held out on ``pydoc.py`` and
-``doctest.py``, evaluating 19-20% of its tokens; no seams scored 18/40 and 8/40 at 8%. A chunk restored and shifted gives next-token
-logits within 0.33 of the chunk evaluated at its place (0.5B), what evaluating the same
-tokens at other absolute positions gives anyway.
+``doctest.py``, evaluating 19-20% of its tokens; no seams scored 18/40 and 8/40 at 8%.
+A chunk restored and shifted gives next-token logits within 0.33 of the chunk evaluated
+at its place (0.5B), what evaluating the same tokens at other absolute positions gives
+anyway.
 
 Chunk entries are exact for the chunk alone and approximate in a window (they did not
 see the chunks before them). A slot holding an assembled window keeps them as its
