@@ -249,12 +249,32 @@ class Editor:
         return item.inner_text() if item.count() else ""
 
     def go_to(self, line: int, column: int) -> None:
-        """Ctrl+G line:column (1-based, as VS Code shows them)."""
+        """Ctrl+G line:column (1-based, as VS Code shows them), then wait until the box
+        has closed and the editor has the keys with the cursor on that line: a fixed
+        200 ms was not enough beside two busy processes, and the next keys typed went
+        into the closing box (the loaded suite failed there once)."""
         self.page.keyboard.press("Control+G")
         self.page.wait_for_selector(".quick-input-widget input", state="visible")
         self.page.keyboard.type(f"{line}:{column}")
         self.page.keyboard.press("Enter")
-        self.page.wait_for_timeout(200)
+        self.wait(f"the cursor on line {line}, in the editor", lambda: self._at_line(line), 30)
+
+    def _at_line(self, line: int) -> bool:
+        return bool(
+            self.page.evaluate(
+                """(line) => {
+                    const box = document.querySelector('.quick-input-widget');
+                    if (box && box.offsetParent !== null) return false;
+                    const focused = document.activeElement;
+                    if (!focused || !focused.closest('.editor-instance .monaco-editor')) {
+                        return false;
+                    }
+                    const where = document.getElementById('status.editor.selection');
+                    return !where || where.textContent.includes(`Ln ${line},`);
+                }""",
+                line,
+            )
+        )
 
     def type(self, text: str) -> None:
         self.page.keyboard.type(text, delay=40)
