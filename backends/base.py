@@ -79,6 +79,12 @@ class GenerationRequest:
     generation must begin with; its first token(s) are constrained to spell it
     (``backends/heal_index.py``) and are emitted like any other. Only a backend that
     implements ``TokenHealing`` accepts a non-empty ``heal``.
+    ``assemble``: the window may be assembled from chunks of text read earlier
+    (``backends/llama/kv_chunks.py``) where that evaluates fewer tokens; the entries it
+    takes did not see what precedes them (an approximation the caller chose: the full
+    window would not be ready in time otherwise). ``read_chunks``: generate nothing;
+    read ``prompt`` (whole lines of a file, starting and ending where chunks do) into
+    the engine's chunk store. Backends without a chunk store ignore both.
     """
 
     prompt: str
@@ -91,6 +97,8 @@ class GenerationRequest:
     document: str = ""
     heal: str = ""
     names: Names | None = None
+    assemble: bool = False
+    read_chunks: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +133,7 @@ class GenerationStats:
     reused_prompt_tokens: int = 0  # prompt tokens whose KV entries were reused
     evaluated_prompt_tokens: int = 0  # prompt tokens actually evaluated
     moved_prompt_tokens: int = 0  # of the reused: entries moved after an edit (approximate)
+    assembled_prompt_tokens: int = 0  # of the reused: taken from stored chunks (approximate)
     completion_tokens: int = 0
     prefill_ms: float = 0.0
     ttft_ms: float = 0.0  # start -> first generated token available
@@ -249,6 +258,24 @@ class PromptCache(Protocol):
     def cached_prefix(self, prompt: str) -> tuple[int, int]:
         """``(tokens of prompt already evaluated, tokens in prompt)``; an estimate, read
         without waiting for a running generation."""
+        ...
+
+
+@runtime_checkable
+class ChunkAssembly(Protocol):
+    """A backend that keeps chunks of text read earlier and can assemble a window from
+    them (``GenerationRequest.assemble``, ``read_chunks``)."""
+
+    def assembled_prefix(self, prompt: str) -> tuple[int, int]:
+        """``(tokens of prompt an assembled window would not evaluate, tokens in
+        prompt)``, the first 0 where assembling would take nothing from the store; an
+        estimate, like ``cached_prefix``."""
+        ...
+
+    @property
+    def chunk_store(self) -> dict[str, int] | None:
+        """``chunks``, ``bytes``, ``budgetBytes``, ``tokens``, ``hits``, ``misses``,
+        ``evictions``, ``assembled``, ``readTokens``; None without a store."""
         ...
 
 

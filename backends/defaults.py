@@ -29,6 +29,10 @@ MIN_CONTEXT_SIZE, MAX_CONTEXT_SIZE = 512, 1 << 17
 # Memory for saved prompt states (KV snapshots of other windows and places) per engine.
 KV_MEMORY_MB = 512
 MAX_KV_MEMORY_MB = 65_536
+# Memory for chunks of open files read while the user reads, from which the full window
+# at a fresh place is assembled (``backends/llama/kv_chunks.py``): the 1.5B's entries take
+# about 240 MB per 1,000 lines of Python, the 0.5B's about 100 MB. 0: no assembly.
+CHUNK_MEMORY_MB = 0
 # An idle shared engine (no editor window connected) stops after this long.
 ENGINE_IDLE_MINUTES = 30
 # Generations the engine runs at once, decoded in one batch (docs/engine.md): two windows

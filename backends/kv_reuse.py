@@ -15,6 +15,7 @@ they were last evaluated exactly and judged by the quality benchmark
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,6 +25,27 @@ from dataclasses import dataclass
 # characters typed): re-evaluating 0 tokens ignored the typed text; 1 or 4 tokens lost one
 # multi-line task (9/20 -> 8/20); 8 tokens lost none (single 16/20, multi 10/20 vs 9/20).
 MOVED_REFRESH = 8
+
+# Chunks of assembled windows (``backends/llama/kv_chunks.py``) start where a line's text
+# says so, not at a count of lines from a window's top: the same text then splits the
+# same way in every window that holds it, wherever the window starts, and an edit moves
+# only the boundaries next to it. One line in ``CHUNK_EVERY`` (non-blank) on average: the
+# benchmark's 32-line chunks with 32-token seams kept the exact first lines of the whole
+# window (``docs/benchmarks.md``, "Assembled windows").
+CHUNK_EVERY = 32
+# The first tokens of each chunk are evaluated again inside the window (EPIC's seams).
+CHUNK_SEAM = 32
+
+
+def chunk_boundary(line: str, every: int = CHUNK_EVERY) -> bool:
+    """Whether a chunk starts at a line with this text (white space around it ignored):
+    a non-blank line whose text hashes to a multiple of ``every``.
+
+    >>> [chunk_boundary(t, 4) for t in ("", "   ", "import os", "import sys", " pass ")]
+    [False, False, False, True, True]
+    """
+    text = line.strip()
+    return bool(text) and zlib.crc32(text.encode()) % every == 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,10 +33,12 @@ from kode.backends.heal_index import HealIndex
 from kode.backends.monitor import Monitor, VocabIndex
 from kode.backends.speculative import CostCurve
 from kode.backends.steppers import (
+    ChunkTarget,
     DraftModel,
     DraftModelStepper,
     NgramStepper,
     PlainStepper,
+    Prefilled,
     Stepper,
     Target,
     heal,
@@ -409,15 +411,29 @@ class LocalRun(WorkerRun, Generic[T]):
                 f"prompt ({len(prompt)} tokens) + max_tokens ({req.max_tokens}) exceeds the "
                 f"context window ({engine.n_ctx})"
             )
+        target, cancelled = self.target, self.job.cancelled
+        engine_target: object = target  # llama.cpp's also keeps chunks (``ChunkTarget``)
+        chunks = engine_target if isinstance(engine_target, ChunkTarget) else None
         try:
-            prefill = self.target.prefill_steps(prompt, self.job.cancelled, req.moved_kv_drift)
+            if req.read_chunks:
+                if chunks is not None:
+                    stats.evaluated_prompt_tokens = yield from chunks.read_steps(prompt, cancelled)
+                self.finish(FinishReason.CANCELLED if cancelled() else FinishReason.LENGTH)
+                return
+            assembled = 0
             try:
-                done = yield from prefill
+                if req.assemble and chunks is not None:
+                    assembled = yield from chunks.assemble_steps(prompt, cancelled)
+                done = yield from target.prefill_steps(prompt, cancelled, req.moved_kv_drift)
             except PrefillAborted as aborted:
                 stats.reused_prompt_tokens = aborted.reused
-                stats.evaluated_prompt_tokens = max(0, len(self.target.tokens) - aborted.reused)
+                stats.evaluated_prompt_tokens = max(0, len(target.tokens) - aborted.reused)
                 self.finish(FinishReason.CANCELLED)
                 return
+            if assembled:
+                # The rest of the window was evaluated in place or moved (seams, head).
+                done = Prefilled(assembled)
+                stats.assembled_prompt_tokens = assembled
             stats.reused_prompt_tokens, stats.moved_prompt_tokens = done.reused, done.moved
             stats.evaluated_prompt_tokens = len(prompt) - done.reused
             stats.prefill_ms = self.elapsed_ms()
@@ -471,5 +487,6 @@ class LocalRun(WorkerRun, Generic[T]):
         self.stats.total_ms = self.elapsed_ms()
         if self.guide is not None:
             self.guide.record(self.stats)
-        self.backend.counters.record(self.stats, self.stats.model_calls)
+        read = self.job.request.read_chunks
+        self.backend.counters.record(self.stats, self.stats.model_calls, read=read)
         self.backend.learning.remember(self.generated)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -55,6 +55,28 @@ class Prefilled:
 
     reused: int
     moved: int = 0
+
+
+@runtime_checkable
+class ChunkTarget(Protocol):
+    """A target whose engine keeps evaluated chunks of text (llama.cpp's
+    ``kv_chunks.Assembler``): a window may be assembled from them, a text read into them.
+    """
+
+    def assemble_steps(
+        self, prompt: Sequence[int], cancelled: Callable[[], bool]
+    ) -> Generator[None, None, int]:
+        """Bring the cache to the window of ``prompt`` from stored chunks where that
+        pays (before ``prefill_steps``, which then evaluates the rest); returns the
+        prompt tokens taken without evaluation (0: nothing done)."""
+        ...
+
+    def read_steps(
+        self, prompt: Sequence[int], cancelled: Callable[[], bool]
+    ) -> Generator[None, None, int]:
+        """Read ``prompt`` (whole lines) into the chunk store; returns the tokens
+        evaluated."""
+        ...
 
 
 class Target(Protocol):

@@ -50,10 +50,19 @@ class BackendCounters:
     prompt_tokens_reused: int = 0
     prompt_tokens_evaluated: int = 0
     completion_tokens: int = 0
+    chunk_reads: int = 0  # texts read into the chunk store (no completion)
+    chunk_read_tokens: int = 0
     last: GenerationStats = field(default_factory=GenerationStats)
 
-    def record(self, stats: GenerationStats, decode_calls: int) -> None:
-        """Add one finished generation (``decode_calls``: target calls it took part in)."""
+    def record(self, stats: GenerationStats, decode_calls: int, *, read: bool = False) -> None:
+        """Add one finished generation (``decode_calls``: target calls it took part in).
+        ``read``: it read text into the chunk store (``GenerationRequest.read_chunks``),
+        counted apart: it is no completion."""
+        if read:
+            self.chunk_reads += 1
+            self.chunk_read_tokens += stats.evaluated_prompt_tokens
+            self.decode_calls += decode_calls
+            return
         self.generations += 1
         self.cancelled += stats.finish_reason is FinishReason.CANCELLED
         self.decode_calls += decode_calls
@@ -79,11 +88,14 @@ class BackendCounters:
             "promptTokensReused": self.prompt_tokens_reused,
             "promptTokensEvaluated": self.prompt_tokens_evaluated,
             "completionTokens": self.completion_tokens,
+            "chunkReads": self.chunk_reads,
+            "chunkReadTokens": self.chunk_read_tokens,
             "last": {
                 "promptTokens": last.prompt_tokens,
                 "reusedPromptTokens": last.reused_prompt_tokens,
                 "evaluatedPromptTokens": last.evaluated_prompt_tokens,
                 "movedPromptTokens": last.moved_prompt_tokens,
+                "assembledPromptTokens": last.assembled_prompt_tokens,
                 "completionTokens": last.completion_tokens,
                 "decodeSteps": last.decode_steps,
                 "batchedSteps": last.batched_steps,

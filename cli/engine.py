@@ -15,7 +15,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kode.backends.defaults import CONTEXT_SIZE, ENGINE_IDLE_MINUTES, ENGINE_SLOTS, KV_MEMORY_MB
+from kode.backends.defaults import (
+    CHUNK_MEMORY_MB,
+    CONTEXT_SIZE,
+    ENGINE_IDLE_MINUTES,
+    ENGINE_SLOTS,
+    KV_MEMORY_MB,
+)
 from kode.backends.errors import EngineError, KodeError
 from kode.backends.system import alive, choose_thread_waiting
 
@@ -38,6 +44,7 @@ def register(subparsers: Any) -> None:
     run.add_argument("--n-ctx", type=int, default=CONTEXT_SIZE)
     run.add_argument("--threads", type=int, default=0, help="0: the measured default")
     run.add_argument("--kv-memory-mb", type=int, default=KV_MEMORY_MB)
+    run.add_argument("--chunk-memory-mb", type=int, default=CHUNK_MEMORY_MB)
     run.add_argument("--idle-seconds", type=float, default=ENGINE_IDLE_MINUTES * 60.0)
     run.set_defaults(func=_run)
 
@@ -62,6 +69,7 @@ def _run(args: argparse.Namespace) -> int:
         n_ctx=args.n_ctx,
         threads=args.threads,
         kv_memory_mb=args.kv_memory_mb,
+        chunk_memory_mb=args.chunk_memory_mb,
     )
     place = place_for(config)
     lock = EngineLock(place.lock)
@@ -78,6 +86,7 @@ def _run(args: argparse.Namespace) -> int:
                 n_threads=config.threads or None,
                 draft_path=config.draft,
                 kv_memory_mb=config.kv_memory_mb,
+                chunk_memory_mb=config.chunk_memory_mb,
             )
 
         async def main() -> int:

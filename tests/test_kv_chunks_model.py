@@ -101,3 +101,61 @@ def _check() -> None:
 
 async def test_windows_assembled_from_chunks_on_the_real_model() -> None:
     await asyncio.get_running_loop().run_in_executor(llama_thread(), _check)
+
+
+async def test_a_window_read_in_the_background_is_assembled_through_the_backend() -> None:
+    """The engine's path: a region of a real file read into the store (a
+    ``read_chunks`` request), then a window over it generated with ``assemble``: most of
+    its prefix is taken from the store, and a window's own estimate of that (the shared
+    engine's mirror, from the tokenizer alone) agrees with the engine's."""
+    from kode.backends.base import GenerationRequest, SpeculationMethod
+    from kode.backends.llama.backend import LlamaBackend
+    from kode.backends.llama.kv_chunks import Assembler
+    from kode.completion.reading import regions
+
+    path = models.resolve("small")
+    lines = SOURCE.splitlines(keepends=True)
+    # The regions a window reading near line 500 would ask for first.
+    near = regions(lines, near=[500])
+    read = sorted(near[:3])
+    start, end = read[0][0], read[-1][1]
+    assert end - start >= 250
+    prompt = (
+        "<|fim_prefix|>"
+        + "".join(lines[start + 40 : end - 20])
+        + "<|fim_suffix|>"
+        + "".join(lines[end - 19 : end])
+        + "<|fim_middle|>"
+    )
+    backend = await LlamaBackend.load(path, n_ctx=4096, chunk_memory_mb=64, kv_memory_mb=0)
+    mirror = Assembler(LlamaModel(path, vocab_only=True), 64 << 20)
+    try:
+        assert backend.assembled_prefix(prompt)[0] == 0  # nothing read yet
+        for a, b in read:
+            text = "".join(lines[a:b])
+            request = GenerationRequest(
+                text, 1, speculation=SpeculationMethod.NONE, background=True, read_chunks=True
+            )
+            stats = await (await backend.generate(request)).wait()
+            assert stats.completion_tokens == 0 and stats.evaluated_prompt_tokens > 0
+            mirror.note_read(backend.model.tokenize(text, special=False))
+        store = backend.chunk_store
+        assert store is not None and store["chunks"] >= 3 and store["readTokens"] > 0
+        taken, total = backend.assembled_prefix(prompt)
+        assert taken > total // 2
+        tokens = backend.model.tokenize(prompt)
+        assert mirror.left(tokens, 0) == total - taken
+        request = GenerationRequest(prompt, 8, speculation=SpeculationMethod.NONE, assemble=True)
+        generation = await backend.generate(request)
+        async for _ in generation:
+            pass
+        stats = generation.stats
+        assert stats.assembled_prompt_tokens == taken
+        assert stats.evaluated_prompt_tokens == total - taken
+        assert stats.completion_tokens > 0
+        assert backend.chunk_store is not None and backend.chunk_store["assembled"] == 1
+        # The window is the slot's now: the next keystroke there reuses it as usual.
+        assert backend.cached_prefix(prompt)[0] >= total - 2
+    finally:
+        mirror.model.close()
+        await backend.aclose()

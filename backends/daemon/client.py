@@ -30,6 +30,8 @@ from typing import Any, Protocol
 
 from kode.backends.base import (
     Backend,
+    ChunkAssembly,
+    FinishReason,
     GenerationRequest,
     PromptCache,
     TokenHealing,
@@ -39,6 +41,8 @@ from kode.backends.daemon.launch import START_TIMEOUT_S, connect, end_process
 from kode.backends.daemon.paths import EngineConfig, EnginePlace
 from kode.backends.errors import BackendClosed, EngineError, describe
 from kode.backends.kv_reuse import MOVED_REFRESH, plan_moved_tail, prefix_reach
+from kode.backends.llama.kv_chunks import Assembler
+from kode.backends.llama.runtime import LlamaModel
 from kode.backends.worker import BackendCounters
 
 log = logging.getLogger("kode.engine")
@@ -126,6 +130,12 @@ class SharedEngineBackend:
         self._fallback: Backend | None = None
         self._lock = asyncio.Lock()
         self._kv: dict[str, int] = {}
+        # What this window read into the engine's chunk store (the engine's own figures
+        # in ``_chunks``, as its last answer reported them).
+        self._chunk_mirror: Assembler | None = None
+        if config.chunk_memory_mb and isinstance(vocab, LlamaModel):
+            self._chunk_mirror = Assembler(vocab, config.chunk_memory_mb << 20)
+        self._chunks: dict[str, int] | None = None
         self.restarts = 0
         self._closed = False
         self._spawn: Callable[[EngineConfig, EnginePlace], int] | None = None  # tests swap it
@@ -206,6 +216,31 @@ class SharedEngineBackend:
             return 0, self.count_tokens(prompt)
         tokens = self._vocab.tokenize(prompt)
         return self.mirror.reach(tokens), len(tokens)
+
+    def assembled_prefix(self, prompt: str) -> tuple[int, int]:
+        """``ChunkAssembly``, from what this window read into the engine's store (what
+        other windows read there is not counted; what the engine dropped is)."""
+        if self._fallback is not None:
+            if isinstance(self._fallback, ChunkAssembly):
+                return self._fallback.assembled_prefix(prompt)
+            return 0, self.count_tokens(prompt)
+        tokens = self._vocab.tokenize(prompt)
+        if self._chunk_mirror is None:
+            return 0, len(tokens)
+        left = self._chunk_mirror.left(tokens, self.mirror.reach(tokens))
+        return (0 if left is None else len(tokens) - left), len(tokens)
+
+    @property
+    def chunk_store(self) -> dict[str, int] | None:
+        if self._fallback is not None:
+            return self._fallback.chunk_store if isinstance(self._fallback, ChunkAssembly) else None
+        if self._chunk_mirror is None:
+            return None
+        return self._chunks or {
+            "bytes": 0,
+            "tokens": 0,
+            "budgetBytes": self._chunk_mirror.store.budget,
+        }
 
     @property
     def prefill_tokens_per_s(self) -> float | None:
@@ -325,9 +360,14 @@ class SharedEngineBackend:
 
     def _ended(self, generation: EngineGeneration) -> None:
         stats = generation.stats
-        self.counters.record(stats, generation.decode_calls)
-        if stats.prompt_tokens:
+        self.counters.record(stats, generation.decode_calls, read=generation.request.read_chunks)
+        if generation.request.read_chunks:
+            if self._chunk_mirror is not None and stats.finish_reason is FinishReason.LENGTH:
+                self._chunk_mirror.note_read(self._prompt_tokens(generation))
+        elif stats.prompt_tokens:
             tokens = self._prompt_tokens(generation)
             self.mirror.remember(tokens, stats.reused_prompt_tokens + stats.evaluated_prompt_tokens)
         if generation.kv is not None:
             self._kv = generation.kv
+        if generation.chunks is not None:
+            self._chunks = generation.chunks

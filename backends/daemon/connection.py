@@ -61,6 +61,7 @@ class EngineGeneration:
         self._cancel_sent = False
         self.decode_calls = 0
         self.kv: dict[str, int] | None = None  # the engine's KV memory when it ended
+        self.chunks: dict[str, int] | None = None  # its chunk store when it ended
         # Called at the first chunk: the engine has evaluated the whole prompt by then.
         self.on_prompt: Callable[[EngineGeneration], None] | None = None
         self.tokens: list[int] | None = None  # the prompt's tokens, once the window needs them
@@ -144,6 +145,7 @@ class EngineGeneration:
             setattr(self._stats, f.name, getattr(end.stats, f.name))
         self.decode_calls = end.decode_calls
         self.kv = end.kv_memory
+        self.chunks = end.chunks
         self._queue.put_nowait(None)
         self._done.set()
 

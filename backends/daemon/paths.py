@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
-from kode.backends.defaults import CONTEXT_SIZE, KODE_VERSION, KV_MEMORY_MB
+from kode.backends.defaults import CHUNK_MEMORY_MB, CONTEXT_SIZE, KODE_VERSION, KV_MEMORY_MB
 from kode.backends.errors import EngineSetupError
 
 # Linux's limit for a Unix socket path (``sun_path``), terminating NUL included.
@@ -228,6 +228,7 @@ class EngineConfig:
     n_ctx: int = CONTEXT_SIZE
     threads: int = 0  # 0: the engine's default (measured, see ``server.engine_threads``)
     kv_memory_mb: int = KV_MEMORY_MB
+    chunk_memory_mb: int = CHUNK_MEMORY_MB
 
     def key(self) -> str:
         """The fingerprint in the socket's name: the settings, and the model files'
@@ -240,12 +241,13 @@ class EngineConfig:
                 ids.append((str(path.resolve()), info.st_size, info.st_mtime_ns))
             except OSError:
                 ids.append((str(path), 0, 0))
-        return fingerprint(ids, self.n_ctx, self.threads, self.kv_memory_mb)
+        return fingerprint(ids, self.n_ctx, self.threads, self.kv_memory_mb, self.chunk_memory_mb)
 
     def argv(self) -> list[str]:
         """The ``kode engine run`` arguments that load this config."""
         args = ["--model", str(self.model), "--n-ctx", str(self.n_ctx)]
         args += ["--threads", str(self.threads), "--kv-memory-mb", str(self.kv_memory_mb)]
+        args += ["--chunk-memory-mb", str(self.chunk_memory_mb)]
         if self.draft is not None:
             args += ["--draft", str(self.draft)]
         return args

@@ -41,7 +41,9 @@ from kode.backends.errors import (
 )
 
 # Bump on any change to the messages below.
-PROTOCOL_VERSION = 4  # 3: GenerationRequest.names, the monitor counters in stats; 4: Names.unmade
+# 3: GenerationRequest.names, the monitor counters in stats; 4: Names.unmade; 5: chunk
+# assembly (GenerationRequest.assemble, read_chunks; End.chunks).
+PROTOCOL_VERSION = 5
 # A frame larger than this is refused (a prompt is at most a few hundred kB).
 MAX_FRAME = 64 << 20
 
@@ -87,6 +89,7 @@ class End(msgspec.Struct, tag="end", kw_only=True):
     id: int
     stats: GenerationStats
     kv_memory: dict[str, int] | None = None
+    chunks: dict[str, int] | None = None  # the chunk store (``ChunkAssembly.chunk_store``)
     decode_calls: int = 0  # target model calls it made, prompt batches included
 
 

@@ -24,6 +24,7 @@ from typing import Any
 from kode.backends.base import (
     PREFILL_PROBE,
     Backend,
+    ChunkAssembly,
     Concurrent,
     FinishReason,
     Generation,
@@ -333,6 +334,7 @@ class EngineServer:
             "waiting": len(self.scheduler.waiting),
             "counters": None if backend is None else backend.counters.as_dict(),
             "kvMemory": backend.kv_memory if isinstance(backend, KvMemoryReport) else None,
+            "chunkStore": backend.chunk_store if isinstance(backend, ChunkAssembly) else None,
             "ompWaitPolicy": os.environ.get("OMP_WAIT_POLICY"),
             "gompSpinCount": os.environ.get("GOMP_SPINCOUNT"),
             "nice": os.nice(0),
@@ -380,7 +382,10 @@ class EngineServer:
         self._forget(running)
         backend = self.backend
         kv = backend.kv_memory if isinstance(backend, KvMemoryReport) else None
-        end = wire.End(id=running.request_id, stats=stats, kv_memory=kv, decode_calls=calls)
+        chunks = backend.chunk_store if isinstance(backend, ChunkAssembly) else None
+        end = wire.End(
+            id=running.request_id, stats=stats, kv_memory=kv, chunks=chunks, decode_calls=calls
+        )
         running.window.send(end)
 
     def _forget(self, running: Running) -> None:

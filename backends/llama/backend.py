@@ -20,6 +20,7 @@ import numpy as np
 from kode.backends.base import Sampling, SpeculationMethod
 from kode.backends.defaults import CONTEXT_SIZE
 from kode.backends.guided import Guide
+from kode.backends.llama.kv_chunks import Assembler
 from kode.backends.llama.runtime import LlamaContext, LlamaModel, Row, llama_thread
 from kode.backends.llama.target import (
     LlamaDraft,
@@ -57,8 +58,10 @@ class LlamaEngine:
         model: LlamaModel,
         context: LlamaContext,
         draft: tuple[LlamaModel, LlamaContext] | None = None,
+        assembler: Assembler | None = None,
     ) -> None:
         self.model, self.ctx, self._draft = model, context, draft
+        self.assembler = assembler
 
     @property
     def model_name(self) -> str:
@@ -87,7 +90,7 @@ class LlamaEngine:
         return [self.model.piece(token) for token in range(self.model.n_vocab)]
 
     def target(self, sampling: Sampling, guide: Guide | None = None) -> LlamaTarget:
-        return LlamaTarget(self.ctx, Sampler(sampling), guide)
+        return LlamaTarget(self.ctx, Sampler(sampling), guide, self.assembler)
 
     @property
     def width(self) -> int:
@@ -157,10 +160,27 @@ class LlamaBackend(LocalBackend[LlamaTarget]):
         tokens = self.engine.model.tokenize(prompt)
         return self.engine.ctx.reach(tokens), len(tokens)
 
+    def assembled_prefix(self, prompt: str) -> tuple[int, int]:
+        """How many of ``prompt``'s tokens an assembled window would not evaluate (a
+        slot's exact prefix, then chunks from the store; 0 where nothing would be taken
+        from the store); read from the event loop while the worker may be running."""
+        tokens = self.engine.model.tokenize(prompt)
+        assembler = self.engine.assembler
+        if assembler is None or not assembler.usable:
+            return 0, len(tokens)
+        left = assembler.left(tokens, self.engine.ctx.exact_reach(tokens))
+        return (0 if left is None else len(tokens) - left), len(tokens)
+
     @property
     def kv_memory(self) -> dict[str, int]:
         """What the saved-state memory holds (``kode/stats``)."""
         return self.engine.ctx.memory.as_dict()
+
+    @property
+    def chunk_store(self) -> dict[str, int] | None:
+        """What the chunk store holds (``kode/stats``); None without one."""
+        assembler = self.engine.assembler
+        return None if assembler is None else assembler.as_dict()
 
     @classmethod
     async def load(
@@ -174,6 +194,7 @@ class LlamaBackend(LocalBackend[LlamaTarget]):
         draft_path: Path | None = None,
         curve: CostCurve | None = None,
         kv_memory_mb: int = 0,
+        chunk_memory_mb: int = 0,
     ) -> LlamaBackend:
         """Load ``path`` (and a draft model for ``speculation=draft``), then measure the
         target's batch-cost curve on this machine unless ``curve`` is given.
@@ -202,7 +223,8 @@ class LlamaBackend(LocalBackend[LlamaTarget]):
                 opened.append(dctx)
                 draft = (dmodel, dctx)
             measured = curve if curve is not None else calibrate(ctx)
-            engine = LlamaEngine(model, ctx, draft)
+            assembler = Assembler(model, chunk_memory_mb << 20) if chunk_memory_mb else None
+            engine = LlamaEngine(model, ctx, draft, assembler)
             return cls(engine, executor, curve=measured, owns_executor=False)
 
         try:

@@ -504,6 +504,17 @@ class LlamaContext:
         slot.busy, slot.used = True, self._claims
         return slot
 
+    def claim_scratch(self) -> Slot:
+        """A free slot for work that leaves its own sequence alone (reading chunks into
+        the store, in its scratch sequences): nothing saved or restored, and what it
+        holds is no less recent for it."""
+        free = [slot for slot in self.slots if not slot.busy]
+        if not free:
+            raise BackendError("every slot of the llama.cpp context is generating")
+        slot = min(free, key=lambda s: s.used)
+        slot.busy = True
+        return slot
+
     def release(self, slot: Slot) -> None:
         """The generation holding ``slot`` ended; what it holds stays."""
         slot.clear_scratch()
@@ -524,6 +535,13 @@ class LlamaContext:
         for state in list(self.memory.states):
             best = max(best, prefix_reach(state.tokens, tokens, state.stale_from))
         return min(best, max(len(tokens) - 1, 0))
+
+    def exact_reach(self, tokens: Sequence[int]) -> int:
+        """How many leading ``tokens`` a slot or a saved state holds exactly (what
+        ``reach`` counts without moved suffixes); safe from another thread, like it."""
+        held = [prefix_reach(list(s.tokens), tokens, s.stale_from) for s in list(self.slots)]
+        held += [prefix_reach(s.tokens, tokens, s.stale_from) for s in list(self.memory.states)]
+        return min(max(held, default=0), max(len(tokens) - 1, 0))
 
     # -- evaluation -----------------------------------------------------------------
 

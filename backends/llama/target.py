@@ -15,6 +15,8 @@ import numpy.typing as npt
 from kode.backends.base import Sampling, SpeculationMethod, SpeculationStats
 from kode.backends.errors import BackendError
 from kode.backends.guided import Guide
+from kode.backends.kv_reuse import prefix_reach
+from kode.backends.llama.kv_chunks import Assembler
 from kode.backends.llama.runtime import LlamaContext, Row, Slot
 from kode.backends.speculative import CostCurve, Lookahead, TokenTree, draft_chain
 from kode.backends.steppers import Draft, Prefilled, Probs, drain_steps, measure_curve
@@ -58,8 +60,15 @@ class LlamaTarget:
 
     trees = True
 
-    def __init__(self, ctx: LlamaContext, sampler: Sampler, guide: Guide | None = None) -> None:
+    def __init__(
+        self,
+        ctx: LlamaContext,
+        sampler: Sampler,
+        guide: Guide | None = None,
+        assembler: Assembler | None = None,
+    ) -> None:
         self.ctx, self.sampler, self.guide = ctx, sampler, guide
+        self.assembler = assembler
         self._slot: Slot | None = None
 
     @property
@@ -91,6 +100,26 @@ class LlamaTarget:
         if self.guide is not None:
             self.guide.prompt()
         return Prefilled(reused, 0 if slot.last_move is None else slot.last_move.length)
+
+    def assemble_steps(
+        self, prompt: Sequence[int], cancelled: Callable[[], bool]
+    ) -> Generator[None, None, int]:
+        if self.assembler is None:
+            return 0
+        if self._slot is None:
+            self._slot = self.ctx.claim(prompt)
+        slot = self._slot
+        held = min(prefix_reach(slot.tokens, prompt, slot.stale_from), len(prompt) - 1)
+        return (yield from self.assembler.prefill_steps(slot, prompt, held, cancelled))
+
+    def read_steps(
+        self, prompt: Sequence[int], cancelled: Callable[[], bool]
+    ) -> Generator[None, None, int]:
+        if self.assembler is None:
+            return 0
+        if self._slot is None:
+            self._slot = self.ctx.claim_scratch()
+        return (yield from self.assembler.read_steps(self._slot, prompt, cancelled))
 
     def release(self) -> None:
         if self._slot is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ctypes
 
-from kode.backends.llama.kv_chunks import Chunk, ChunkStore
+from kode.backends.llama.kv_chunks import Chunk, ChunkStore, Plan, cost
 
 
 def chunk(tokens: tuple[int, ...], nbytes: int) -> Chunk:
@@ -40,3 +40,34 @@ def test_a_chunk_over_the_budget_is_not_kept_and_a_new_copy_replaces_the_old() -
     store.add(chunk((1, 2), 100))
     store.add(chunk((1, 2), 120))
     assert len(store) == 1 and store.used == 120
+
+
+def test_a_chunk_is_found_by_its_end_and_forgotten_with_it() -> None:
+    store = ChunkStore(1000)
+    store.add(chunk((1, 2, 3, 4, 5, 6), 10))
+    # The whole chunk, then a window's first chunk that starts inside it (its first two
+    # tokens are evaluated again: only the rest must be the chunk's end).
+    assert store.find((1, 2, 3, 4, 5, 6), 2) is not None
+    hit = store.find((9, 9, 3, 4, 5, 6), 2)
+    assert hit is not None and hit[1] == 2  # (3, 4, 5, 6) starts at index 2 of the chunk
+    assert store.find((9, 9, 9, 9, 4, 5, 6), 4) is None  # too short to restore
+    assert store.find((9, 9, 3, 4, 5, 7), 2) is None  # another end
+    assert store.find((9, 9), 2) is None  # nothing after the seam
+    assert (store.hits, store.misses) == (2, 2)
+    assert store.find((9, 9, 3, 4, 5, 6), 2, count=False) is not None
+    assert (store.hits, store.misses) == (2, 2)
+    store.add(chunk((7, 8, 9, 10, 11), 995))  # drops the first
+    assert store.find((9, 9, 3, 4, 5, 6), 2) is None
+
+
+def test_assembly_evaluates_the_head_the_seams_and_every_chunk_not_stored() -> None:
+    store = ChunkStore(1000)
+    tokens = list(range(100, 140))
+    store.add(chunk(tuple(tokens[10:20]), 10))
+    store.add(chunk((1, 2, *tokens[23:30]), 10))  # ends like the window's third chunk
+    found = Plan(header=4, chunks=((4, 10), (10, 20), (20, 30)), tail=30)
+    # Head 4, (4, 10) not stored: 6, (10, 20): seam 3, (20, 30): seam 3.
+    assert cost(tokens, found, store, 3) == (4 + 6 + 3 + 3, 2)
+    # A slot holding the first 12 tokens exactly keeps the head and the first chunk.
+    assert cost(tokens, found, store, 3, held=12) == (3 + 3, 2)
+    assert cost(tokens, found, ChunkStore(1000), 3) == (30, 0)
