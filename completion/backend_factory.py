@@ -49,6 +49,7 @@ class BackendKey:
     context_size: int
     threads: int
     kv_memory_mb: int
+    chunk_memory_mb: int
     remote: RemoteSettings
     template: str
 
@@ -65,6 +66,7 @@ class BackendKey:
             context_size=settings.context_size,
             threads=settings.threads,
             kv_memory_mb=settings.kv_memory_mb,
+            chunk_memory_mb=settings.chunk_memory_mb,
             remote=settings.remote,
             template=settings.template,
         )
@@ -157,6 +159,7 @@ async def load_local(settings: BackendKey, notify: Notify | None = None) -> Back
             n_threads=settings.threads or None,
             draft_path=draft,
             kv_memory_mb=settings.kv_memory_mb,
+            chunk_memory_mb=settings.chunk_memory_mb,
         )
 
     if settings.engine is EngineMode.IN_PROCESS:
@@ -183,6 +186,7 @@ async def load_shared(
         n_ctx=settings.context_size,
         threads=settings.threads,
         kv_memory_mb=settings.kv_memory_mb,
+        chunk_memory_mb=settings.chunk_memory_mb,
     )
     try:
         place = await asyncio.to_thread(place_for, config)

@@ -18,7 +18,6 @@ from typing import Any
 from kode.backends.base import Backend, GenerationRequest, PrefillRate, Sampling
 from kode.backends.errors import DocumentError, Superseded
 from kode.backends.latest import Latest
-from kode.completion import context as ctxmod
 from kode.completion import syntax
 from kode.completion.clock import Clock, SystemClock
 from kode.completion.documents import Document, DocumentStore, Position, Range, with_selected
@@ -30,7 +29,7 @@ from kode.completion.settings import DEFAULT, BackendKind, Settings
 from kode.completion.stops import StopRules
 from kode.completion.suggestion import Completion, PartialCallback, Suggestion, describe_failure
 from kode.completion.templates import FimTemplate
-from kode.completion.windows import Windows
+from kode.completion.windows import Choice, Windows
 from kode.completion.workspace import WorkspaceIndex
 
 log = logging.getLogger("kode.completion")
@@ -176,7 +175,7 @@ class CompletionEngine:
         if not yields:  # a keystroke's window, not a prefetch's
             self.short_answers += choice.short
             self.kept_snippets += choice.kind == "full, prepared snippets"
-        live = await self._launch(uri, doc, offset, backend, choice.ctx, max_tokens, yields=yields)
+        live = await self._launch(uri, doc, offset, backend, choice, max_tokens, yields=yields)
         live.short = choice.short
         return live
 
@@ -186,16 +185,16 @@ class CompletionEngine:
         doc: Document,
         offset: int,
         backend: Backend,
-        ctx: ctxmod.CompletionContext,
+        choice: Choice,
         max_tokens: int | None,
         *,
         background: bool = False,
         yields: bool = False,
     ) -> Suggestion:
-        """Start a generation: a document's suggestion, or ``background`` preparation
-        (never shown). ``yields``: a suggestion no one asked for yet (a prefetch), which a
-        shared engine runs after other windows' keystrokes, like background work."""
-        settings = self._settings
+        """Start a generation from ``choice``'s window: a suggestion, or ``background``
+        preparation (never shown). ``yields``: a suggestion no one asked for yet (a
+        prefetch), which a shared engine runs after other windows' keys, like background."""
+        settings, ctx = self._settings, choice.ctx
         template = self.template()
         heal = self.windows.heal(ctx, backend)
         prompt = self.windows.prompt(uri, ctx, heal)
@@ -221,6 +220,7 @@ class CompletionEngine:
             moved_kv_drift=settings.moved_suffix_drift,
             background=background or yields,
             document=uri,
+            assemble=choice.assemble,
             heal=heal,
             names=names,
         )
@@ -470,8 +470,7 @@ class CompletionEngine:
             offset = doc.offset_at(position)
         except DocumentError:
             return
-        self.preparation.cursor[uri] = (doc.version, offset)
-        self.preparation.active = uri
+        self.preparation.aim(uri, doc, offset)
         self._leave_others(uri, doc.text, offset)
         self.preparation.schedule()
 

@@ -17,6 +17,9 @@ The rules (``next_round`` decides each round of the preparation loop, purely):
 5. Once a window a keystroke there would answer from is ready, the suggestion at a cursor
    resting at the end of a line is made (``prefetch``), again from the full window if the
    first came from a short one that no request was answered from.
+6. Once the full window at the cursor is ready and the suggestion there made, the
+   document is read into the engine's chunk store (``chunkMemoryMb``), a region a round
+   (``completion/reading.py``), so that the full window at the next place is assembled.
 
 A newly opened document is read ahead (``readAhead``) after ``READ_AHEAD_DELAY_S`` (tabs
 flicked past are not), only when it all fits the prefix window and nothing else runs.
@@ -34,6 +37,7 @@ from typing import TYPE_CHECKING
 from kode.backends.base import (
     PREFILL_PROBE,
     Backend,
+    ChunkAssembly,
     FinishReason,
     Generation,
     GenerationRequest,
@@ -43,8 +47,10 @@ from kode.backends.base import (
 )
 from kode.completion import context as ctxmod
 from kode.completion.documents import Document, file_name
+from kode.completion.reading import Reader, fits
 from kode.completion.settings import BackendKind
 from kode.completion.suggestion import Suggestion, describe_failure
+from kode.completion.windows import Choice
 
 if TYPE_CHECKING:
     from kode.completion.engine import CompletionEngine
@@ -116,6 +122,9 @@ class Preparation:
         self._timing = asyncio.Lock()  # one start-up timing at a time
         self.running: Suggestion | None = None  # the background generation, if any
         self.prepared = 0  # preparations that finished
+        self.assembled = 0  # of them, windows assembled from stored chunks
+        self.reader = Reader()
+        self.reading: Generation | None = None  # a region being read, if any
         self.prefetches = 0  # suggestions made before they were asked for
         self.read_aheads = 0
 
@@ -127,13 +136,20 @@ class Preparation:
     def touch(self, uri: str, version: int | None, offset: int | None) -> None:
         """A request or an edit: background work waits for the next quiet moment."""
         self.last_activity = self.engine.clock.now()
-        if version is not None and offset is not None:
-            self.cursor[uri] = (version, offset)
-            self.active = uri
+        if version is not None and offset is not None and uri in self.engine.documents:
+            self.aim(uri, self.engine.documents.get(uri), offset, version)
+
+    def aim(self, uri: str, doc: Document, offset: int, version: int | None = None) -> None:
+        """The user works at ``offset`` of ``doc`` (of ``version``, if not its current):
+        the place to prepare, and a place visited (reading starts near it)."""
+        self.cursor[uri] = (doc.version if version is None else version, offset)
+        self.active = uri
+        self.reader.visit(uri, doc.text.count("\n", 0, offset))
 
     def forget(self, uri: str) -> None:
         """``uri`` was closed: stop preparing it."""
         self.cursor.pop(uri, None)
+        self.reader.forget(uri)
         if self.running is not None and self.running.uri == uri:
             self.stop()
         if self.active == uri:
@@ -144,6 +160,8 @@ class Preparation:
         end (what they evaluated stays)."""
         if self.calibration is not None:
             self.engine._spawn(self.calibration.cancel())
+        if self.reading is not None:
+            self.engine._spawn(self.reading.cancel())
         running, self.running = self.running, None
         if running is not None:
             self.engine._spawn(running.cancel())
@@ -152,6 +170,8 @@ class Preparation:
         """Stop everything and wait for it to end."""
         if self.calibration is not None:
             await self.calibration.cancel()
+        if self.reading is not None:
+            await self.reading.cancel()
         running, self.running = self.running, None
         if running is not None:
             await running.cancel()
@@ -223,29 +243,29 @@ class Preparation:
         """One round of rules 4-5; whether to go on."""
         engine = self.engine
         retrieved = await engine.retrieve(uri, doc.text, offset, backend)
-        ctx = engine.windows.to_prepare(uri, doc, offset, backend, retrieved)
-        if ctx is None:
+        choice = engine.windows.to_prepare(uri, doc, offset, backend, retrieved)
+        if choice is None:
             log.debug("prepared %s: its full window is evaluated", file_name(uri))
             await self.suggest_at_cursor(uri, doc, offset, backend)
-            return False
+            if engine._busy():
+                return True  # the suggestion is being made: read once it is
+            return await self.read_next(uri, doc, backend)
         if self.running is not None:
             return False  # a read-ahead is running
-        if log.isEnabledFor(logging.DEBUG) and isinstance(backend, PromptCache):
-            prompt = engine.windows.prompt(uri, ctx, engine.windows.heal(ctx, backend))
-            cached, total = backend.cached_prefix(prompt)
-            log.debug(
-                "preparing %s: %d of a %d-token window to evaluate",
-                file_name(uri),
-                total - cached,
-                total,
-            )
-        live = await engine._launch(uri, doc, offset, backend, ctx, 1, background=True)
+        log.debug(
+            "preparing %s: %s window, %d prompt tokens to evaluate",
+            file_name(uri),
+            choice.kind,
+            choice.left,
+        )
+        live = await engine._launch(uri, doc, offset, backend, choice, 1, background=True)
         self.running = live
         await self._finish(live)
         if live.generation.stats.finish_reason is FinishReason.CANCELLED:
             log.debug("preparing %s: stopped by a request or an edit", file_name(uri))
             return False  # a request or an edit came; it schedules the next round
         self.prepared += 1
+        self.assembled += live.generation.stats.assembled_prompt_tokens > 0
         # A window a keystroke here would now answer from is ready: make that answer
         # while the user still reads (the full window follows).
         await self.suggest_at_cursor(uri, doc, offset, backend)
@@ -280,6 +300,45 @@ class Preparation:
             return
         await engine._start(uri, doc, offset, backend, None, yields=True)
         self.prefetches += 1
+
+    # -- reading into the chunk store -----------------------------------------------------
+
+    async def read_next(self, uri: str, doc: Document, backend: Backend) -> bool:
+        """Rule 6: read the next region of ``doc`` into the chunk store; whether to go on
+        (False: nothing left to read, no room, no store, or a request or an edit came)."""
+        engine = self.engine
+        if not engine.settings.chunk_memory_mb or not isinstance(backend, ChunkAssembly):
+            return False
+        found = self.reader.next(uri, doc.text)
+        if found is None:
+            return False
+        region, mark = found
+        if not fits(backend.chunk_store, backend.count_tokens(region)):
+            log.debug("reading %s: the chunk store is full", file_name(uri))
+            return False
+        request = GenerationRequest(
+            prompt=region,
+            max_tokens=1,
+            speculation=SpeculationMethod.NONE,
+            background=True,
+            document=uri,
+            read_chunks=True,
+        )
+        self.reading = generation = await backend.generate(request)
+        try:
+            async for _ in generation:
+                pass
+        finally:
+            self.reading = None
+            await generation.cancel()
+        stats = generation.stats
+        if stats.finish_reason is FinishReason.CANCELLED:
+            return False  # a request or an edit came; it schedules the next round
+        self.reader.done(uri, mark, stats.evaluated_prompt_tokens)
+        log.debug(
+            "read %s: %d tokens into the chunk store", file_name(uri), stats.evaluated_prompt_tokens
+        )
+        return True
 
     # -- the prefill speed -----------------------------------------------------------------
 
@@ -350,7 +409,9 @@ class Preparation:
             end = len(doc.text)
             retrieved = await engine.retrieve(uri, doc.text, end, backend)
             full = engine.windows.full(uri, doc, end, backend, retrieved)
-            live = await engine._launch(uri, doc, end, backend, full, 1, background=True)
+            live = await engine._launch(
+                uri, doc, end, backend, Choice(full, "full"), 1, background=True
+            )
             self.running = live
             self.read_aheads += 1
             await self._finish(live)

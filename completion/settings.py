@@ -15,6 +15,7 @@ import msgspec
 from kode.backends.base import BackendKind as BackendKind  # re-exported: the `backend` setting
 from kode.backends.base import SpeculationMethod
 from kode.backends.defaults import (
+    CHUNK_MEMORY_MB,
     CONTEXT_SIZE,
     ENGINE_IDLE_MINUTES,
     KV_MEMORY_MB,
@@ -126,6 +127,11 @@ class Settings(
     # llama.cpp: host memory for evaluated prompts of other documents and places (saved
     # KV states, least recently used dropped first); 0 keeps only the current one.
     kv_memory_mb: Annotated[int, msgspec.Meta(ge=0, le=MAX_KV_MEMORY_MB)] = KV_MEMORY_MB
+    # llama.cpp: host memory for chunks of the active document read while the user reads;
+    # a fresh place's full window is then assembled from them (the entries taken did not
+    # see what precedes them; only the first tokens of each are evaluated again) when
+    # evaluating it would not fit firstAnswerMs or a reading pause. 0: off.
+    chunk_memory_mb: Annotated[int, msgspec.Meta(ge=0, le=MAX_KV_MEMORY_MB)] = CHUNK_MEMORY_MB
     remote: RemoteSettings = RemoteSettings()
 
 

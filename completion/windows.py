@@ -8,6 +8,8 @@ the measured prefill speed (``PrefillRate``). The rule, in order (``decide``):
 1. No budget (``firstAnswerMs: 0``), no speed known yet, or a backend without a prompt
    cache: the full window.
 2. The full window, if what it still needs to evaluate fits the budget.
+2a. The full window assembled from chunks read earlier (``chunkMemoryMb``), if what
+   assembling it evaluates fits.
 3. The full window with the project context it was prepared with, if the newly
    retrieved context changed (a name typed on the line resolved) and that one fits:
    the new snippets are prepared in the background for the next keystrokes.
@@ -15,9 +17,10 @@ the measured prefill speed (``PrefillRate``). The rule, in order (``decide``):
    its KV state kept by the backend) that still holds the cursor and fits.
 5. A new short window sized to fit, remembered for the next keystrokes.
 
-Background preparation (``to_prepare``) works towards the full window: first a window
-that fits a reading pause (``PREPARE_HORIZON_S``) when the full one does not, then the
-full one.
+Background preparation (``to_prepare``) works towards the full window: the full one
+assembled if that fits a reading pause (``PREPARE_HORIZON_S``) and evaluating it does
+not; else first a window that fits the pause when the full one does not, then the full
+one.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from kode.backends.base import Backend, PrefillRate, PromptCache, TokenHealing
+from kode.backends.base import Backend, ChunkAssembly, PrefillRate, PromptCache, TokenHealing
 from kode.backends.errors import SettingsError
 from kode.completion import context as ctxmod
 from kode.completion import healing
@@ -56,7 +59,7 @@ class Choice:
     """The window a keystroke answers from, and why (in sizes only)."""
 
     ctx: ctxmod.CompletionContext
-    kind: str  # full | full, prepared snippets | short, remembered | short, new
+    kind: str  # full | full, assembled | full, prepared snippets | short, remembered | short, new
     left: int = 0  # prompt tokens still to evaluate
     allowed: int | None = None  # what fits firstAnswerMs (None: no budget)
     full_left: int = 0  # what the full window would evaluate
@@ -65,22 +68,32 @@ class Choice:
     def short(self) -> bool:
         return self.kind.startswith("short")
 
+    @property
+    def assemble(self) -> bool:
+        return self.kind == "full, assembled"
+
 
 def decide(
-    full_left: int, allowed: int | None, kept_left: int | None, known_lefts: Sequence[int]
+    full_left: int,
+    allowed: int | None,
+    kept_left: int | None,
+    known_lefts: Sequence[int],
+    assembled_left: int | None = None,
 ) -> tuple[str, int | None]:
     """The rule of the module docstring, on sizes alone: which window (and for a
     remembered one, its index in ``known_lefts``, largest window first).
 
     >>> decide(900, 100, None, [40, 8])
     ('short, remembered', 0)
-    >>> decide(900, 100, 60, [])
-    ('full, prepared snippets', None)
+    >>> decide(900, 100, 60, []), decide(900, 100, 60, [], assembled_left=90)
+    (('full, prepared snippets', None), ('full, assembled', None))
     >>> decide(90, 100, None, []), decide(900, None, None, []), decide(900, 30, None, [40])
     (('full', None), ('full', None), ('short, new', None))
     """
     if allowed is None or full_left <= allowed:
         return "full", None
+    if assembled_left is not None and assembled_left <= allowed:
+        return "full, assembled", None
     if kept_left is not None and kept_left <= allowed:
         return "full, prepared snippets", None
     for i, left in enumerate(known_lefts):
@@ -105,6 +118,7 @@ class Windows:
         self._evaluated_retrieval: dict[str, tuple[Retrieved, ...]] = {}
         self._counter: Callable[[str], int] | None = None
         self._counter_owner: Backend | None = None
+        self.assembled = 0  # keystrokes and prefetches answered from assembled windows
 
     def forget(self, uri: str) -> None:
         self._anchors.pop(uri, None)
@@ -155,6 +169,15 @@ class Windows:
             return 0
         cached, total = backend.cached_prefix(self.prompt(uri, ctx, self.heal(ctx, backend)))
         return total - cached
+
+    def to_assemble(self, uri: str, ctx: ctxmod.CompletionContext, backend: Backend) -> int | None:
+        """Prompt tokens the window of ``ctx`` assembled from stored chunks would still
+        evaluate; None without a chunk store (``chunkMemoryMb``) or where assembling it
+        would take nothing from the store."""
+        if not self._settings().chunk_memory_mb or not isinstance(backend, ChunkAssembly):
+            return None
+        taken, total = backend.assembled_prefix(self.prompt(uri, ctx, self.heal(ctx, backend)))
+        return total - taken if taken else None
 
     # -- windows ---------------------------------------------------------------------------
 
@@ -236,10 +259,16 @@ class Windows:
                 known_lefts.append(self.to_evaluate(uri, ctx, backend))
                 if known_lefts[-1] <= allowed:
                     break  # the largest that fits: the rest are not needed
-        kind, index = decide(left, allowed, kept_left, known_lefts)
+        assembled_left = self.to_assemble(uri, full, backend) if left > allowed else None
+        kind, index = decide(left, allowed, kept_left, known_lefts, assembled_left)
         if kind == "full":
             self._evaluated_retrieval[uri] = retrieved
             choice = Choice(full, kind, left, allowed)
+        elif kind == "full, assembled":
+            assert assembled_left is not None
+            self._evaluated_retrieval[uri] = retrieved
+            self.assembled += 1
+            choice = Choice(full, kind, assembled_left, allowed, left)
         elif kind == "full, prepared snippets":
             assert kept is not None
             assert kept_left is not None
@@ -259,7 +288,7 @@ class Windows:
         offset: int,
         backend: Backend,
         retrieved: tuple[Retrieved, ...],
-    ) -> ctxmod.CompletionContext | None:
+    ) -> Choice | None:
         """What background preparation evaluates next at the cursor; None once the full
         window is evaluated."""
         full = self.full(uri, doc, offset, backend, retrieved)
@@ -270,12 +299,17 @@ class Windows:
         horizon = self.rate.tokens_within(PREPARE_HORIZON_S * 1000)
         if horizon is None or not self._settings().first_answer_ms or left <= horizon:
             self._evaluated_retrieval[uri] = retrieved
-            return full
+            return Choice(full, "full", left, horizon)
+        assembled_left = self.to_assemble(uri, full, backend)
+        if assembled_left is not None and assembled_left <= horizon:
+            self._evaluated_retrieval[uri] = retrieved
+            return Choice(full, "full, assembled", assembled_left, horizon, left)
         for ctx in self.known(uri, doc, offset, backend):
             if self.to_evaluate(uri, ctx, backend) <= 1:
                 self._evaluated_retrieval[uri] = retrieved
-                return full  # a short window is ready: go on with the full one
-        return self.short(uri, doc, offset, backend, horizon)
+                return Choice(full, "full", left, horizon)  # a short window is ready
+        short = self.short(uri, doc, offset, backend, horizon)
+        return Choice(short, "short, new", horizon, horizon, left)
 
 
 def _log_window(uri: str, choice: Choice) -> None:

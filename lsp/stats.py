@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from kode.backends.base import Backend, EngineReport, KvMemoryReport
+from kode.backends.base import Backend, ChunkAssembly, EngineReport, KvMemoryReport
 from kode.completion import settings as settings_mod
 from kode.completion.engine import CompletionEngine
 from kode.completion.suggestion import Completion
@@ -29,9 +29,14 @@ def stats_report(engine: CompletionEngine, backend: Backend | None) -> dict[str,
             "keptSnippets": engine.kept_snippets,
             "cursorMoves": engine.cursor_moves,
             "prefillTokensPerS": engine.rate.value,
+            "assembledAnswers": engine.windows.assembled,
+            "assembledPreparations": engine.preparation.assembled,
+            "regionsRead": engine.preparation.reader.regions,
+            "tokensRead": engine.preparation.reader.tokens,
         },
         "lastCompletion": _last_completion(engine.last_answer),
         "kvMemory": backend.kv_memory if isinstance(backend, KvMemoryReport) else None,
+        "chunkStore": backend.chunk_store if isinstance(backend, ChunkAssembly) else None,
         "engineProcess": _engine_process(backend),
         "settings": _redacted(engine.settings),
         "workspace": _index_stats(engine),

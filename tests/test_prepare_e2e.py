@@ -4,6 +4,7 @@ survives work in another document (saved KV states)."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import csv
 import shlex
@@ -25,6 +26,7 @@ pytestmark = [pytest.mark.model]
 DOC_A = Path(textwrap.__file__).read_text()
 DOC_B = Path(shlex.__file__).read_text()
 DOC_C = Path(csv.__file__).read_text()
+DOC_LARGE = Path(argparse.__file__).read_text()  # 2,600 lines
 URI_A = "file:///tmp/kode-e2e/project/textwrap_copy.py"
 URI_B = "file:///tmp/kode-e2e/project/shlex_copy.py"
 URI_C = "file:///tmp/kode-e2e/project/csv_copy.py"
@@ -121,3 +123,44 @@ async def test_a_documents_prompt_survives_work_in_another_document(
     memory = (await stats(client))["kvMemory"]
     assert memory["restores"] >= 1 and memory["saves"] >= 1
     assert 0 < memory["bytes"] <= memory["budgetBytes"]
+
+
+async def test_a_jump_into_lines_read_in_the_background_is_prepared_assembled(
+    client: LanguageClient,
+) -> None:
+    """Issue #29 through the language server and the default (shared) engine: while the
+    user reads, the document is read into the chunk store around the cursor; a jump into
+    lines read there prepares the full window assembled from their chunks, and the
+    keystroke there is answered from it."""
+    text = DOC_LARGE
+    uri = "file:///tmp/kode-e2e/project/argparse_copy.py"
+    # A window of ~2,000 tokens: more than a reading pause evaluates on any CPU here.
+    settings = {**SETTINGS, "readAhead": False, "prefixTokens": 2000, "chunkMemoryMb": 64}
+    await start(client, "visual-studio-code", settings)
+    open_doc(client, text, uri)
+    await wait_for(client, lambda r: r["engine"]["prefillTokensPerS"], "the prefill speed")
+
+    def move(line: int) -> types.Position:
+        place = end_of(text, line)
+        client.protocol.notify(
+            "kode/didMoveCursor",
+            {
+                "textDocument": {"uri": uri},
+                "position": {"line": place.line, "character": place.character},
+            },
+        )
+        return place
+
+    move(1200)
+    read = await wait_for(client, lambda r: r["engine"]["regionsRead"] >= 4, "reading")
+    assert read["chunkStore"]["chunks"] >= 4
+    assert 0 < read["chunkStore"]["bytes"] <= read["chunkStore"]["budgetBytes"]
+    place = move(1290)  # a window of lines read around line 1200, at another anchor
+    await wait_for(
+        client, lambda r: r["engine"]["assembledPreparations"] >= 1, "an assembled window"
+    )
+    last = await complete_at(client, uri, place)
+    assert last["promptTokens"] > 1500
+    assert last["evaluatedPromptTokens"] <= 4, last  # the assembled window was the slot's
+    report = await stats(client)
+    assert report["chunkStore"]["assembled"] >= 1

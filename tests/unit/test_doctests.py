@@ -21,6 +21,7 @@ MODULES = [
     "kode.completion.index_worker",
     "kode.completion.members",
     "kode.completion.preparation",
+    "kode.completion.reading",
     "kode.completion.receivers",
     "kode.completion.windows",
 ]

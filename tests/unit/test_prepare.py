@@ -104,7 +104,8 @@ async def test_the_debug_log_says_which_window_in_sizes_only(
     await engine.complete(URI, Position(100, 10))  # a cold place: a new short window
     await engine.aclose()
     name = file_name(URI)
-    assert f"preparing {name}: " in caplog.text and "-token window to evaluate" in caplog.text
+    assert f"preparing {name}: short, new window, " in caplog.text
+    assert "prompt tokens to evaluate" in caplog.text
     assert f"prepared {name}: its full window is evaluated" in caplog.text
     assert f"window for {name}: full, 0 prompt tokens to evaluate" in caplog.text
     assert f"window for {name}: short, new, 100 prompt tokens to evaluate" in caplog.text

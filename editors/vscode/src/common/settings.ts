@@ -43,6 +43,7 @@ export const SERVER_KEYS = [
   "namesMonitor",
   "firstAnswerMs",
   "kvMemoryMb",
+  "chunkMemoryMb",
 ] as const;
 
 /** Keys of the nested `remote` object. */

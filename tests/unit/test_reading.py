@@ -1,0 +1,118 @@
+"""Reading the active document into the chunk store while the user reads, and windows
+assembled from it (issue #29), without a model: a fake backend that keeps what it was
+asked to read and says a window built from it is cheap."""
+
+from __future__ import annotations
+
+import itertools
+
+from kode.backends.base import ChunkAssembly, GenerationRequest
+from kode.completion.documents import Position
+from kode.completion.engine import CompletionEngine, PrefillRate
+from kode.completion.reading import Reader, regions
+from kode.completion.settings import parse
+from scripted import URI, CachingBackend, ScriptedGeneration, settled, until
+
+# 400 lines of four "tokens" each (the fake counts whitespace-separated words).
+DOC = "".join(f"value_{i} = compute ( {i} )\n" for i in range(400))
+LINES = set(DOC.splitlines())
+
+
+class AssemblingBackend(CachingBackend):
+    """Reads are kept (their lines); a prompt whose every whole line of the document
+    was read is assembled for 40 tokens."""
+
+    def __init__(self) -> None:
+        super().__init__(["x"])
+        self.read: set[str] = set()
+
+    async def generate(self, request: GenerationRequest) -> ScriptedGeneration:
+        if request.read_chunks:
+            self.read.update(request.prompt.splitlines())
+            self.requests.append(request)
+            return ScriptedGeneration([], self.delay)
+        return await super().generate(request)
+
+    def assembled_prefix(self, prompt: str) -> tuple[int, int]:
+        total = self.count_tokens(prompt)
+        lines = [line for line in prompt.splitlines() if line in LINES]
+        if not lines or any(line not in self.read for line in lines):
+            return 0, total
+        return total - 40, total
+
+    @property
+    def chunk_store(self) -> dict[str, int] | None:
+        return {"bytes": 0, "tokens": 0, "budgetBytes": 1 << 30}
+
+
+def engine_for(backend: CachingBackend, **settings: object) -> CompletionEngine:
+    async def factory(_settings: object) -> CachingBackend:
+        return backend
+
+    parsed, problems = parse({"snippetTokens": 0, "readAhead": False, **settings})
+    assert problems == []
+    # 100 tokens/s: a reading pause prepares 250 tokens, the full window is ~1,000.
+    return CompletionEngine(factory, parsed, prefill_rate=PrefillRate(100.0, fixed=True))  # type: ignore[arg-type]
+
+
+def test_the_fake_declares_the_chunk_protocol() -> None:
+    assert isinstance(AssemblingBackend(), ChunkAssembly)
+    assert not isinstance(CachingBackend(["x"]), ChunkAssembly)
+
+
+def test_regions_end_at_chunk_boundaries_nearest_the_visited_places_first() -> None:
+    lines = DOC.splitlines(keepends=True)
+    found = regions(lines, near=[390, 10])
+    spans = sorted(found)
+    assert spans[0][0] == 0 and spans[-1][1] == 400
+    assert all(b == c for (_, b), (c, _) in itertools.pairwise(spans))  # no gap
+    assert all(b == 400 or b - a >= 96 for a, b in found)
+    assert found[0][0] <= 390 < found[0][1]  # the cursor's region first, then line 10's
+    assert found[1][0] <= 10 < found[1][1]
+
+
+def test_an_edited_region_is_read_again_and_no_other() -> None:
+    reader = Reader()
+    reader.visit(URI, 0)
+    read = []
+    while (found := reader.next(URI, DOC)) is not None:
+        read.append(found[0])
+        reader.done(URI, found[1], 10)
+    assert sum(len(r.splitlines()) for r in read) == 400
+    edited = DOC.replace("value_200 = compute ( 200 )", "value_200 = other ( 200 )")
+    again = reader.next(URI, edited)
+    assert again is not None and "other" in again[0]
+    reader.done(URI, again[1], 10)
+    assert reader.next(URI, edited) is None
+
+
+async def test_the_document_is_read_then_a_jump_prepares_an_assembled_full_window() -> None:
+    backend = AssemblingBackend()
+    engine = engine_for(backend, firstAnswerMs=1000, chunkMemoryMb=256)
+    engine.documents.open(URI, DOC, 1)
+    engine.cursor_moved(URI, Position(390, 10))
+    await until(lambda: engine.preparation.reader.next(URI, DOC) is None)
+    await settled(engine)
+    reads = [r for r in backend.requests if r.read_chunks]
+    assert reads and all(r.background and r.max_tokens == 1 for r in reads)
+    assert "value_390 " in reads[0].prompt  # the cursor's region first
+    assert sum(len(r.prompt.splitlines()) for r in reads) == 400
+    before = len(backend.requests)
+    engine.cursor_moved(URI, Position(150, 10))  # a jump of 240 lines
+    await until(lambda: engine.preparation.assembled >= 1 or engine.preparation.prepared >= 3)
+    prepared = [r for r in backend.requests[before:] if not r.read_chunks]
+    assert prepared[0].assemble  # the full window at once, assembled
+    assert len(prepared[0].prompt.split()) > 800  # lines 23-160: the whole budget
+    await settled(engine)
+    await engine.aclose()
+
+
+async def test_no_store_no_reading_and_no_assembly() -> None:
+    backend = AssemblingBackend()
+    engine = engine_for(backend, firstAnswerMs=1000)
+    engine.documents.open(URI, DOC, 1)
+    engine.cursor_moved(URI, Position(390, 10))
+    await until(lambda: engine.preparation.prepared >= 2)
+    await settled(engine)
+    assert not any(r.read_chunks or r.assemble for r in backend.requests)
+    await engine.aclose()
