@@ -8,8 +8,12 @@ alone first, as a reading pause would (not counted: the user was reading), kept 
 window, healing, stop rules) then answers from the slot holding the assembled window;
 the exact first line and the prompt tokens evaluated for the place are recorded.
 
-Chunks are counted from the window's first line (a real chunk store would align them to
-the file's lines, so a window's first chunk would be a later part of a stored one).
+``--chunk-lines N``: chunks of N lines counted from the window's first line.
+``--chunk-lines 0``: what the engine does (``kv_chunks.Assembler``, ``chunkMemoryMb``):
+the three regions of the file nearest the place are read as the background reader reads
+them (``completion/reading.py``), chunks starting where the text says so, and the window
+is assembled from them, a window's first chunk from the end of a stored one; a chunk not
+found is evaluated in place (counted).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 
 from kode.backends.llama import kv_chunks
 from kode.backends.llama.runtime import Slot
+from kode.backends.steppers import drain_steps
 from kode.bench import report
 
 # Lines per chunk: llama.vim keeps 64-line chunks; a window of ~1,000 prompt tokens holds
@@ -43,6 +48,8 @@ class Assembler:
     k: int | None = None
     evaluated: list[int] = field(default_factory=list)
     total: list[int] = field(default_factory=list)
+    text: str = ""  # chunk_lines 0: the file the window is cut from, and the cursor's line
+    line: int = 0
 
     def __call__(self, slot: Slot, tokens: Sequence[int]) -> None:
         slot.truncate(0)
@@ -59,6 +66,9 @@ class Assembler:
                 self.recompute_lines,
             )
         self.total.append(len(tokens))
+        if k is not None and not self.chunk_lines:
+            self.evaluated.append(self._as_the_engine(slot, tokens, k))
+            return
         if k is None or found is None:
             self.evaluated.append(len(tokens))
             return
@@ -69,6 +79,30 @@ class Assembler:
                 self.store.add(chunk)
         evaluated = kv_chunks.assemble(slot, tokens, found, self.store, k)
         self.evaluated.append(evaluated + len(tokens) - found.tail)
+
+    def _as_the_engine(self, slot: Slot, tokens: Sequence[int], k: int) -> int:
+        from kode.backends.kv_reuse import CHUNK_EVERY
+        from kode.completion.reading import regions
+
+        model = slot.ctx.model
+        lines = self.text.splitlines(keepends=True)
+        for a, b in regions(lines, [self.line])[:3]:  # read while the user read
+            region = model.tokenize("".join(lines[a:b]), special=False)
+            for x, y in kv_chunks.text_chunks(region, model.piece):
+                if region[x:y] not in self.store:
+                    chunk = kv_chunks.evaluate(slot, region[x:y])
+                    assert chunk is not None
+                    self.store.add(chunk)
+        pre, suf = model.tokenize("<|fim_prefix|>")[0], model.tokenize("<|fim_suffix|>")[0]
+        sep = model.tokenize("<|file_sep|>")[0]
+        found = kv_chunks.plan(
+            tokens, model.piece, pre, suf, every=CHUNK_EVERY, forced=frozenset({pre, sep})
+        )
+        if found is None:
+            return len(tokens)
+        evaluated, _ = kv_chunks.cost(tokens, found, self.store, k)
+        drain_steps(kv_chunks.assemble_steps(slot, tokens, found, self.store, k, lambda: False))
+        return evaluated + len(tokens) - found.tail
 
 
 @contextlib.contextmanager
@@ -140,7 +174,8 @@ async def assembly_quality(
 
     again = f", last {recompute_lines} lines evaluated" if recompute_lines else ""
     conditions: list[tuple[str, int | None]] = [("full, evaluated whole", None)]
-    conditions += [(f"assembled, {chunk_lines}-line chunks, k={k}{again}", k) for k in ks]
+    kind = f"{chunk_lines}-line chunks" if chunk_lines else "the engine's chunks"
+    conditions += [(f"assembled, {kind}, k={k}{again}", k) for k in ks]
     rows = {label: Scores() for label, _ in conditions}
     # One engine a condition: an engine answers a place it answered before from its cache.
     engines = [CompletionEngine(factory, settings) for _ in conditions]
@@ -151,6 +186,8 @@ async def assembly_quality(
                 uri = files[case.file].resolve().as_uri()
                 for (label, k), engine in zip(conditions, engines, strict=True):
                     assembler.k = k
+                    assembler.text = blank(texts[case.file], [case], case.file)
+                    assembler.line = case.line
                     assembler.evaluated.clear()
                     assembler.total.clear()
                     engine.documents.open(uri, blank(texts[case.file], [case], case.file), 1)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import tarfile
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -95,13 +96,37 @@ def blank(text: str, places: Sequence[Place], file: int) -> str:
 
 class PlacesReplay(Replay):
     async def run(
-        self, files: Sequence[Path], texts: Sequence[str], places: Sequence[Place], notify: bool
+        self,
+        files: Sequence[Path],
+        texts: Sequence[str],
+        places: Sequence[Place],
+        notify: bool,
+        open_wait_s: float = 0.0,
+        reading: list[dict[str, Any]] | None = None,
     ) -> list[Segment]:
+        """Type each place's line. ``open_wait_s``: open the first place's file that
+        long before its first key (the cursor announced there, if ``notify``), sampling
+        ``kode/stats``'s reading counters into ``reading`` every few seconds."""
         from kode.completion.documents import Document, Position
 
         opts = self.options
         docs: dict[int, Document] = {}
         segments = []
+        if open_wait_s > 0 and places:
+            first = places[0]
+            uri = files[first.file].resolve().as_uri()
+            text = blank(texts[first.file], places, first.file)
+            docs[first.file] = Document(uri, text, 1, "python")
+            self.open(uri, text)
+            if notify:
+                self.move_cursor(uri, first.line, first.indent)
+            began = time.perf_counter()
+            while (left := began + open_wait_s - time.perf_counter()) > 0:
+                await asyncio.sleep(min(READING_SAMPLE_S, left))
+                if reading is not None:
+                    engine = (await self.stats(10)).get("engine") or {}
+                    at = round(time.perf_counter() - began, 1)
+                    reading.append({"s": at, "tokens": engine.get("tokensRead")})
         for place in places:
             uri = files[place.file].resolve().as_uri()
             if place.file not in docs:
@@ -126,21 +151,34 @@ async def _one_mode(
     texts: Sequence[str],
     places: Sequence[Place],
     notify: bool,
+    sub: str,
+    open_wait_s: float = 0.0,
 ) -> tuple[list[Segment], dict[str, Any]]:
-    engine = dict(options.settings).get("engine")
-    sub = ("notify" if notify else "plain") + ("" if engine is None else f"-{engine}")
     replay = PlacesReplay(replace(options, out=options.out / sub))
     report.prepare_out(replay.options.out)
+    reading: list[dict[str, Any]] = []
     try:
         await replay.start()
         await replay.warm_up()
         await replay.wait_calibrated()
-        segments = await replay.run(files, texts, places, notify)
+        segments = await replay.run(files, texts, places, notify, open_wait_s, reading)
         await asyncio.sleep(0.5)
         final = await replay.stats(30)
     finally:
         await replay.stop()
+    if reading:
+        final = {**final, "reading": reading}
     return segments, final
+
+
+def first_answer_exact(segment: Segment) -> bool | None:
+    """Whether the first suggestion shown at a place (for any key of the line) was the
+    rest of the line exactly, as its first line; None if none was shown."""
+    for key in segment.keys:
+        if key.outcome == "shown" and key.suggestion:
+            rest = segment.place.body[key.index + 1 :]
+            return key.suggestion.split("\n", 1)[0].rstrip() == rest.rstrip()
+    return None
 
 
 def first_key_ms(segment: Segment) -> float:
@@ -173,6 +211,8 @@ def next_shown_ms(keys: Sequence[Keystroke], i: int) -> float:
 
 
 def summary_rows(label: str, segments: Sequence[Segment]) -> list[list[object]]:
+    exact = [first_answer_exact(s) for s in segments]
+    firsts = [first_key_ms(s) for s in segments]
     first = {
         kind: report.median([first_key_ms(s) for s in segments if s.place.kind == kind])
         for kind in ("open", "jump", "switch", "back")
@@ -201,6 +241,9 @@ def summary_rows(label: str, segments: Sequence[Segment]) -> list[list[object]]:
             fmt(report.percentile(waits, 95), 0, " ms"),
             f"{sum(k.outcome == 'shown' for k in keys)}/{len(keys)}",
             f"{fmt(report.percentile(missed, 95), 0, ' ms')} ({len(missed)})",
+            fmt(report.percentile(firsts, 50), 0, " ms"),
+            fmt(report.percentile(firsts, 95), 0, " ms"),
+            f"{sum(e is True for e in exact)}/{len(segments)}",
         ]
     ]
 
@@ -223,25 +266,41 @@ def chart(results: dict[str, list[Segment]], path: Path, title: str) -> None:
         ax.legend()
 
 
-def mode_label(notify: bool, engine: str | None) -> str:
+def mode_label(notify: bool, engine: str | None, variant: Variant = ()) -> str:
     label = "with kode/didMoveCursor" if notify else "without"
-    return label if engine is None else f"{engine}, {label}"
+    label = label if engine is None else f"{engine}, {label}"
+    return label + "".join(f", {k}={v}" for k, v in variant)
+
+
+# One more configuration side by side: settings on top of the run's.
+Variant = tuple[tuple[str, Any], ...]
+# Reading counters are sampled this often while a file is open before its first place.
+READING_SAMPLE_S = 5.0
 
 
 async def measure(
-    options: Options, files: Sequence[Path], rounds: int, engines: Sequence[str] | None = None
+    options: Options,
+    files: Sequence[Path],
+    rounds: int,
+    engines: Sequence[str] | None = None,
+    variants: Sequence[Variant] = (),
+    open_wait_s: float = 0.0,
 ) -> tuple[dict[str, list[Segment]], dict[str, Any]]:
     """Each round's places in each mode (with and without the cursor notification), for
-    each of ``engines`` (None: the default engine, unlabelled), then the peer."""
+    each of ``engines`` (None: the default engine, unlabelled), then the peer. With
+    ``variants``: the run's settings and each variant's, all with the notification."""
     texts = [f.read_text(encoding="utf-8") for f in files]
     from kode.backends import models
     from kode.bench import llama_server, llama_vim
 
     binary = llama_server.find_binary()
     kinds: list[str | None] = list(engines) if engines else [None]
-    results: dict[str, list[Segment]] = {
-        mode_label(notify, engine): [] for engine in kinds for notify in (True, False)
-    }
+    modes: list[tuple[str | None, bool, Variant]] = (
+        [(engine, True, v) for engine in kinds for v in [(), *variants]]
+        if variants
+        else [(engine, notify, ()) for engine in kinds for notify in (True, False)]
+    )
+    results: dict[str, list[Segment]] = {mode_label(n, e, v): [] for e, n, v in modes}
     if binary is not None:
         results[PEER] = []
     facts: dict[str, Any] = {
@@ -252,17 +311,20 @@ async def measure(
     for r in range(rounds):
         places = plan_places(texts, options.seed + r, options.max_chars)
         # Alternate which mode goes first, so neither always meets a warmer machine.
-        runs = [(engine, notify) for engine in kinds for notify in (True, False)]
-        for engine, notify in harness.round_order(runs, r):
-            label = mode_label(notify, engine)
-            run_options = (
-                options
-                if engine is None
-                else replace(options, settings=(*options.settings, ("engine", engine)))
+        for m, (engine, notify, variant) in harness.round_order(list(enumerate(modes)), r):
+            label = mode_label(notify, engine, variant)
+            more = (() if engine is None else (("engine", engine),)) + variant
+            run_options = replace(options, settings=(*options.settings, *more))
+            sub = ("notify" if notify else "plain") + ("" if engine is None else f"-{engine}")
+            sub += f"-v{m}" if variants else ""
+            segments, final = await _one_mode(
+                run_options, files, texts, places, notify, sub, open_wait_s
             )
-            segments, final = await _one_mode(run_options, files, texts, places, notify)
             results[label] += segments
-            facts["stats"][f"{label} round {r}"] = final.get("engine")
+            facts["stats"][f"{label} round {r}"] = {
+                **(final.get("engine") or {}),
+                **{k: final[k] for k in ("chunkStore", "reading") if final.get(k)},
+            }
         if binary is not None:
             model = await asyncio.to_thread(models.resolve, options.model)
             segments, counters = await llama_vim.replay(
@@ -288,11 +350,13 @@ def main(
     files: Sequence[Path] | None,
     rounds: int,
     engines: Sequence[str] | None = None,
+    variants: Sequence[Variant] = (),
+    open_wait_s: float = 0.0,
 ) -> int:
     chosen = tuple(files) if files else DEFAULT_FILES
     if len(chosen) < 2:
         raise SystemExit("kode bench latency --scenario places: give two files (--files A B)")
-    results, facts = asyncio.run(measure(options, chosen, rounds, engines))
+    results, facts = asyncio.run(measure(options, chosen, rounds, engines, variants, open_wait_s))
     out = report.prepare_out(options.out)
     header = [
         "mode",
@@ -306,6 +370,9 @@ def main(
         "key to next shown p95",
         "shown",
         "non-matching keys to next shown p95 (n)",
+        "1st key p50",
+        "1st key p95",
+        "1st answer exact",
     ]
     rows: list[list[object]] = []
     for label, segments in results.items():
@@ -323,7 +390,9 @@ def main(
             if options.word_pause_ms
             else ";"
         )
-        + f" {rounds} round(s) of 4 places (open, jump 200+ lines, switch file, back)\n"
+        + f" {rounds} round(s) of 4 places (open, jump 200+ lines, switch file, back)"
+        + (f"; the first file open {open_wait_s:g} s before its first key" if open_wait_s else "")
+        + "\n"
         f"- workspace folder: {options.workspace or 'none'}; settings: "
         + report.settings_note(options.settings)
         + f"\n{report.machine_line(facts)}\n"
@@ -333,7 +402,8 @@ def main(
         "superseded before any answer is `inf`); key to next shown = from a keystroke to "
         "the first suggestion text shown for it or a later key of the line (what a person "
         "who typed it waits for, typing on or not); non-matching keys = keys after one "
-        "whose shown suggestion the user did not type\n"
+        "whose shown suggestion the user did not type; 1st key p50/p95 = over every place; "
+        "1st answer exact = places whose first suggestion shown was the rest of the line\n"
         f"- peer: {PEER}, `{facts['llama_server']}` (`bench/llama_vim.py`: llama.vim's "
         "requests, 100 ms timer, answer cache and ring of extra chunks; `--cache-reuse "
         "256`); a key typed while its request is in flight sends nothing, so its own "

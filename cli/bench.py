@@ -214,8 +214,16 @@ def register(subparsers: Any) -> None:
         action="append",
         default=[],
         metavar="KEY=JSON[,KEY=JSON]",
-        help="typing: one more configuration, Kode's client on the default engine with these "
-        "settings, e.g. firstAnswerMs=3000 (repeatable: rules side by side)",
+        help="typing, places: one more configuration, Kode's client on the default engine with "
+        "these settings, e.g. firstAnswerMs=3000 (repeatable: rules side by side; places: "
+        "with kode/didMoveCursor only)",
+    )
+    latency.add_argument(
+        "--open-wait",
+        type=float,
+        default=0.0,
+        help="places: seconds the first file is open, the cursor at the first place, before "
+        "its first key (background reading, chunkMemoryMb); default 0",
     )
     latency.add_argument("--rounds", type=int, default=2, help="places: rounds of 4 places")
     latency.add_argument(
@@ -254,7 +262,11 @@ def register(subparsers: Any) -> None:
         "evaluated alone, re-evaluating the first K tokens of each (issue #29's guard)",
     )
     latency.add_argument(
-        "--chunk-lines", type=int, default=32, help="windows --assembly: lines per chunk"
+        "--chunk-lines",
+        type=int,
+        default=32,
+        help="windows --assembly: lines per chunk; 0: the engine's chunks (content-defined, "
+        "read as the background reader reads them)",
     )
     latency.add_argument(
         "--recompute-lines",
@@ -452,12 +464,17 @@ def run(args: argparse.Namespace) -> int:
         )
         if args.word_pause and args.scenario != "places":
             raise SystemExit("kode bench latency: --word-pause is for --scenario places")
+        if args.open_wait and args.scenario != "places":
+            raise SystemExit("kode bench latency: --open-wait is for --scenario places")
         if args.assembly is not None and args.scenario != "windows":
             raise SystemExit("kode bench latency: --assembly is for --scenario windows")
         if args.scenario == "places":
             from kode.bench import places
 
-            return places.main(options, args.files, args.rounds, args.engine)
+            variants = [tuple(_setting(item) for item in v.split(",")) for v in args.variant]
+            return places.main(
+                options, args.files, args.rounds, args.engine, variants, args.open_wait
+            )
         if args.scenario == "typing":
             from kode.bench import typing_replay as typing_bench
 
