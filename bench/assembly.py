@@ -56,6 +56,10 @@ class Assembler:
         slot.clear_scratch()
         model = slot.ctx.model
         k, found = self.k, None
+        self.total.append(len(tokens))
+        if k is not None and not self.chunk_lines:
+            self.evaluated.append(self._as_the_engine(slot, tokens, k))
+            return
         if k is not None:
             found = kv_chunks.plan(
                 tokens,
@@ -65,10 +69,6 @@ class Assembler:
                 self.chunk_lines,
                 self.recompute_lines,
             )
-        self.total.append(len(tokens))
-        if k is not None and not self.chunk_lines:
-            self.evaluated.append(self._as_the_engine(slot, tokens, k))
-            return
         if k is None or found is None:
             self.evaluated.append(len(tokens))
             return

@@ -125,8 +125,8 @@ class PlacesReplay(Replay):
                 await asyncio.sleep(min(READING_SAMPLE_S, left))
                 if reading is not None:
                     engine = (await self.stats(10)).get("engine") or {}
-                    at = round(time.perf_counter() - began, 1)
-                    reading.append({"s": at, "tokens": engine.get("tokensRead")})
+                    elapsed = round(time.perf_counter() - began, 1)
+                    reading.append({"s": elapsed, "tokens": engine.get("tokensRead")})
         for place in places:
             uri = files[place.file].resolve().as_uri()
             if place.file not in docs:

@@ -146,6 +146,7 @@ class ChunkStore:
         self.budget = budget
         self._chunks: OrderedDict[tuple[int, ...], Chunk] = OrderedDict()
         self._ends: dict[tuple[int, ...], set[tuple[int, ...]]] = {}  # last tokens -> keys
+        self._starts: dict[tuple[int, ...], set[tuple[int, ...]]] = {}  # first tokens -> keys
         self.used = 0
         self.hits = 0
         self.misses = 0
@@ -169,19 +170,27 @@ class ChunkStore:
     def find(
         self, tokens: Sequence[int], skip: int, *, count: bool = True
     ) -> tuple[Chunk, int] | None:
-        """A chunk holding ``tokens[skip:]`` as its end (``tokens`` itself first), and
-        where in it they start; None if there is none (an end shorter than ``_END``
-        tokens is not looked for: it is cheaper evaluated than restored).
+        """A chunk holding ``tokens[skip:]``, and where in it they start: ``tokens``
+        itself; else a chunk ending with ``tokens[skip:]`` (a window's first chunk
+        starts inside a stored one); else a chunk starting with ``tokens`` (a window's
+        last chunk ends at the cursor's line, inside a stored one: the entries of a
+        chunk's first tokens are those of those tokens alone). None if there is none
+        (fewer than ``_END`` tokens are not looked for: cheaper evaluated than restored).
         ``count=False`` only looks (another thread may ask while this one works)."""
         want = tuple(tokens)
         rest = want[skip:]
         if not rest:
             return None
-        chunk = self._chunks.get(want)
+        chunk, at = self._chunks.get(want), skip
         if chunk is None and len(rest) >= _END:
             for key in list(self._ends.get(rest[-_END:], ())):
                 if len(key) >= len(rest) and key[len(key) - len(rest) :] == rest:
-                    chunk = self._chunks.get(key)
+                    chunk, at = self._chunks.get(key), len(key) - len(rest)
+                    break
+        if chunk is None and len(rest) >= _END:
+            for key in list(self._starts.get(want[:_END], ())):
+                if len(key) > len(want) and key[: len(want)] == want:
+                    chunk, at = self._chunks.get(key), skip
                     break
         if count:
             if chunk is None:
@@ -191,7 +200,7 @@ class ChunkStore:
                 self._chunks.move_to_end(chunk.tokens)
         if chunk is None:
             return None
-        return chunk, len(chunk.tokens) - len(rest)
+        return chunk, at
 
     def add(self, chunk: Chunk) -> None:
         """Keep ``chunk`` (not if it alone exceeds the budget)."""
@@ -200,6 +209,7 @@ class ChunkStore:
         self._drop(chunk.tokens)
         self._chunks[chunk.tokens] = chunk
         self._ends.setdefault(chunk.tokens[-_END:], set()).add(chunk.tokens)
+        self._starts.setdefault(chunk.tokens[:_END], set()).add(chunk.tokens)
         self.used += chunk.nbytes
         while self.used > self.budget:
             self._drop(next(iter(self._chunks)))
@@ -210,11 +220,12 @@ class ChunkStore:
         if old is None:
             return
         self.used -= old.nbytes
-        keys = self._ends.get(key[-_END:])
-        if keys is not None:
-            keys.discard(key)
-            if not keys:
-                del self._ends[key[-_END:]]
+        for index, part in ((self._ends, key[-_END:]), (self._starts, key[:_END])):
+            keys = index.get(part)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del index[part]
 
     def as_dict(self) -> dict[str, int]:
         return {

@@ -71,3 +71,15 @@ def test_assembly_evaluates_the_head_the_seams_and_every_chunk_not_stored() -> N
     # A slot holding the first 12 tokens exactly keeps the head and the first chunk.
     assert cost(tokens, found, store, 3, held=12) == (3 + 3, 2)
     assert cost(tokens, found, ChunkStore(1000), 3) == (30, 0)
+
+
+def test_a_window_chunk_that_ends_inside_a_stored_one_is_its_head() -> None:
+    # The last chunk of a window ends at the cursor's line: the first tokens of a stored
+    # chunk (their entries are those of these tokens alone).
+    store = ChunkStore(1000)
+    store.add(chunk((1, 2, 3, 4, 5, 6, 7, 8), 10))
+    hit = store.find((1, 2, 3, 4, 5, 6), 2)
+    assert hit is not None and hit[1] == 2
+    assert store.find((1, 2, 3, 9, 5, 6), 2) is None
+    store.add(chunk((7, 8, 9, 10, 11), 995))  # drops the first, and its index entries
+    assert store.find((1, 2, 3, 4, 5, 6), 2) is None
