@@ -141,8 +141,14 @@ class Preparation:
 
     def aim(self, uri: str, doc: Document, offset: int, version: int | None = None) -> None:
         """The user works at ``offset`` of ``doc`` (of ``version``, if not its current):
-        the place to prepare, and a place visited (reading starts near it)."""
-        self.cursor[uri] = (doc.version if version is None else version, offset)
+        the place to prepare, and a place visited (reading starts near it). A region
+        being read is stopped when the place changes: the loop turns to the new place
+        (reading on, it waited for the region's end: a jump's first key 2.1 s instead
+        of 0.7 s in the places replay)."""
+        place = (doc.version if version is None else version, offset)
+        if self.reading is not None and (self.cursor.get(uri) != place or self.active != uri):
+            self.engine._spawn(self.reading.cancel())
+        self.cursor[uri] = place
         self.active = uri
         self.reader.visit(uri, doc.text.count("\n", 0, offset))
 
@@ -305,7 +311,7 @@ class Preparation:
 
     async def read_next(self, uri: str, doc: Document, backend: Backend) -> bool:
         """Rule 6: read the next region of ``doc`` into the chunk store; whether to go on
-        (False: nothing left to read, no room, no store, or a request or an edit came)."""
+        (False: nothing left to read, no room, no store)."""
         engine = self.engine
         if not engine.settings.chunk_memory_mb or not isinstance(backend, ChunkAssembly):
             return False
@@ -333,7 +339,7 @@ class Preparation:
             await generation.cancel()
         stats = generation.stats
         if stats.finish_reason is FinishReason.CANCELLED:
-            return False  # a request or an edit came; it schedules the next round
+            return True  # a request, an edit or a move came: the next round looks again
         self.reader.done(uri, mark, stats.evaluated_prompt_tokens)
         log.debug(
             "read %s: %d tokens into the chunk store", file_name(uri), stats.evaluated_prompt_tokens

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 
-from kode.backends.base import ChunkAssembly, GenerationRequest
+from kode.backends.base import ChunkAssembly, FinishReason, GenerationRequest
 from kode.completion.documents import Position
 from kode.completion.engine import CompletionEngine, PrefillRate
 from kode.completion.reading import Reader, regions
@@ -22,15 +22,18 @@ class AssemblingBackend(CachingBackend):
     """Reads are kept (their lines); a prompt whose every whole line of the document
     was read is assembled for 40 tokens."""
 
-    def __init__(self) -> None:
+    def __init__(self, read_steps: int = 0) -> None:
         super().__init__(["x"])
         self.read: set[str] = set()
+        self.read_steps = read_steps  # a read's length, in scripted steps of 10 ms
+        self.reads: list[ScriptedGeneration] = []
 
     async def generate(self, request: GenerationRequest) -> ScriptedGeneration:
         if request.read_chunks:
             self.read.update(request.prompt.splitlines())
             self.requests.append(request)
-            return ScriptedGeneration([], self.delay)
+            self.reads.append(ScriptedGeneration([""] * self.read_steps, self.delay))
+            return self.reads[-1]
         return await super().generate(request)
 
     def assembled_prefix(self, prompt: str) -> tuple[int, int]:
@@ -115,4 +118,20 @@ async def test_no_store_no_reading_and_no_assembly() -> None:
     await until(lambda: engine.preparation.prepared >= 2)
     await settled(engine)
     assert not any(r.read_chunks or r.assemble for r in backend.requests)
+    await engine.aclose()
+
+
+async def test_a_cursor_move_stops_the_region_being_read_and_prepares_the_new_place() -> None:
+    # Reads that would take 20 s: the move must not wait for one.
+    backend = AssemblingBackend(read_steps=2000)
+    engine = engine_for(backend, firstAnswerMs=1000, chunkMemoryMb=256)
+    engine.documents.open(URI, DOC, 1)
+    engine.cursor_moved(URI, Position(390, 10))
+    await until(lambda: backend.reads)
+    before = len(backend.requests)
+    engine.cursor_moved(URI, Position(150, 10))
+    await until(lambda: any(not r.read_chunks for r in backend.requests[before:]))
+    assert backend.reads[0].stats.finish_reason is FinishReason.CANCELLED
+    prepared = next(r for r in backend.requests[before:] if not r.read_chunks)
+    assert "value_149 = compute ( 149 )" in prepared.prompt  # the new place's window
     await engine.aclose()
