@@ -160,6 +160,8 @@ class Preparation:
             self.stop()
         if self.active == uri:
             self.active = None
+            if self.reading is not None:  # only the active document is read
+                self.engine._spawn(self.reading.cancel())
 
     def stop(self) -> None:
         """Stop the start-up timing and any preparation without waiting for them to
