@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kode.backends.base import FinishReason, Generation, GenerationStats
-from kode.backends.errors import BackendError, KodeError, describe
+from kode.backends.errors import BackendClosed, BackendError, KodeError, describe
 from kode.completion import healing
 from kode.completion.clock import Clock
 from kode.completion.documents import Position
@@ -95,7 +95,10 @@ class Suggestion:
                     break
         except Exception as exc:  # kept for the request waiting on it (``_answer``)
             self.error = exc if isinstance(exc, KodeError) else BackendError(describe_failure(exc))
-            log.warning("generation failed: %s", self.error)
+            if isinstance(exc, BackendClosed):  # the window's own doing: new settings
+                log.debug("generation ended: %s", self.error)
+            else:
+                log.warning("generation failed: %s", self.error)
         finally:
             await self.generation.cancel()
             self.done.set()

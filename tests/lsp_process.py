@@ -100,6 +100,19 @@ class StdioWindow:
                 )
             return self._responses.pop(n)
 
+    def partial(self, n: int, timeout_s: float) -> dict[str, Any] | None:
+        """The next ``kode/inlineCompletionPartial`` for request ``n`` (those of other
+        requests, sent earlier, are dropped), or None if none came within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                params = self.partials.get(timeout=left)
+            except queue.Empty:
+                return None
+            if params.get("requestId") == n:
+                return params
+        return None
+
     def request(self, method: str, params: Any, timeout_s: float) -> dict[str, Any]:
         return self.answer(self.ask(method, params), timeout_s)
 

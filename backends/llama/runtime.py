@@ -24,7 +24,13 @@ import llama_cpp
 import numpy as np
 import numpy.typing as npt
 from kode.backends.defaults import CONTEXT_SIZE
-from kode.backends.errors import BackendError, ContextOverflow, ModelError, PrefillAborted
+from kode.backends.errors import (
+    BackendClosed,
+    BackendError,
+    ContextOverflow,
+    ModelError,
+    PrefillAborted,
+)
 from kode.backends.kv_reuse import (
     MOVED_REFRESH,
     Held,
@@ -132,7 +138,7 @@ class LlamaModel:
         if not model:
             raise ModelError(f"llama.cpp could not load the model {path}")
         self.model = model
-        self.vocab = llama_cpp.llama_model_get_vocab(model)
+        self.vocab: llama_cpp.llama_vocab_p = llama_cpp.llama_model_get_vocab(model)
         self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.n_ctx_train: int = llama_cpp.llama_model_n_ctx_train(model)
         desc = ctypes.create_string_buffer(256)
@@ -150,9 +156,20 @@ class LlamaModel:
                 self._stop[token] = True
 
     def close(self) -> None:
-        if self.model:
-            llama_cpp.llama_model_free(self.model)
-            self.model = None
+        """Free the model. Safe against a tokenize or piece that is running (they hold
+        ``_tok_lock``) or comes later (it raises ``BackendClosed``): a window that swaps
+        its backend after a settings change may still count a line with the old one, and
+        a read of freed llama.cpp memory kills the whole process."""
+        with self._tok_lock:
+            if self.model:
+                llama_cpp.llama_model_free(self.model)
+                self.model = None
+
+    def _open_vocab(self) -> llama_cpp.llama_vocab_p:
+        """The vocabulary, if the model is not closed; hold ``_tok_lock``."""
+        if not self.model:
+            raise BackendClosed(f"the model {self.path.name} is closed")
+        return self.vocab
 
     def is_stop(self, token: int) -> bool:
         """End-of-generation and control tokens (FIM markers, ``<|file_sep|>``, ...)."""
@@ -162,11 +179,12 @@ class LlamaModel:
         """Token ids of ``text``; ``special`` parses ``<|fim_prefix|>`` and friends."""
         data = text.encode()
         with self._tok_lock:
+            vocab = self._open_vocab()
             buf = self._tok_buf
-            n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, len(buf), False, special)
+            n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, len(buf), False, special)
             if n < 0:
                 buf = (llama_cpp.llama_token * (-n))()
-                n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, -n, False, special)
+                n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, -n, False, special)
                 if n < 0:
                     raise BackendError(f"tokenizer failed on a {len(data)}-byte text")
             return list(buf[:n])
@@ -176,7 +194,8 @@ class LlamaModel:
         cached = self._pieces.get(token)
         if cached is None:
             buf = ctypes.create_string_buffer(64)
-            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, 64, 0, False)
+            with self._tok_lock:
+                n = llama_cpp.llama_token_to_piece(self._open_vocab(), token, buf, 64, 0, False)
             cached = buf.raw[: max(n, 0)]
             self._pieces[token] = cached
         return cached
