@@ -96,7 +96,10 @@ async def connect(
                 silent_s=silent_s,
                 stall_s=stall_s,
             )
-        except (FileNotFoundError, ConnectionRefusedError):
+        except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError):
+            # reset: an engine dying as the window connects (its listener closes with the
+            # window's hello unread; seen when a window reconnects at once after its
+            # engine was killed): nothing listens any more, as for refused
             pass
         obstacle = socket_obstacle(place.socket)
         if obstacle is not None:

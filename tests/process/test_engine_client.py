@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
+import threading
 from pathlib import Path
 
 import pytest
@@ -114,6 +116,40 @@ async def test_an_engine_that_ends_as_it_starts_is_spawned_once(
         assert str(place.log) in notices[0]
     finally:
         await backend.aclose()
+
+
+async def test_an_engine_dying_as_the_window_connects_is_started_again(
+    place: EnginePlace, tmp_path: Path
+) -> None:
+    """An engine that accepts the window and dies with its hello unread (a window
+    reconnecting at once after its engine was killed reaches its closing listener) resets
+    the connection: that is an engine gone, so one is started (here one that ends at
+    once), not a fall back for "not available (ConnectionResetError)" (a loaded run of
+    ``test_an_engine_killed_under_a_window_is_restarted`` failed so)."""
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(place.socket))
+    listener.listen()
+
+    def die_on_the_first_window() -> None:
+        conn, _ = listener.accept()
+        conn.settimeout(STEP_S)
+        conn.recv(1, socket.MSG_PEEK)  # the hello is here, unread
+        conn.close()
+        listener.close()
+
+    dying = threading.Thread(target=die_on_the_first_window, daemon=True)
+    dying.start()
+    spawned: list[int] = []
+    notices: list[str] = []
+    backend, _ = shared_backend(place, tmp_path, spawned, notices)
+    try:
+        await asyncio.wait_for(backend.start(), STEP_S)
+        assert spawned == [0], notices
+        assert len(notices) == 1 and "ended before it answered" in notices[0], notices
+    finally:
+        await backend.aclose()
+        listener.close()
+        dying.join(STEP_S)
 
 
 async def test_a_keystroke_in_flight_when_the_engine_dies_is_answered(
