@@ -127,6 +127,7 @@ async def test_an_engine_dying_as_the_window_connects_is_started_again(
     once), not a fall back for "not available (ConnectionResetError)" (a loaded run of
     ``test_an_engine_killed_under_a_window_is_restarted`` failed so)."""
     listener = socket.socket(socket.AF_UNIX)
+    listener.settimeout(STEP_S)  # accept is bounded: closing it does not wake a thread
     listener.bind(str(place.socket))
     listener.listen()
 
