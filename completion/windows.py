@@ -20,7 +20,8 @@ the measured prefill speed (``PrefillRate``). The rule, in order (``decide``):
 Background preparation (``to_prepare``) works towards the full window: the full one
 assembled if that fits a reading pause (``PREPARE_HORIZON_S``) and evaluating it does
 not; else first a window that fits the pause when the full one does not, then the full
-one.
+one, assembled where that evaluates fewer tokens than evaluating it (on a slow or busy
+machine assembling may not fit the pause either, yet it still costs the least).
 """
 
 from __future__ import annotations
@@ -305,9 +306,12 @@ class Windows:
             self._evaluated_retrieval[uri] = retrieved
             return Choice(full, "full, assembled", assembled_left, horizon, left)
         for ctx in self.known(uri, doc, offset, backend):
-            if self.to_evaluate(uri, ctx, backend) <= 1:
+            if self.to_evaluate(uri, ctx, backend) <= 1:  # a short window is ready
                 self._evaluated_retrieval[uri] = retrieved
-                return Choice(full, "full", left, horizon)  # a short window is ready
+                if assembled_left is not None and assembled_left < left:
+                    # Past the pause either way: assembling still evaluates the least.
+                    return Choice(full, "full, assembled", assembled_left, horizon, left)
+                return Choice(full, "full", left, horizon)
         short = self.short(uri, doc, offset, backend, horizon)
         return Choice(short, "short, new", horizon, horizon, left)
 

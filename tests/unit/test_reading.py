@@ -20,12 +20,13 @@ LINES = set(DOC.splitlines())
 
 class AssemblingBackend(CachingBackend):
     """Reads are kept (their lines); a prompt whose every whole line of the document
-    was read is assembled for 40 tokens."""
+    was read is assembled for ``assembly`` tokens (40)."""
 
-    def __init__(self, read_steps: int = 0) -> None:
+    def __init__(self, read_steps: int = 0, assembly: int = 40) -> None:
         super().__init__(["x"])
         self.read: set[str] = set()
         self.read_steps = read_steps  # a read's length, in scripted steps of 10 ms
+        self.assembly = assembly
         self.reads: list[ScriptedGeneration] = []
 
     async def generate(self, request: GenerationRequest) -> ScriptedGeneration:
@@ -41,7 +42,7 @@ class AssemblingBackend(CachingBackend):
         lines = [line for line in prompt.splitlines() if line in LINES]
         if not lines or any(line not in self.read for line in lines):
             return 0, total
-        return total - 40, total
+        return total - self.assembly, total
 
     @property
     def chunk_store(self) -> dict[str, int] | None:
@@ -107,6 +108,27 @@ async def test_the_document_is_read_then_a_jump_prepares_an_assembled_full_windo
     assert prepared[0].assemble  # the full window at once, assembled
     assert len(prepared[0].prompt.split()) > 800  # lines 23-160: the whole budget
     await settled(engine)
+    await engine.aclose()
+
+
+async def test_an_assembly_longer_than_the_pause_comes_after_a_short_window() -> None:
+    # A slow or busy machine: assembling (400 tokens) does not fit the pause (250) but
+    # still evaluates far less than the full window (~1,000): first a short window that
+    # fits the pause, then the full window assembled, never evaluated whole.
+    backend = AssemblingBackend(assembly=400)
+    engine = engine_for(backend, firstAnswerMs=1000, chunkMemoryMb=256)
+    engine.documents.open(URI, DOC, 1)
+    engine.cursor_moved(URI, Position(390, 10))
+    await until(lambda: engine.preparation.reader.next(URI, DOC) is None)
+    await settled(engine)
+    before = len(backend.requests)
+    engine.cursor_moved(URI, Position(150, 10))
+    await until(lambda: engine.preparation.assembled >= 1 or engine.preparation.prepared >= 4)
+    await settled(engine)
+    prepared = [r for r in backend.requests[before:] if not r.read_chunks]
+    assert [r.assemble for r in prepared] == [False, True]
+    short, full = (len(r.prompt.split()) for r in prepared)
+    assert short < 300 < 800 < full
     await engine.aclose()
 
 
