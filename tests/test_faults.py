@@ -379,10 +379,13 @@ async def test_router_uses_a_healthy_remote(fake: FakeUpstream) -> None:
 # -- kode serve in front of a faulty upstream -----------------------------------------
 
 
-async def read_stream(client: httpx.AsyncClient, text: str, **extra: Any) -> list[dict[str, Any]]:
+async def read_stream(
+    client: httpx.AsyncClient, text: str, out: list[dict[str, Any]] | None = None, **extra: Any
+) -> list[dict[str, Any]]:
+    """The events of one streamed generation; `out`, when given, fills as they arrive."""
     body = {"text": text, "sampling_params": {"max_new_tokens": 8}, "stream": True, **extra}
     decoder = SSEDecoder()
-    out: list[dict[str, Any]] = []
+    out = [] if out is None else out
     async with client.stream("POST", "/generate", json=body) as response:
         assert response.status_code == 200
         async for raw in response.aiter_bytes():
@@ -421,9 +424,13 @@ async def test_kode_serve_keeps_serving_after_upstream_faults(fake: FakeUpstream
                 return sum(r.path == "/generate" for r in fake.requests)
 
             started = generated()
-            first = asyncio.create_task(read_stream(client, "slow", document="file:///a.py"))
+            seen: list[dict[str, Any]] = []
+            first = asyncio.create_task(
+                read_stream(client, "slow", out=seen, document="file:///a.py")
+            )
             assert await wait_for(lambda: generated() == started + 1)
-            await asyncio.sleep(0.2)
+            # streaming to its client: the server holds it as the document's generation
+            assert await wait_for(lambda: len(seen) > 0)
             second = await read_stream(client, "ok", document="file:///a.py")
             older = await first
             assert second[-2]["text"] == "abc"
