@@ -15,13 +15,14 @@ def test_short_load_run_leaves_nothing_running(capsys: pytest.CaptureFixture[str
     argv += ["--threads", "1", "--max-tokens", "8", "--request-timeout", "60", "--json"]
     assert kode(["bench", "load", *argv]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["leftRunning"] == 0
-    assert report["requests"] >= 8
-    assert report["failed"] == 0
-    assert report["busy429"] == 0
-    assert report["abortedSeenByClients"] >= 1  # keystrokes superseded earlier requests
-    assert report["server"]["abortedSuperseded"] >= report["abortedSeenByClients"]
-    assert report["completed"] + report["abortedSeenByClients"] == report["requests"]
+    shown = json.dumps(report)  # the errors it met, in every message
+    assert report["leftRunning"] == 0, shown
+    assert report["requests"] >= 8, shown
+    assert report["failed"] == 0, shown
+    assert report["busy429"] == 0, shown
+    assert report["abortedSeenByClients"] >= 1, shown  # keystrokes superseded earlier requests
+    assert report["server"]["abortedSuperseded"] >= report["abortedSeenByClients"], shown
+    assert report["completed"] + report["abortedSeenByClients"] == report["requests"], shown
 
 
 def test_short_load_run_through_the_router(capsys: pytest.CaptureFixture[str]) -> None:
