@@ -157,8 +157,12 @@ def truth(module: str, tree: ast.Module, line: int, receiver: str) -> frozenset[
 
 
 def _assigned_on_self(cls: type) -> frozenset[str]:
+    """What instances get beyond ``dir(cls)``: attributes the MRO's methods assign on a
+    name (``self.x = ...``) and those the classes only annotate (``value: str``, set in
+    ``__init__`` by any means, e.g. ``vars(self).update(...)``)."""
     out: set[str] = set()
     for klass in cls.__mro__:
+        out.update(inspect.get_annotations(klass))
         try:
             source = inspect.getsource(klass)
             node = ast.parse(inspect.cleandoc("\n" + source) if source[0].isspace() else source)
