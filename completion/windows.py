@@ -302,16 +302,18 @@ class Windows:
             self._evaluated_retrieval[uri] = retrieved
             return Choice(full, "full", left, horizon)
         assembled_left = self.to_assemble(uri, full, backend)
-        if assembled_left is not None and assembled_left <= horizon:
+        # Assembling evaluates the least even past the pause (left > horizon here), so
+        # once a short window is ready it is the way to the full window too.
+        ready = assembled_left is not None and assembled_left <= horizon
+        ready = ready or any(
+            self.to_evaluate(uri, ctx, backend) <= 1
+            for ctx in self.known(uri, doc, offset, backend)
+        )
+        if ready:
             self._evaluated_retrieval[uri] = retrieved
-            return Choice(full, "full, assembled", assembled_left, horizon, left)
-        for ctx in self.known(uri, doc, offset, backend):
-            if self.to_evaluate(uri, ctx, backend) <= 1:  # a short window is ready
-                self._evaluated_retrieval[uri] = retrieved
-                if assembled_left is not None and assembled_left < left:
-                    # Past the pause either way: assembling still evaluates the least.
-                    return Choice(full, "full, assembled", assembled_left, horizon, left)
-                return Choice(full, "full", left, horizon)
+            if assembled_left is not None and assembled_left < left:
+                return Choice(full, "full, assembled", assembled_left, horizon, left)
+            return Choice(full, "full", left, horizon)
         short = self.short(uri, doc, offset, backend, horizon)
         return Choice(short, "short, new", horizon, horizon, left)
 
