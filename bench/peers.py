@@ -16,9 +16,9 @@ from typing import Any
 
 async def on_llama_thread(fn: Callable[..., Any], *args: Any) -> Any:
     """Run ``fn`` on the thread that runs Kode's own llama.cpp work (see
-    ``backends.llama.runtime.llama_thread``): a peer computing on another thread would
+    ``backends.llama.library.llama_thread``): a peer computing on another thread would
     slow Kode's plain decoding by a third for the rest of the run and skew every ratio."""
-    from kode.backends.llama.runtime import llama_thread
+    from kode.backends.llama.library import llama_thread
 
     return await asyncio.get_running_loop().run_in_executor(llama_thread(), fn, *args)
 

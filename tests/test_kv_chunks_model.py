@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 from kode.backends import models
 from kode.backends.llama import kv_chunks
-from kode.backends.llama.runtime import LlamaContext, LlamaModel, Row, llama_thread
+from kode.backends.llama.library import llama_thread
+from kode.backends.llama.runtime import LlamaContext, LlamaModel, Row
 
 pytestmark = [pytest.mark.model]
 

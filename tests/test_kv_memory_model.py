@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from kode.backends import models
-from kode.backends.llama.runtime import LlamaContext, LlamaModel, llama_thread
+from kode.backends.llama.library import llama_thread
+from kode.backends.llama.runtime import LlamaContext, LlamaModel
 
 pytestmark = [pytest.mark.model]
 

@@ -21,7 +21,8 @@ from kode.backends.base import Sampling, SpeculationMethod
 from kode.backends.defaults import CONTEXT_SIZE
 from kode.backends.guided import Guide
 from kode.backends.llama.kv_chunks import Assembler
-from kode.backends.llama.runtime import LlamaContext, LlamaModel, Row, llama_thread
+from kode.backends.llama.library import llama_thread
+from kode.backends.llama.runtime import LlamaContext, LlamaModel, Row
 from kode.backends.llama.target import (
     LlamaDraft,
     LlamaTarget,

@@ -77,12 +77,12 @@ def test_a_build_without_the_cpus_avx512_warns_once_with_the_rebuild_command(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     import llama_cpp
-    from kode.backends.llama import runtime
+    from kode.backends.llama import library
 
     monkeypatch.setattr(build_flags, "cpu_flags_here", lambda: build_flags.cpu_flags(SAPPHIRE_INFO))
     monkeypatch.setattr(llama_cpp, "llama_print_system_info", lambda: b"CPU : AVX2 = 1 | FMA = 1 |")
-    with caplog.at_level(logging.WARNING, logger="kode.backends.llama.runtime"):
-        runtime._say_unused_instructions()
+    with caplog.at_level(logging.WARNING, logger="kode.backends.llama.library"):
+        library._say_unused_instructions()
     (record,) = caplog.records
     assert "without AVX_VNNI, AVX512, AVX512_VBMI, AVX512_VNNI, AVX512_BF16" in record.message
     assert "-m kode.backends.llama.build_flags" in record.message
@@ -92,5 +92,5 @@ def test_a_build_without_the_cpus_avx512_warns_once_with_the_rebuild_command(
     monkeypatch.setattr(
         build_flags, "cpu_flags_here", lambda: build_flags.cpu_flags(cpuinfo(HASWELL))
     )
-    runtime._say_unused_instructions()
+    library._say_unused_instructions()
     assert caplog.records == []
