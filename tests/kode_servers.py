@@ -65,9 +65,10 @@ def run_kode(args: Sequence[str], timeout: float = 30.0) -> subprocess.Completed
     )
 
 
-def start_kode_serve(args: Sequence[str], *, timeout: float = 90.0) -> ServeProcess:
-    """``kode serve --host 127.0.0.1 --port 0 ARGS``, once it listens."""
-    log = Path(tempfile.mkstemp(prefix="kode-serve-", suffix=".log")[1])
+def start_kode_serve(args: Sequence[str], log_dir: Path, *, timeout: float = 90.0) -> ServeProcess:
+    """``kode serve --host 127.0.0.1 --port 0 ARGS``, once it listens; its log goes to a
+    new file in ``log_dir`` (a pytest temporary folder, so that no run leaves it behind)."""
+    log = Path(tempfile.mkstemp(prefix="kode-serve-", suffix=".log", dir=log_dir)[1])
     with log.open("w") as err:
         proc = subprocess.Popen(
             [

@@ -11,6 +11,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -393,10 +394,11 @@ async def read_stream(
     return out
 
 
-async def test_kode_serve_keeps_serving_after_upstream_faults(fake: FakeUpstream) -> None:
-    server = await asyncio.to_thread(
-        start_kode_serve, ["--upstream", fake.url, "--upstream-timeout-ms", str(TIMEOUT_MS)]
-    )
+async def test_kode_serve_keeps_serving_after_upstream_faults(
+    fake: FakeUpstream, tmp_path: Path
+) -> None:
+    args = ["--upstream", fake.url, "--upstream-timeout-ms", str(TIMEOUT_MS)]
+    server = await asyncio.to_thread(start_kode_serve, args, tmp_path)
     try:
         async with (
             asyncio.timeout(60),

@@ -38,7 +38,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
         "--model", "small", "--api-keys", str(keys), "--context-size", "2048", "--threads", "1",
         "--max-concurrency-per-key", "2", "--max-request-bytes", "65536",
     ]  # fmt: skip
-    process = start_kode_serve(args)
+    process = start_kode_serve(args, tmp_path_factory.mktemp("serve"))
     yield process
     process.stop()
     log = process.log_text()
