@@ -11,7 +11,6 @@ Neither knows about asyncio; the backend drives them from the one llama.cpp thre
 from __future__ import annotations
 
 import ctypes
-import logging
 import threading
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
@@ -42,7 +41,6 @@ from kode.backends.llama.library import init_library
 from kode.backends.steppers import drain_steps
 from kode.backends.system import usable_cores
 
-_log = logging.getLogger(__name__)
 _NO_ABORT = llama_cpp.ggml_abort_callback(0)
 
 
