@@ -42,6 +42,7 @@ from kode.backends.steppers import (
     Stepper,
     Target,
     heal,
+    never,
 )
 from kode.backends.worker import (
     BackendCounters,
@@ -55,10 +56,6 @@ from kode.backends.worker import (
 )
 
 T = TypeVar("T", bound=Target)
-
-
-def never() -> bool:
-    return False
 
 
 class TextStream(Protocol):

@@ -180,6 +180,11 @@ class Stepper(Protocol):
 R = TypeVar("R")
 
 
+def never() -> bool:
+    """The abort test of work nothing cancels."""
+    return False
+
+
 def drain_steps(steps: Generator[None, None, R]) -> R:
     """Run a generator that pauses between steps (``prefill_steps``) to its end at once;
     what it returns."""

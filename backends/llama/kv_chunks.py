@@ -34,8 +34,7 @@ import llama_cpp
 from kode.backends.errors import BackendError, ContextOverflow, PrefillAborted
 from kode.backends.kv_reuse import CHUNK_EVERY, CHUNK_SEAM, chunk_boundary
 from kode.backends.llama.runtime import LlamaContext, LlamaModel, Row, Slot
-from kode.backends.local import never
-from kode.backends.steppers import drain_steps
+from kode.backends.steppers import drain_steps, never
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,14 +38,10 @@ from kode.backends.kv_reuse import (
 )
 from kode.backends.llama.kv_memory import KvMemory, SavedState
 from kode.backends.llama.library import init_library
-from kode.backends.steppers import drain_steps
+from kode.backends.steppers import drain_steps, never
 from kode.backends.system import usable_cores
 
 _NO_ABORT = llama_cpp.ggml_abort_callback(0)
-
-
-def _never() -> bool:
-    return False
 
 
 class LlamaModel:
@@ -402,7 +398,7 @@ class LlamaContext:
         self.n_seq_max = n_seq_max
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, n_seq_max * n_slots)
         self.can_shift = bool(llama_cpp.llama_memory_can_shift(self.mem))
-        self._abort_fn: Callable[[], bool] = _never
+        self._abort_fn: Callable[[], bool] = never
         # Called by ggml between graph nodes, only while a prefill runs (it takes the GIL).
         self._abort_cb = llama_cpp.ggml_abort_callback(lambda _data: self._abort_fn())
         self.decode_calls = 0  # every llama_decode, prefill included
@@ -513,7 +509,7 @@ class LlamaContext:
             try:
                 status = llama_cpp.llama_decode(self.ctx, b)
             finally:
-                self._abort_fn = _never
+                self._abort_fn = never
                 llama_cpp.llama_set_abort_callback(self.ctx, _NO_ABORT, None)
         if status == 1:
             raise ContextOverflow("no KV cache slot for the batch (context full)")

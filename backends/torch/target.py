@@ -18,12 +18,8 @@ from kode.backends.base import Sampling
 from kode.backends.errors import BackendError, PrefillAborted
 from kode.backends.kv_reuse import common_prefix
 from kode.backends.speculative import CostCurve, TokenTree, draft_chain, sample_index
-from kode.backends.steppers import Draft, Prefilled, Probs, measure_curve
+from kode.backends.steppers import Draft, Prefilled, Probs, measure_curve, never
 from transformers import DynamicCache, PreTrainedModel
-
-
-def _never() -> bool:
-    return False
 
 
 class CausalLM:
@@ -77,7 +73,7 @@ class CausalLM:
             del self.tokens[n:]
 
     def prefill(
-        self, prompt: Sequence[int], cancelled: Callable[[], bool] = _never
+        self, prompt: Sequence[int], cancelled: Callable[[], bool] = never
     ) -> tuple[int, torch.Tensor]:
         """Bring the cache to ``prompt``; ``(reused positions, logits after the prompt [V])``.
 
