@@ -18,10 +18,12 @@ the measured prefill speed (``PrefillRate``). The rule, in order (``decide``):
 5. A new short window sized to fit, remembered for the next keystrokes.
 
 Background preparation (``to_prepare``) works towards the full window: the full one
-assembled if that fits a reading pause (``PREPARE_HORIZON_S``) and evaluating it does
-not; else first a window that fits the pause when the full one does not, then the full
-one, assembled where that evaluates fewer tokens than evaluating it (on a slow or busy
-machine assembling may not fit the pause either, yet it still costs the least).
+assembled if that fits a reading pause (``PREPARE_HORIZON_S``) and what a keystroke at
+the pause's end may evaluate (``firstAnswerMs``; an assembly stopped by a keystroke
+keeps the chunks it placed, so the keystroke evaluates only the rest) and evaluating it
+whole does not; else first a window that fits the pause when the full one does not, then
+the full one, assembled where that evaluates fewer tokens than evaluating it (on a slow
+or busy machine assembling may not fit the pause either, yet it still costs the least).
 """
 
 from __future__ import annotations
@@ -302,9 +304,12 @@ class Windows:
             self._evaluated_retrieval[uri] = retrieved
             return Choice(full, "full", left, horizon)
         assembled_left = self.to_assemble(uri, full, backend)
-        # Assembling evaluates the least even past the pause (left > horizon here), so
-        # once a short window is ready it is the way to the full window too.
-        ready = assembled_left is not None and assembled_left <= horizon
+        # A keystroke at the pause's end finishes a stopped assembly within its own
+        # budget: the full window then, where a short one first would answer from less.
+        key = self.rate.tokens_within(self._settings().first_answer_ms) or 0
+        ready = assembled_left is not None and assembled_left <= horizon + key
+        # Assembling evaluates the least even past that (left > horizon here), so once
+        # a short window is ready it is the way to the full window too.
         ready = ready or any(
             self.to_evaluate(uri, ctx, backend) <= 1
             for ctx in self.known(uri, doc, offset, backend)

@@ -132,6 +132,24 @@ async def test_an_assembly_longer_than_the_pause_comes_after_a_short_window() ->
     await engine.aclose()
 
 
+async def test_an_assembly_a_key_at_the_pause_end_would_finish_comes_first() -> None:
+    # Assembling (300 tokens) is past the pause (250) but within it and what a keystroke
+    # at its end may evaluate (firstAnswerMs: 100 more): no short window before it.
+    backend = AssemblingBackend(assembly=300)
+    engine = engine_for(backend, firstAnswerMs=1000, chunkMemoryMb=256)
+    engine.documents.open(URI, DOC, 1)
+    engine.cursor_moved(URI, Position(390, 10))
+    await until(lambda: engine.preparation.reader.next(URI, DOC) is None)
+    await settled(engine)
+    before = len(backend.requests)
+    engine.cursor_moved(URI, Position(150, 10))
+    await until(lambda: any(not r.read_chunks for r in backend.requests[before:]))
+    await settled(engine)
+    prepared = [r for r in backend.requests[before:] if not r.read_chunks]
+    assert [r.assemble for r in prepared] == [True]
+    await engine.aclose()
+
+
 async def test_no_store_no_reading_and_no_assembly() -> None:
     backend = AssemblingBackend()
     engine = engine_for(backend, firstAnswerMs=1000)
