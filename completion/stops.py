@@ -75,6 +75,10 @@ _TAB = 4
 # ended by then shows its first line, as it would at ``max_tokens`` (0.5B, ``file``:
 # 128-token fills ran 10+ lines). 8 cut a passing 9-line fill (1.5B, HumanEval/81).
 _MID_LINE_LINES = 12
+# Structural stops: the rest of the cursor's line, written at the end of a later line of
+# a mid-line fill, ends the hole there when it holds at least this many characters other
+# than blanks (``):`` or ``])`` end too many lines to tell).
+_MIN_REST_CHARS = 5
 # Structural stops: the suffix's second and third lines of code, written one after the
 # other, tell that the fill ran into the suffix when together at least this long (one
 # short line repeats too often in real code: ``return False``).
@@ -308,14 +312,50 @@ class StopRules:
             keep = None if len(lines) == 1 else self._rewrote_line_end(lines[0])
             if keep is not None:
                 return Cut(keep, True)
+            offset = len(lines[0]) + 1
             for line in lines[1:-1]:  # the complete lines after the first
+                at = self._ends_with_line_rest(line)
+                if at is not None:
+                    return Cut(offset + at, True, joined=True)
                 stripped = line.strip()
                 if stripped and (
                     self._left_block(line)
                     or (self.next_line_distinct and self._runs_into_suffix(stripped))
                 ):
                     return Cut(len(text), True)
+                offset += len(line) + 1
         return Cut(len(text), stop)
+
+    def _ends_with_line_rest(self, line: str) -> int | None:
+        """Where a later whole ``line`` of a mid-line fill begins writing the rest of the
+        cursor's line (blanks aside: ``i % 3`` for ``i%3``), when it ends with it; None
+        if it does not or the rest is too short to tell (``_MIN_REST_CHARS``). The hole
+        ends there: what follows is the suffix. Where the rest starts with blanks, the
+        fill's own before it go (the suffix brings them).
+
+        Example: the cursor in ``result.a| % 4 == 0:``, the line ``        elif i % 4 == 0:``
+        gives the place of ``%``, less the blank before it: the fill ends ``elif i``.
+        """
+        rest = "".join(self.line_suffix.split())
+        if len(rest) < _MIN_REST_CHARS:
+            return None
+        body = line.rstrip()
+        i, k = len(body), len(rest)
+        while k and i:
+            i -= 1
+            if body[i].isspace():
+                continue
+            k -= 1
+            if body[i] != rest[k]:
+                return None
+        if k:
+            return None
+        blank_rest = self.line_suffix[:1].isspace()
+        if blank_rest:
+            i = len(body[:i].rstrip(" \t"))
+        elif not body[:i].strip():
+            return None  # the line is the rest alone: not where the hole ends
+        return i
 
     def _joined_later(self, text: str, fits: FillCheck | None) -> str | None:
         """A multi-line fill that ran on past the hole: ``text`` up to where it writes

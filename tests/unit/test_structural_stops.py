@@ -33,6 +33,25 @@ def test_a_first_line_that_wrote_the_rest_of_the_cursor_line_ends_the_fill() -> 
     assert r.finish("z + foo(y)\n    more") == "z + "
 
 
+def test_a_later_line_that_ends_with_the_rest_of_the_cursor_line_ends_the_hole() -> None:
+    # HumanEval/142 as a random span (seed 23): the hole is ``ppend(lst[i]**2)\n        elif
+    # i``; the model wrote the whole ``elif`` line, its own blanks around ``%``.
+    r = rules("            result.a", " % 4 == 0 and i%3 != 0:", "\n            result.append(x)\n")
+    text = "ppend(lst[i]**2)\n        elif i % 4 == 0 and i % 3 != 0:\n            result.app"
+    cut = r.scan(text)
+    assert cut.stop and cut.joined
+    assert text[: cut.keep] == "ppend(lst[i]**2)\n        elif i"
+    assert r.finish(text) == "ppend(lst[i]**2)\n        elif i"
+    # HumanEval/140 (seed 23): a rest that starts the line's end, no blank before it.
+    r = rules("        elif text[i", '== " ":', "\n            end += 1\n")
+    text = '(text):\n        if text[i] == " ":\n            start = end\n'
+    assert r.finish(text) == "(text):\n        if text[i] "
+    # Not: a rest too short to tell, a line that is the rest alone, another ending.
+    assert not rules("    f(x", "):", "\n    y = 1\n").scan("\n    g(a):\n    z").stop
+    assert not rules("    x = (", "a + b)", "\n").scan("1\n    a + b)\n").stop
+    assert not rules("    x = (", "a + b)", "\n").scan("1,\n    a + c)\n").stop
+
+
 def test_a_mid_line_fill_the_model_ends_still_spans_lines() -> None:
     r = rules("        if", "ue", "\n")
     fill = " n % k == 0:\n            return False\n    return Tr"
