@@ -40,6 +40,10 @@ one that ran past the hole; none passed before, one passes after).
   line again (the one-line trim would cut it, or it ends with that rest, a word in it):
   the model took the hole to end on this line, and what it writes next is the code
   after it. Shown: the first line, trimmed.
+- Mid-line, past the first line: a complete line that ends with the rest of the
+  cursor's line (blanks aside; 5 characters or more besides them): the hole ends there,
+  and the fill is cut where that rest begins (it spans lines where the document parses
+  with it, as where a fill runs into the suffix).
 - Mid-line, after 12 lines the model has not ended (``maxLines`` if smaller): holes
   spanning more are rare (under 1% of HumanEval's random spans), fills running on common.
 - Mid-line, past the first line: a complete line indented less than the cursor's line
