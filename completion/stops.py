@@ -318,9 +318,9 @@ class StopRules:
                 return Cut(keep, True)
             offset = len(lines[0]) + 1
             for line in lines[1:-1]:  # the complete lines after the first
-                at = self._ends_with_line_rest(line)
-                if at is not None:
-                    return Cut(offset + at, True, joined=True)
+                rest_at = self._ends_with_line_rest(line)
+                if rest_at is not None:
+                    return Cut(offset + rest_at, True, joined=True)
                 stripped = line.strip()
                 if stripped and (
                     self._left_block(line)
