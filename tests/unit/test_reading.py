@@ -111,11 +111,11 @@ async def test_the_document_is_read_then_a_jump_prepares_an_assembled_full_windo
     await engine.aclose()
 
 
-async def test_an_assembly_longer_than_the_pause_comes_after_a_short_window() -> None:
-    # A slow or busy machine: assembling (400 tokens) does not fit the pause (250) but
-    # still evaluates far less than the full window (~1,000): first a short window that
-    # fits the pause, then the full window assembled, never evaluated whole.
-    backend = AssemblingBackend(assembly=400)
+async def prepared_after_a_jump(assembly: int) -> list[GenerationRequest]:
+    """The document read whole, then a jump of 240 lines into it, assembling its full
+    window costing ``assembly`` tokens (the pause: 250, a keystroke's budget: 100): what
+    preparation evaluates there, up to the assembled full window."""
+    backend = AssemblingBackend(assembly=assembly)
     engine = engine_for(backend, firstAnswerMs=1000, chunkMemoryMb=256)
     engine.documents.open(URI, DOC, 1)
     engine.cursor_moved(URI, Position(390, 10))
@@ -123,31 +123,28 @@ async def test_an_assembly_longer_than_the_pause_comes_after_a_short_window() ->
     await settled(engine)
     before = len(backend.requests)
     engine.cursor_moved(URI, Position(150, 10))
-    await until(lambda: engine.preparation.assembled >= 1 or engine.preparation.prepared >= 4)
+    await until(lambda: any(r.assemble for r in backend.requests[before:]))
     await settled(engine)
-    prepared = [r for r in backend.requests[before:] if not r.read_chunks]
+    await engine.aclose()
+    return [r for r in backend.requests[before:] if not r.read_chunks]
+
+
+async def test_an_assembly_longer_than_the_pause_comes_after_a_short_window() -> None:
+    # A slow or busy machine: assembling (400 tokens) fits neither the pause (250) nor it
+    # and a keystroke's budget (350) but still evaluates far less than the full window
+    # (~1,000): first a short window that fits the pause, then the full window
+    # assembled, never evaluated whole.
+    prepared = await prepared_after_a_jump(assembly=400)
     assert [r.assemble for r in prepared] == [False, True]
     short, full = (len(r.prompt.split()) for r in prepared)
     assert short < 300 < 800 < full
-    await engine.aclose()
 
 
 async def test_an_assembly_a_key_at_the_pause_end_would_finish_comes_first() -> None:
     # Assembling (300 tokens) is past the pause (250) but within it and what a keystroke
     # at its end may evaluate (firstAnswerMs: 100 more): no short window before it.
-    backend = AssemblingBackend(assembly=300)
-    engine = engine_for(backend, firstAnswerMs=1000, chunkMemoryMb=256)
-    engine.documents.open(URI, DOC, 1)
-    engine.cursor_moved(URI, Position(390, 10))
-    await until(lambda: engine.preparation.reader.next(URI, DOC) is None)
-    await settled(engine)
-    before = len(backend.requests)
-    engine.cursor_moved(URI, Position(150, 10))
-    await until(lambda: any(not r.read_chunks for r in backend.requests[before:]))
-    await settled(engine)
-    prepared = [r for r in backend.requests[before:] if not r.read_chunks]
+    prepared = await prepared_after_a_jump(assembly=300)
     assert [r.assemble for r in prepared] == [True]
-    await engine.aclose()
 
 
 async def test_no_store_no_reading_and_no_assembly() -> None:
