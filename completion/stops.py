@@ -142,6 +142,10 @@ class StopRules:
     # The suffix's next line of code appears nowhere before the cursor: a fill writing it
     # ran into the suffix (``return False`` may be the hole's own line too).
     next_line_distinct: bool = False
+    # Mid-line: the rest of the cursor's line without its blanks, when long enough to
+    # tell a later line that ends with it (``_MIN_REST_CHARS``; structural stops only);
+    # else "".
+    line_rest: str = ""
 
     @classmethod
     def build(
@@ -174,6 +178,7 @@ class StopRules:
         code = next((line for line in rest if line.strip()), None)
         next_line = "" if code is None else code.strip()
         base = indent_width(line_prefix)
+        line_rest = "".join(line_suffix.split())
         if line_prefix.rstrip().endswith((":", "{", "(", "[")):
             base += 1  # the cursor opens a block: its body is deeper
         return cls(
@@ -192,6 +197,9 @@ class StopRules:
             next_line_distinct=structural
             and len(next_line) >= 3
             and not re.search(rf"^[ \t]*{re.escape(next_line)}[ \t]*$", prefix, re.MULTILINE),
+            line_rest=line_rest
+            if structural and mid_line and len(line_rest) >= _MIN_REST_CHARS
+            else "",
         )
 
     def scan(self, text: str) -> Cut:
@@ -333,15 +341,15 @@ class StopRules:
     def _ends_with_line_rest(self, line: str) -> int | None:
         """Where a later whole ``line`` of a mid-line fill begins writing the rest of the
         cursor's line (blanks aside: ``i % 3`` for ``i%3``), when it ends with it; None
-        if it does not or the rest is too short to tell (``_MIN_REST_CHARS``). The hole
+        if it does not or the rest is too short to tell (``line_rest`` empty). The hole
         ends there: what follows is the suffix. Where the rest starts with blanks, the
         fill's own before it go (the suffix brings them).
 
         Example: the cursor in ``result.a| % 4 == 0:``, the line ``        elif i % 4 == 0:``
         gives the place of ``%``, less the blank before it: the fill ends ``elif i``.
         """
-        rest = "".join(self.line_suffix.split())
-        if len(rest) < _MIN_REST_CHARS:
+        rest = self.line_rest
+        if not rest:
             return None
         body = line.rstrip()
         i, k = len(body), len(rest)
