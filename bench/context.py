@@ -17,6 +17,10 @@ Conditions (one completion each, greedy, through ``CompletionEngine.complete``):
 - ``oracle``: as ``open``, plus the defining module open as a tab holding an excerpt from
   NAME's definition on (up to 1,400 characters).
 
+The names monitor (``--names-monitor``, the setting ``namesMonitor``) watches
+``retrieval`` alone: the renamed copy is known only to the workspace index, and without
+it the analysis reads the installed package, whose names are the old ones.
+
 Metrics on the completion's first line: the renamed name appears in it; it equals the
 expected line (whitespace-trimmed); edit similarity (1 - Levenshtein / longer length).
 
@@ -36,6 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from kode.bench import charts, report
 from kode.bench.context_holes import Prepared, collect, hole_key, prepare
 from kode.bench.context_index import (
@@ -246,6 +251,12 @@ async def _one_hole(
         if condition == "oracle":
             docs.append((prepared.root / prepared.hole.defining, prepared.defining_excerpt))
         engine.project.index = index if condition == "retrieval" else None
+        # The renamed copy is known only to the workspace index: without it the analysis
+        # finds the installed package (``ensurepip``, ``curses``, ``sympy``), whose names
+        # are the old ones, and the monitor would hold the model to them (set C, oracle:
+        # ``ensurepip._main`` for ``_main_vesper``). So it watches ``retrieval`` alone.
+        monitored = options.names_monitor and condition == "retrieval"
+        engine.update_settings(msgspec.structs.replace(engine.settings, names_monitor=monitored))
         started = time.perf_counter()
         retrieval_ms = 0.0
         if condition == "retrieval":
@@ -349,7 +360,7 @@ def write_report(
             f"- model: {options.model}; {facts.get('holes')} holes (seed {options.seed}) from "
             f"{', '.join(options.packages)}; retrievalTokens {options.retrieval_tokens}; "
             f"prefixTokens {options.prefix_tokens or 'default'}; threads {options.threads}; "
-            f"namesMonitor {'on' if options.names_monitor else 'off'}; "
+            f"namesMonitor {'on (retrieval only)' if options.names_monitor else 'off'}; "
             f"greedy, max {options.max_tokens} tokens",
             f"- retrieval closes {fmt(None if closed is None else 100 * closed, 0)}% of the "
             "open -> oracle gap on the name metric",

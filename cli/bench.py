@@ -340,7 +340,10 @@ def register(subparsers: Any) -> None:
     context.add_argument("--threads", type=int, default=0, help="llama.cpp threads (0: all)")
     context.add_argument("--prefix-tokens", type=int, default=None)
     context.add_argument(
-        "--names-monitor", choices=("on", "off"), default="on", help="the namesMonitor setting"
+        "--names-monitor",
+        choices=("on", "off"),
+        default="on",
+        help="the namesMonitor setting (the retrieval condition only)",
     )
     context.add_argument("--out", type=Path, default=Path("results/context"))
     context.add_argument(

@@ -131,3 +131,76 @@ def test_pool_counts_only_holes_measured_in_every_condition(tmp_path: Path) -> N
     pooled = text.split("## pooled: 2 holes")[1]
     assert "| retrieval | 1/2 (50%) |" in pooled and "| oracle | 2/2 (100%) |" in pooled
     assert "retrieval closes 50% of the open -> oracle gap" in pooled
+
+
+class _RecordingEngine:
+    """As much of ``CompletionEngine`` as ``_one_hole`` uses: each completion records the
+    ``namesMonitor`` setting and whether the workspace index was there."""
+
+    def __init__(self, settings: object) -> None:
+        from types import SimpleNamespace
+
+        self._settings = settings
+        self.project = SimpleNamespace(index=None)
+        self.seen: list[tuple[bool, bool]] = []
+        texts: dict[str, str] = {}
+
+        class Docs:
+            def open(self, uri: str, text: str, version: int, language: str) -> None:
+                texts[uri] = text
+
+            def get(self, uri: str) -> object:
+                return SimpleNamespace(position_at=lambda offset: offset)
+
+            def close(self, uri: str) -> None:
+                texts.pop(uri, None)
+
+        self.documents = Docs()
+
+    @property
+    def settings(self) -> object:
+        return self._settings
+
+    def update_settings(self, settings: object) -> None:
+        self._settings = settings
+
+    async def backend(self) -> object:
+        return object()
+
+    async def retrieve(self, *args: object) -> None:
+        return None
+
+    async def complete(self, uri: str, position: object, max_tokens: int) -> object:
+        from types import SimpleNamespace
+
+        self.seen.append((self._settings.names_monitor, self.project.index is not None))  # type: ignore[attr-defined]
+        return SimpleNamespace(text="", stats=SimpleNamespace(prompt_tokens=0, monitor_fired=0))
+
+    async def cancel(self, uri: str) -> None:
+        return None
+
+
+@pytest.mark.parametrize("monitor", [True, False])
+async def test_names_monitor_watches_only_the_condition_with_the_workspace(
+    source: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    monitor: bool,
+) -> None:
+    # Without the workspace index the analysis finds the installed package, whose names
+    # are the old ones: the monitor would hold the oracle to them (set C, 2026-12-07).
+    from kode.completion.settings import Settings
+
+    [hole] = holemod.find_holes(source, "pkg")
+    prepared = holemod.prepare(hole, source, tmp_path_factory.mktemp("work"), seed=0)
+    monkeypatch.setattr(bench, "built_index", lambda prepared: object())  # no index worker
+    engine = _RecordingEngine(Settings(names_monitor=monitor))
+    options = bench.Options(names_monitor=monitor, out=tmp_path_factory.mktemp("out"))
+    bar = type("Bar", (), {"update": lambda self, n: None})()
+    results: list[bench.Result] = []
+    await bench._one_hole(options, engine, prepared, bar, results, bench.CONDITIONS)
+    assert [r.condition for r in results] == list(bench.CONDITIONS)
+    assert engine.seen == [
+        (monitor and condition == "retrieval", condition == "retrieval")
+        for condition in bench.CONDITIONS
+    ]
