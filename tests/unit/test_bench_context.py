@@ -7,6 +7,7 @@ import dataclasses
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kode.bench import context as bench
@@ -137,7 +138,7 @@ class _RecordingEngine:
     """As much of ``CompletionEngine`` as ``_one_hole`` uses: each completion records the
     ``namesMonitor`` setting and whether the workspace index was there."""
 
-    def __init__(self, settings: object) -> None:
+    def __init__(self, settings: Any) -> None:
         from types import SimpleNamespace
 
         self._settings = settings
@@ -158,10 +159,10 @@ class _RecordingEngine:
         self.documents = Docs()
 
     @property
-    def settings(self) -> object:
+    def settings(self) -> Any:
         return self._settings
 
-    def update_settings(self, settings: object) -> None:
+    def update_settings(self, settings: Any) -> None:
         self._settings = settings
 
     async def backend(self) -> object:
@@ -173,7 +174,7 @@ class _RecordingEngine:
     async def complete(self, uri: str, position: object, max_tokens: int) -> object:
         from types import SimpleNamespace
 
-        self.seen.append((self._settings.names_monitor, self.project.index is not None))  # type: ignore[attr-defined]
+        self.seen.append((self._settings.names_monitor, self.project.index is not None))
         return SimpleNamespace(text="", stats=SimpleNamespace(prompt_tokens=0, monitor_fired=0))
 
     async def cancel(self, uri: str) -> None:
