@@ -83,6 +83,46 @@ def enclosing_method(tree: ast.Module, line: int) -> tuple[ast.ClassDef, str, st
     return found
 
 
+def scope_imports(tree: ast.Module, line: int) -> list[ast.stmt]:
+    """The import statements of the functions around 1-based ``line`` that end above it,
+    outermost function first (not those of functions or classes nested elsewhere in them,
+    nor of a class body, which its methods do not see).
+
+    >>> tree = ast.parse("def f():\\n    if x:\\n        import os\\n    pass\\n    import re\\n")
+    >>> [ast.unparse(n) for n in scope_imports(tree, 4)]
+    ['import os']
+    """
+    found: list[ast.stmt] = []
+    scopes: list[ast.AST] = [tree]
+    while scopes:
+        scope, scopes = scopes[0], []
+        function = isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef)
+        for node in _own_nodes(scope):
+            end = node.end_lineno or node.lineno
+            if node.lineno <= line <= end:
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                    scopes.append(node)
+            elif function and isinstance(node, ast.Import | ast.ImportFrom) and end < line:
+                found.append(node)
+    return found
+
+
+def _own_nodes(scope: ast.AST) -> Iterator[ast.stmt]:
+    """The statements of ``scope`` at any depth of its blocks, nested functions and
+    classes given but not entered."""
+    stack = list(reversed(getattr(scope, "body", [])))
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            continue
+        blocks = [getattr(node, name, []) for name in ("body", "orelse", "finalbody")]
+        blocks += [h.body for h in getattr(node, "handlers", [])]  # except clauses
+        blocks += [c.body for c in getattr(node, "cases", [])]  # match cases
+        for block in reversed(blocks):
+            stack.extend(reversed(block))
+
+
 def _classes(tree: ast.AST) -> Iterator[ast.ClassDef]:
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef):
@@ -203,6 +243,16 @@ class Receivers:
         if tree is None:
             return _Analysis({}, False, {}, self.resolver.read)
         doc = read_module(tree, module, package)
+        cursor_line = text.count("\n", 0, line_start) + 1
+        # Imports made in the functions around the cursor, above it (``from . import
+        # rich_utils`` in the function that uses it: a lazy import) bind there, over the
+        # module's.
+        scoped = read_module(ast.Module(scope_imports(tree, cursor_line), []), module, package)
+        for local in scoped.names:
+            doc.modules.pop(local, None)
+            doc.imported.pop(local, None)
+        doc.modules.update(scoped.modules)
+        doc.imported.update(scoped.imported)
         out: dict[str, frozenset[str]] = {}
         resolver = self.resolver
         for local, target in doc.modules.items():
@@ -218,7 +268,6 @@ class Receivers:
         self._chains(out, doc, text)
         creating = False
         made: dict[str, float] = {}
-        cursor_line = text.count("\n", 0, line_start) + 1
         method = enclosing_method(tree, cursor_line)
         if method is not None:
             node, me, method_name = method

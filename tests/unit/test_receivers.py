@@ -166,6 +166,37 @@ def test_a_name_bound_in_any_scope_is_left_free(resolver: Resolver) -> None:
     assert found is None or not {"json", "os"} & set(found.members)
 
 
+def test_an_import_in_the_function_around_the_cursor_binds_there(resolver: Resolver) -> None:
+    # A lazy import (typer imports rich_utils in the function that uses it): known below
+    # it in that function, not in another function, not above it.
+    template = (
+        "import json\n\n\n"
+        "def report(e):\n"
+        "    A\n"
+        "    if e:\n"
+        "        from shapes import base as json\n"
+        "        B\n"
+        "    C\n\n\n"
+        "def other():\n"
+        "    D\n"
+        "    from shapes import base\n"
+    )
+    receivers = Receivers(resolver)
+
+    def members(at: str) -> dict[str, tuple[str, ...]]:
+        text = template
+        for mark in "ABCD":
+            text = text.replace(f"    {mark}\n", "    x = \n" if mark == at else "    pass\n")
+        line = ("        " if at == "B" else "    ") + "x = "
+        found = receivers.names(text, text.index(line) + len(line), line)
+        return {} if found is None else dict(found.members)
+
+    assert "loads" in members("A")["json"]  # above the import: the module's json
+    assert "area" in members("B")["json"] and "area" in members("C")["json"]
+    other = members("D")
+    assert "loads" in other["json"] and "base" not in other
+
+
 def test_self_begins_free_in_init_only(resolver: Resolver) -> None:
     text = DOC.replace("CURSOR_INIT", "self.").replace("CURSOR_GROW", "pass")
     offset = text.index("self.\n") + 5
