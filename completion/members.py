@@ -410,7 +410,10 @@ class Resolver:
                 return None, False
             try:
                 spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: i + 1]), search)
-            except (ImportError, ValueError, OSError):
+            except (ImportError, ValueError, OSError, KeyError):
+                # KeyError: a namespace package inside one whose parent Python never
+                # imported (``_NamespacePath`` reads ``sys.modules``): unknown, as before
+                # a completion there failed whole (setuptools' vendored wheel, set F).
                 return None, False
             if spec is None:
                 return None, False

@@ -197,6 +197,19 @@ def test_an_import_in_the_function_around_the_cursor_binds_there(resolver: Resol
     assert "loads" in other["json"] and "base" not in other
 
 
+def test_a_namespace_package_in_a_namespace_package_is_unknown_not_an_error(
+    tmp_path: Path,
+) -> None:
+    # importlib's PathFinder raised KeyError for it (its parent not in sys.modules), and
+    # every completion in a file importing such a module failed.
+    (tmp_path / "nsx_outer" / "inner").mkdir(parents=True)
+    (tmp_path / "nsx_outer" / "inner" / "mod.py").write_text("X = 1\n")
+    resolver = Resolver(paths=[str(tmp_path)])
+    assert resolver.module_members("nsx_outer.inner.mod") is None
+    text = "from nsx_outer.inner import mod\n\nx = \n"
+    assert Receivers(resolver).names(text, len(text) - 1, "x = ") is None
+
+
 def test_self_begins_free_in_init_only(resolver: Resolver) -> None:
     text = DOC.replace("CURSOR_INIT", "self.").replace("CURSOR_GROW", "pass")
     offset = text.index("self.\n") + 5
