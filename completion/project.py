@@ -72,6 +72,7 @@ class ProjectContext:
         self._model_idle.set()
         self._reindex: dict[str, int] = {}  # uri -> document version awaiting re-index
         self.receivers = Receivers(Resolver(self._module_path))
+        self._names_failed: set[str] = set()  # the kinds of analysis error logged
 
     def _module_path(self, name: str) -> Path | None:
         return None if self.index is None else self.index.module_path(name)
@@ -90,9 +91,16 @@ class ProjectContext:
         index = self.index
         module = (index.module_of(path) if index is not None and path else None) or ""
         package = path is not None and path.name == "__init__.py"
-        return await asyncio.to_thread(
-            self.receivers.names, doc.text, offset, line, module, package
-        )
+        try:
+            return await asyncio.to_thread(
+                self.receivers.names, doc.text, offset, line, module, package
+            )
+        except Exception as exc:  # an analysis bug costs the monitor, not the completion
+            kind = type(exc).__name__
+            if kind not in self._names_failed:  # once per kind: not at every key
+                self._names_failed.add(kind)
+                log.warning("names monitor: the analysis failed (%s); unwatched there", kind)
+            return None
 
     def open(self, roots: list[Path]) -> None:
         """Index ``roots`` in a worker thread (setting ``workspaceIndex``)."""

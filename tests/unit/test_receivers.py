@@ -286,6 +286,26 @@ async def test_engine_sends_the_receivers_with_the_setting_on() -> None:
             assert names is None
 
 
+async def test_a_failed_analysis_costs_the_monitor_not_the_completion(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    text = "import os\n\nx = os.\n"
+    backend = HealingBackend(["getcwd()", "\n"])
+    engine = engine_for(backend, namesMonitor=True)
+
+    def broken(*args: object) -> None:
+        raise KeyError("setuptools")
+
+    engine.project.receivers.names = broken  # type: ignore[method-assign]
+    engine.documents.open(URI, text, 1, "python")
+    with caplog.at_level("WARNING", logger="kode.completion"):
+        first = await engine.complete(URI, Position(2, 7))
+        await engine.complete(URI, Position(2, 7))
+    assert first.text == "getcwd()" and backend.requests[-1].names is None
+    failed = [r for r in caplog.records if "names monitor: the analysis failed" in r.message]
+    assert len(failed) == 1 and "KeyError" in failed[0].message
+
+
 def test_a_module_made_in_the_workspace_after_a_lookup_is_found(tmp_path: Path) -> None:
     modules: dict[str, Path] = {}
     resolver = Resolver(modules.get, paths=[str(tmp_path)])
