@@ -93,17 +93,18 @@ def scope_imports(tree: ast.Module, line: int) -> list[ast.stmt]:
     ['import os']
     """
     found: list[ast.stmt] = []
-    scopes: list[ast.AST] = [tree]
-    while scopes:
-        scope, scopes = scopes[0], []
+    scope: ast.AST | None = tree
+    while scope is not None:
         function = isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef)
+        inner = None  # the function or class around ``line`` one level down
         for node in _own_nodes(scope):
             end = node.end_lineno or node.lineno
             if node.lineno <= line <= end:
                 if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-                    scopes.append(node)
+                    inner = node
             elif function and isinstance(node, ast.Import | ast.ImportFrom) and end < line:
                 found.append(node)
+        scope = inner
     return found
 
 

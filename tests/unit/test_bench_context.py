@@ -144,17 +144,16 @@ class _RecordingEngine:
         self._settings = settings
         self.project = SimpleNamespace(index=None)
         self.seen: list[tuple[bool, bool]] = []
-        texts: dict[str, str] = {}
 
         class Docs:
             def open(self, uri: str, text: str, version: int, language: str) -> None:
-                texts[uri] = text
+                pass
 
             def get(self, uri: str) -> object:
                 return SimpleNamespace(position_at=lambda offset: offset)
 
             def close(self, uri: str) -> None:
-                texts.pop(uri, None)
+                pass
 
         self.documents = Docs()
 
