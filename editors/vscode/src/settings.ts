@@ -4,7 +4,7 @@
 
 import * as vscode from "vscode";
 
-import { type Backend, type ServerSettings, toServerSettings } from "./common/settings";
+import { type Backend, type ServerSettings, toServerSettings, userValue } from "./common/settings";
 
 export const SECTION = "kode";
 
@@ -12,10 +12,14 @@ function section(): vscode.WorkspaceConfiguration {
   return vscode.workspace.getConfiguration(SECTION);
 }
 
-/** The object sent as `initializationOptions` and in `workspace/didChangeConfiguration`. */
+/**
+ * The object sent as `initializationOptions` and in `workspace/didChangeConfiguration`:
+ * only the keys the user set (`inspect`, not `get`, which would return package.json's
+ * defaults and so override the server's own).
+ */
 export function serverSettings(): ServerSettings {
   const config = section();
-  return toServerSettings((key) => config.get(key));
+  return toServerSettings((key) => userValue(config.inspect(key)));
 }
 
 /** The server command (`kode.serverPath`), without the `lsp` argument. */

@@ -264,8 +264,14 @@ export interface StatusItem {
 
 /** What the fake recorded, and the knobs a test turns. */
 export const recorded = {
+  /** package.json's defaults (VS Code's `defaultValue`). */
   settings: contributedDefaults(),
+  /** User settings (`globalValue`); `update` writes here. */
   userSettings: {} as Record<string, unknown>,
+  /** Workspace settings (`workspaceValue`). */
+  workspaceSettings: {} as Record<string, unknown>,
+  /** Workspace folder settings (`workspaceFolderValue`). */
+  folderSettings: {} as Record<string, unknown>,
   statusItems: [] as StatusItem[],
   errors: [] as string[],
   executed: [] as string[],
@@ -294,8 +300,10 @@ function configuration(section?: string) {
   const prefix = section ? `${section}.` : "";
   const lookup = (key: string): unknown => {
     const full = prefix + key;
-    if (full in recorded.userSettings) {
-      return recorded.userSettings[full];
+    for (const layer of [recorded.folderSettings, recorded.workspaceSettings, recorded.userSettings]) {
+      if (full in layer) {
+        return layer[full];
+      }
     }
     if (full in recorded.settings) {
       return recorded.settings[full];
@@ -314,7 +322,13 @@ function configuration(section?: string) {
   return {
     get: (key: string, fallback?: unknown) => lookup(key) ?? fallback,
     has: (key: string) => lookup(key) !== undefined,
-    inspect: (key: string) => ({ key: prefix + key, defaultValue: recorded.settings[prefix + key] }),
+    inspect: (key: string) => ({
+      key: prefix + key,
+      defaultValue: recorded.settings[prefix + key],
+      globalValue: recorded.userSettings[prefix + key],
+      workspaceValue: recorded.workspaceSettings[prefix + key],
+      workspaceFolderValue: recorded.folderSettings[prefix + key],
+    }),
     update: (key: string, value: unknown) => {
       const full = prefix + key;
       recorded.userSettings[full] = value;

@@ -1,7 +1,15 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 
-import { CLIENT_KEYS, isBackend, REMOTE_KEYS, SERVER_KEYS, toServerSettings } from "../common/settings";
+import {
+  CLIENT_DEFAULTS,
+  CLIENT_KEYS,
+  isBackend,
+  REMOTE_KEYS,
+  SERVER_KEYS,
+  toServerSettings,
+  userValue,
+} from "../common/settings";
 import { contributedDefaults } from "./helpers";
 
 function reader(values: Record<string, unknown>): (key: string) => unknown {
@@ -22,6 +30,7 @@ describe("toServerSettings", () => {
       }),
     );
     assert.deepEqual(sent, {
+      ...CLIENT_DEFAULTS,
       enabled: true,
       model: "small",
       maxTokens: 64,
@@ -30,14 +39,32 @@ describe("toServerSettings", () => {
   });
 
   it("leaves unset values to the server but keeps null", () => {
-    assert.deepEqual(toServerSettings(reader({ seed: null })), { seed: null });
-    assert.deepEqual(toServerSettings(reader({})), {});
+    assert.deepEqual(toServerSettings(reader({ seed: null })), { ...CLIENT_DEFAULTS, seed: null });
+    assert.deepEqual(toServerSettings(reader({})), { ...CLIENT_DEFAULTS });
+  });
+
+  it("sends the client's own defaults unless the user set the key", () => {
+    assert.deepEqual(CLIENT_DEFAULTS, { partialCompletions: true });
+    assert.deepEqual(toServerSettings(reader({ partialCompletions: false })), { partialCompletions: false });
   });
 
   it("knows the backends", () => {
     assert.equal(isBackend("auto"), true);
     assert.equal(isBackend("cloud"), false);
   });
+});
+
+describe("userValue", () => {
+  it("takes the folder's, else the workspace's, else the user's value; never the default", () => {
+    assert.equal(userValue(undefined), undefined);
+    assert.equal(userValue({ defaultValue: 32 } as never), undefined);
+    assert.equal(userValue({ globalValue: 32 }), 32);
+    assert.equal(userValue({ globalValue: 1, workspaceValue: 2 }), 2);
+    assert.equal(userValue({ globalValue: 1, workspaceValue: 2, workspaceFolderValue: 3 }), 3);
+    assert.equal(userValue({ globalValue: 7, workspaceValue: null }), null);
+    assert.equal(userValue({ globalValue: false }), false);
+  });
+
 });
 
 describe("package.json", () => {
@@ -51,5 +78,13 @@ describe("package.json", () => {
     ].sort();
     assert.deepEqual(contributed, expected);
     assert.deepEqual([...CLIENT_KEYS], ["serverPath", "trace"]);
+  });
+
+  it("shows the client's own defaults as the defaults", () => {
+    // The other defaults are the server's: tests/unit/test_setting_defaults.py.
+    const contributed = contributedDefaults();
+    for (const [key, value] of Object.entries(CLIENT_DEFAULTS)) {
+      assert.deepEqual(contributed.get(`kode.${key}`), value, `default of kode.${key}`);
+    }
   });
 });
