@@ -192,8 +192,7 @@ async def assembly_quality(
                     assembler.total.clear()
                     engine.documents.open(uri, blank(texts[case.file], [case], case.file), 1)
                     result = await engine.complete(uri, Position(case.line, case.indent))
-                    engine.documents.close(uri)
-                    engine.document_closed(uri)  # every condition from the same window
+                    engine.close_document(uri)  # every condition from the same window
                     first = result.text.split("\n", 1)[0].rstrip()
                     row = rows[label]
                     row.hits.append(first == case.body)

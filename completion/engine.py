@@ -10,26 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
-from kode.backends.base import Backend, GenerationRequest, PrefillRate, Sampling
+from kode.backends.base import Backend, PrefillRate
 from kode.backends.errors import DocumentError, Superseded
-from kode.backends.latest import Latest
-from kode.completion import syntax
 from kode.completion.clock import Clock, SystemClock
 from kode.completion.documents import Document, DocumentStore, Position, Range, with_selected
+from kode.completion.live import Background, LiveSuggestions
 from kode.completion.partials import PartialPacer
 from kode.completion.preparation import Preparation
 from kode.completion.project import ProjectContext
 from kode.completion.retrieval import Retrieved
 from kode.completion.settings import DEFAULT, BackendKind, Settings
-from kode.completion.stops import StopRules
 from kode.completion.suggestion import Completion, PartialCallback, Suggestion, describe_failure
 from kode.completion.templates import FimTemplate
-from kode.completion.windows import Choice, Windows
+from kode.completion.windows import Windows
 from kode.completion.workspace import WorkspaceIndex
 
 log = logging.getLogger("kode.completion")
@@ -62,19 +58,33 @@ class CompletionEngine:
         self.cursor_moves = 0  # `kode/didMoveCursor` notifications received
         self._factory = backend_factory
         self._settings = settings
-        self._live: dict[str, Suggestion] = {}
-        self._tickets: Latest[str, object] = Latest()  # the current request per document
         self.typed_ahead_hits = 0
         # The last non-empty answer (`kode/stats` `lastCompletion`), not background work.
         self.last_answer: Completion | None = None
-        self._background: set[asyncio.Future[None]] = set()
+        self.background = Background()
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.windows = Windows(lambda: self._settings, self.documents, self.rate)
-        self.preparation = Preparation(self)
         self.project = ProjectContext(
-            lambda: self._settings, self.documents, self._spawn, self.clock
+            lambda: self._settings, self.documents, self.background.spawn, self.clock
         )
-        self._requests = 0  # requests (``complete``) not answered yet
+        self.live = LiveSuggestions(
+            lambda: self._settings,
+            self.windows,
+            self.project,
+            self.rate,
+            self.clock,
+            self.background,
+        )
+        self.preparation = Preparation(
+            self.live,
+            self.documents,
+            self.windows,
+            self.project,
+            self.rate,
+            self.clock,
+            lambda: self._settings,
+            self.backend,
+        )
 
     @property
     def settings(self) -> Settings:
@@ -115,17 +125,16 @@ class CompletionEngine:
         the result stale; ``DocumentError`` for an unknown document or a position
         outside it (or a selected item whose range does not hold the position).
         """
-        started = time.perf_counter()
-        began = self.clock.now()  # the time budget counts from here (``timeBudgetMs``)
+        started = self.clock.now()  # one clock: the time budget and the answer's total
         doc = self.documents.get(uri)
         offset = doc.offset_at(position)  # validates the position before any work
         version = doc.version
         ticket = object()
-        self._tickets.claim(uri, ticket)
+        live_table = self.live
+        live_table.begin_request(uri, ticket)  # background preparation waits until answered
         self.preparation.touch(uri, version, offset)
         if selected is not None:
             doc, offset = with_selected(doc, position, *selected)
-        self._requests += 1  # background preparation waits until it is answered
         try:
             # What this keystroke makes obsolete is told to stop, never waited for: the
             # backend runs the next generation once it has stopped (its worker, or the
@@ -133,120 +142,36 @@ class CompletionEngine:
             # keystroke's generation is queued at once, not after the engine's step.
             self.preparation.stop()
             self._leave_others(uri)
-            live = self._live.get(uri)
+            live = live_table.get(uri)
             if live is not None:
                 live.wake()  # older requests waiting on it re-check their ticket
                 typed = live.typed_into(doc.text)
                 if typed is not None and offset == live.start + len(typed):
                     answer = await self._answer(
-                        live, doc, ticket, version, typed, on_partial, started, began
+                        live, doc, ticket, version, typed, on_partial, started, continuing=True
                     )
                     if answer is not None:
                         self.typed_ahead_hits += 1
                         return answer
                     # Typed past what the suggestion had so far, and it went another way.
-                self._retire(uri)
+                live_table.retire(uri)
             backend = await self.backend()
-            if not self._tickets.holds(uri, ticket):
+            if not live_table.holds(uri, ticket):
                 raise Superseded(uri)
-            live = await self._start(uri, doc, offset, backend, max_tokens)
-            if not self._tickets.holds(uri, ticket):
-                self._retire(uri)
+            live, choice = await live_table.start(uri, doc, offset, backend, max_tokens)
+            self.short_answers += choice.short
+            self.kept_snippets += choice.kind == "full, prepared snippets"
+            if not live_table.holds(uri, ticket):
+                live_table.retire(uri)
                 raise Superseded(uri)
-            answer = await self._answer(live, doc, ticket, version, "", on_partial, started, began)
+            answer = await self._answer(
+                live, doc, ticket, version, "", on_partial, started, continuing=False
+            )
             assert answer is not None  # nothing typed: nothing to disagree with
             return answer
         finally:
-            self._requests -= 1
+            live_table.end_request()
             self.preparation.schedule()  # the full window for the next keystroke, when quiet
-
-    async def _start(
-        self,
-        uri: str,
-        doc: Document,
-        offset: int,
-        backend: Backend,
-        max_tokens: int | None,
-        *,
-        yields: bool = False,
-    ) -> Suggestion:
-        retrieved = await self.retrieve(uri, doc.text, offset, backend)
-        choice = self.windows.for_request(uri, doc, offset, backend, retrieved)
-        if not yields:  # a keystroke's window, not a prefetch's
-            self.short_answers += choice.short
-            self.kept_snippets += choice.kind == "full, prepared snippets"
-        live = await self._launch(uri, doc, offset, backend, choice, max_tokens, yields=yields)
-        live.short = choice.short
-        return live
-
-    async def _launch(
-        self,
-        uri: str,
-        doc: Document,
-        offset: int,
-        backend: Backend,
-        choice: Choice,
-        max_tokens: int | None,
-        *,
-        background: bool = False,
-        yields: bool = False,
-    ) -> Suggestion:
-        """Start a generation from ``choice``'s window: a suggestion, or ``background``
-        preparation (never shown). ``yields``: a suggestion no one asked for yet (a
-        prefetch), which a shared engine runs after other windows' keys, like background."""
-        settings, ctx = self._settings, choice.ctx
-        template = self.template()
-        heal = self.windows.heal(ctx, backend)
-        prompt = self.windows.prompt(uri, ctx, heal)
-        if settings.log_prompts:
-            log.debug("prompt for %s:%s:\n%s", uri, doc.version, prompt)
-        rules = StopRules.build(
-            ctx.line_prefix,
-            ctx.line_suffix,
-            ctx.suffix,
-            mode=settings.multiline,
-            stop_texts=template.stop_texts,
-            max_lines=settings.max_lines,
-            structural=settings.structural_stops,
-            prefix=ctx.prefix,
-        )
-        names = await self.project.names(backend, doc, offset, ctx.line_prefix.removesuffix(heal))
-        request = GenerationRequest(
-            prompt=prompt,
-            max_tokens=max_tokens or settings.max_tokens,
-            sampling=Sampling(settings.temperature, settings.top_p, settings.seed),
-            speculation=settings.speculation,
-            draft_sources=(ctx.suffix, *(s.text for s in ctx.snippets)),
-            moved_kv_drift=settings.moved_suffix_drift,
-            background=background or yields,
-            document=uri,
-            assemble=choice.assemble,
-            heal=heal,
-            names=names,
-        )
-        generation = await backend.generate(request)
-        before, after = doc.text[:offset], doc.text[offset:]
-        live = Suggestion(
-            uri=uri,
-            start=offset,
-            before=before,
-            after=after,
-            rules=rules,
-            fits=(syntax.checker if rules.mid_line else syntax.lazy_checker)(
-                doc.language_id, before, after, tree_sitter=settings.structural_stops
-            ),
-            generation=generation,
-            model=backend.model_name,
-            backend=backend.name,
-            heal=heal,
-        )
-        live.task = asyncio.ensure_future(live.pump())
-        live.task.add_done_callback(lambda _t: self.rate.observe(generation.stats))
-        self.project.generation_started()
-        live.task.add_done_callback(self.project.generation_ended)
-        if not background:  # a background one is never a document's suggestion
-            self._live[uri] = live
-        return live
 
     async def _answer(
         self,
@@ -257,19 +182,20 @@ class CompletionEngine:
         typed: str,
         on_partial: PartialCallback | None,
         started: float,
-        began: float,
+        *,
+        continuing: bool,
     ) -> Completion | None:
         """Wait for ``live`` to finish (or the time budget), then answer from it; None if
         it finished with text that does not start with ``typed`` (the user typed past
         what it had generated, and it went another way).
 
         ``doc`` is the text the answer is for: the document, or its copy with the
-        selected completion item in it (``with_selected``)."""
+        selected completion item in it (``with_selected``). ``started``: when the request
+        came, on ``self.clock``; ``continuing``: ``live`` was there before it."""
         uri = doc.uri
         stored = self.documents.get(uri)
         budget_ms = self._settings.time_budget_ms
-        deadline = None if budget_ms == 0 else began + budget_ms / 1000.0
-        continuing = bool(typed) or live.started_before(started)
+        deadline = None if budget_ms == 0 else started + budget_ms / 1000.0
         pacer = (
             None
             if on_partial is None or live.rules.mid_line
@@ -278,7 +204,7 @@ class CompletionEngine:
         live.waiters += 1
 
         def current() -> bool:
-            return self._tickets.holds(uri, ticket) and stored.version == version
+            return self.live.holds(uri, ticket) and stored.version == version
 
         try:
             while not live.done.is_set():
@@ -289,7 +215,7 @@ class CompletionEngine:
                 if typed and not (visible.startswith(typed) or typed.startswith(visible)):
                     return None  # it went another way than what was typed
                 if pacer is not None and on_partial is not None:
-                    partial = pacer.next(visible, time.perf_counter())
+                    partial = pacer.next(visible, self.clock.now())
                     if partial is not None:
                         on_partial(partial)
                 left = None if deadline is None else deadline - self.clock.now()
@@ -300,8 +226,8 @@ class CompletionEngine:
             # The client gave up on this request. Clients send the cancel before or after
             # the edit that caused it, so decide a moment later: keep generating only if
             # the user typed into the suggestion or asked for it again.
-            if self._live.get(uri) is live:
-                self._spawn(self._drop_if_abandoned(uri, live))
+            if self.live.get(uri) is live:
+                self.background.spawn(self._drop_if_abandoned(uri, live))
             raise
         finally:
             live.waiters -= 1
@@ -309,8 +235,7 @@ class CompletionEngine:
             raise Superseded(uri)
         if live.error is not None:
             # Told once, to this request; the next one starts a fresh generation.
-            if self._live.get(uri) is live:
-                del self._live[uri]
+            self.live.discard(uri, live)
             raise live.error
         text = live.final() if live.done.is_set() else live.visible().rstrip()
         if typed and live.done.is_set() and not text.startswith(typed):
@@ -325,9 +250,9 @@ class CompletionEngine:
             stats=live.generation.stats,
             model=live.model,
             backend=live.backend,
-            total_ms=(time.perf_counter() - started) * 1000.0,
+            total_ms=(self.clock.now() - started) * 1000.0,
             single_line=live.rules.single_line,
-            from_cache=bool(typed) or live.started_before(started),
+            from_cache=continuing,
             generated=live.raw,
         )
         if answer:
@@ -340,7 +265,7 @@ class CompletionEngine:
         after the cursor instead of the whole file (seconds on a small CPU)."""
         if not self._settings.read_ahead or self._settings.backend is not BackendKind.LOCAL:
             return
-        self._spawn(self.preparation.read_ahead(uri, self.documents.get(uri).version))
+        self.background.spawn(self.preparation.read_ahead(uri, self.documents.get(uri).version))
 
     def document_changed(self, uri: str) -> None:
         """After an edit: keep the live suggestion if the user typed into it, else stop it.
@@ -352,17 +277,17 @@ class CompletionEngine:
         self.preparation.touch(uri, None, None)
         self.preparation.stop()
         self.project.document_edited(uri)
-        live = self._live.get(uri)
+        live = self.live.get(uri)
         if live is None:
             return
         typed = live.typed_into(doc.text)
         if typed is None:
-            self._tickets.release(uri)
-            self._spawn(self._drop(uri))
+            self.live.release(uri)
+            self.background.spawn(self.live.drop(uri))
             return
         live.wake()
         if live.done.is_set() and typed and typed == live.final() and self._settings.prefetch:
-            self._spawn(self._prefetch(uri, live.start + len(typed)))
+            self.background.spawn(self._prefetch(uri, live.start + len(typed)))
 
     # -- project context ---------------------------------------------------------------
 
@@ -373,63 +298,54 @@ class CompletionEngine:
     def open_workspace(self, roots: list[Path]) -> None:
         self.project.open(roots)
 
+    def close_workspace(self) -> None:
+        """The workspace index is no longer wanted (``workspaceIndex`` turned off)."""
+        self.project.forget_index()
+
     def files_changed(self, changes: list[tuple[str, bool]]) -> None:
         self.project.files_changed(changes)
 
     async def retrieve(
         self, uri: str, text: str, offset: int, backend: Backend | None = None
     ) -> tuple[Retrieved, ...]:
-        counter = None if backend is None else self.windows.count_tokens(backend)
-        return await self.project.retrieve(uri, text, offset, counter)
+        return await self.live.retrieve(uri, text, offset, backend)
 
     async def _drop_if_abandoned(self, uri: str, live: Suggestion) -> None:
         await self.clock.sleep(_CANCEL_GRACE_S)
-        if self._live.get(uri) is not live or live.done.is_set() or live.waiters:
+        if self.live.get(uri) is not live or live.done.is_set() or live.waiters:
             return
         if uri in self.documents and live.kept_alive(self.documents.get(uri).text):
             return
-        await self._drop(uri)
+        await self.live.drop(uri)
 
     async def _prefetch(self, uri: str, offset: int) -> None:
-        if uri not in self.documents or self._live.get(uri) is None:
+        if uri not in self.documents or self.live.get(uri) is None:
             return
-        await self._drop(uri)
+        await self.live.drop(uri)
         doc = self.documents.get(uri)
         if offset > len(doc.text):
             return
         try:
-            await self._start(uri, doc, offset, await self.backend(), None, yields=True)
+            await self.live.start(uri, doc, offset, await self.backend(), None, yields=True)
             self.preparation.prefetches += 1
+        except Superseded:
+            pass  # a request or an edit came meanwhile: it decides
         except Exception as exc:  # a prefetch is best effort; the next request will retry
             log.debug("prefetch failed: %s", describe_failure(exc))
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def _drop(self, uri: str) -> None:
-        live = self._live.pop(uri, None)
-        if live is not None:
-            live.wake()
-            await live.cancel()
-
-    def _retire(self, uri: str) -> None:
-        """``_drop`` without waiting: the suggestion is forgotten now and its generation
-        told to stop; it ends in the background (``aclose`` waits for it)."""
-        live = self._live.pop(uri, None)
-        if live is not None:
-            live.wake()
-            self._spawn(live.cancel())
-
     async def cancel(self, uri: str) -> None:
         """Abandon the in-flight completion of ``uri`` (if any)."""
-        self._tickets.release(uri)
-        await self._drop(uri)
+        self.live.release(uri)
+        await self.live.drop(uri)
 
-    def document_closed(self, uri: str) -> None:
-        """Forget what was kept for ``uri`` (its KV states age out of the backend), and
-        stop preparing it: nothing will be asked there."""
+    def close_document(self, uri: str) -> None:
+        """``uri`` was closed (or can no longer be trusted): stop its generation (it
+        ends in the background), forget it and what was kept for it (its KV states age
+        out of the backend), and stop preparing it. Synchronous, so that a reopening
+        right after it (``didClose`` then ``didOpen`` in one read) finds it closed."""
+        self.live.release(uri)
+        self.live.retire(uri)
+        self.documents.close(uri)
         self.preparation.forget(uri)
         self.windows.forget(uri)
 
@@ -441,22 +357,11 @@ class CompletionEngine:
         # is cancelled.
         self.project.close()
         await self.preparation.aclose()
-        for uri in list(self._live):
+        for uri, _live in self.live:
             await self.cancel(uri)
-        if self._background:
-            done, late = await asyncio.wait(set(self._background), timeout=CLOSE_WAIT_S)
-            for task in late:
-                task.cancel()
-            for task in done:
-                if not task.cancelled() and (failure := task.exception()) is not None:
-                    log.debug("background work failed: %s", describe_failure(failure))
+        await self.background.aclose(CLOSE_WAIT_S)
 
     # -- background work ---------------------------------------------------------------
-
-    def _busy(self) -> bool:
-        """Whether a request is being answered or a suggestion (not background work)
-        is being generated."""
-        return self._requests > 0 or any(not live.done.is_set() for live in self._live.values())
 
     def cursor_moved(self, uri: str, position: Position) -> None:
         """The cursor settled at ``position`` (``kode/didMoveCursor``): stop suggestions
@@ -480,7 +385,7 @@ class CompletionEngine:
         this one, that no request waits for. The engine runs one generation at a time,
         so one left behind (a long suggestion going on after its answer) would make the
         first keystroke here wait for it."""
-        for other, live in list(self._live.items()):
+        for other, live in self.live:
             if live.done.is_set() or live.waiters:
                 continue
             if other == uri:
@@ -490,8 +395,8 @@ class CompletionEngine:
                     # The cursor is on its line: the user types into it, or it was made
                     # with the editor's selected completion item (``with_selected``).
                     continue
-            if self._live.get(other) is live:
-                self._retire(other)
+            if self.live.get(other) is live:
+                self.live.retire(other)
 
     async def warm_up(self) -> None:
         """Load the model and learn the prefill speed (``Preparation.warm_up``)."""

@@ -31,8 +31,8 @@ import asyncio
 import contextlib
 import enum
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from kode.backends.base import (
     PREFILL_PROBE,
@@ -41,19 +41,21 @@ from kode.backends.base import (
     FinishReason,
     Generation,
     GenerationRequest,
+    PrefillRate,
     PrefillSpeed,
     PromptCache,
     SpeculationMethod,
 )
+from kode.backends.errors import Superseded
 from kode.completion import context as ctxmod
-from kode.completion.documents import Document, file_name
+from kode.completion.clock import Clock
+from kode.completion.documents import Document, DocumentStore, file_name
+from kode.completion.live import LiveSuggestions
+from kode.completion.project import ProjectContext
 from kode.completion.reading import Reader, fits
-from kode.completion.settings import BackendKind
+from kode.completion.settings import BackendKind, Settings
 from kode.completion.suggestion import Suggestion, describe_failure
-from kode.completion.windows import Choice
-
-if TYPE_CHECKING:
-    from kode.completion.engine import CompletionEngine
+from kode.completion.windows import Choice, Windows
 
 log = logging.getLogger("kode.completion")
 
@@ -110,10 +112,30 @@ def next_round(
 
 
 class Preparation:
-    """The background work of one ``CompletionEngine`` (the rules above)."""
+    """The background work of one ``CompletionEngine`` (the rules above), through the
+    parts it shares with the engine: the live suggestions (whose rules start and stop
+    its generations), the documents, windows, project context and prefill rate."""
 
-    def __init__(self, engine: CompletionEngine) -> None:
-        self.engine = engine
+    def __init__(
+        self,
+        live: LiveSuggestions,
+        documents: DocumentStore,
+        windows: Windows,
+        project: ProjectContext,
+        rate: PrefillRate,
+        clock: Clock,
+        settings: Callable[[], Settings],
+        backend: Callable[[], Awaitable[Backend]],
+    ) -> None:
+        self.live = live
+        self.documents = documents
+        self.windows = windows
+        self.project = project
+        self.rate = rate
+        self.clock = clock
+        self._settings = settings
+        self._backend = backend
+        self._spawn = live.spawn
         self.cursor: dict[str, tuple[int, int]] = {}  # uri -> (version, offset) to prepare
         self.active: str | None = None  # the document the user works in
         self.last_activity = float("-inf")
@@ -135,9 +157,9 @@ class Preparation:
 
     def touch(self, uri: str, version: int | None, offset: int | None) -> None:
         """A request or an edit: background work waits for the next quiet moment."""
-        self.last_activity = self.engine.clock.now()
-        if version is not None and offset is not None and uri in self.engine.documents:
-            self.aim(uri, self.engine.documents.get(uri), offset, version)
+        self.last_activity = self.clock.now()
+        if version is not None and offset is not None and uri in self.documents:
+            self.aim(uri, self.documents.get(uri), offset, version)
 
     def aim(self, uri: str, doc: Document, offset: int, version: int | None = None) -> None:
         """The user works at ``offset`` of ``doc`` (of ``version``, if not its current):
@@ -147,7 +169,7 @@ class Preparation:
         of 0.7 s in the places replay)."""
         place = (doc.version if version is None else version, offset)
         if self.reading is not None and (self.cursor.get(uri) != place or self.active != uri):
-            self.engine._spawn(self.reading.cancel())
+            self._spawn(self.reading.cancel())
         self.cursor[uri] = place
         self.active = uri
         self.reader.visit(uri, doc.text.count("\n", 0, offset))
@@ -161,18 +183,18 @@ class Preparation:
         if self.active == uri:
             self.active = None
             if self.reading is not None:  # only the active document is read
-                self.engine._spawn(self.reading.cancel())
+                self._spawn(self.reading.cancel())
 
     def stop(self) -> None:
         """Stop the start-up timing and any preparation without waiting for them to
         end (what they evaluated stays)."""
         if self.calibration is not None:
-            self.engine._spawn(self.calibration.cancel())
+            self._spawn(self.calibration.cancel())
         if self.reading is not None:
-            self.engine._spawn(self.reading.cancel())
+            self._spawn(self.reading.cancel())
         running, self.running = self.running, None
         if running is not None:
-            self.engine._spawn(running.cancel())
+            self._spawn(running.cancel())
 
     async def aclose(self) -> None:
         """Stop everything and wait for it to end."""
@@ -197,7 +219,7 @@ class Preparation:
     # -- the preparation loop ------------------------------------------------------------
 
     def schedule(self) -> None:
-        settings = self.engine.settings
+        settings = self._settings()
         if not settings.enabled or settings.backend is not BackendKind.LOCAL:
             return
         if self.task is None or self.task.done():
@@ -206,16 +228,16 @@ class Preparation:
     def _target(self) -> tuple[str, Document, int] | None:
         uri = self.active
         target = None if uri is None else self.cursor.get(uri)
-        if uri is None or target is None or uri not in self.engine.documents:
+        if uri is None or target is None or uri not in self.documents:
             return None
-        doc = self.engine.documents.get(uri)
+        doc = self.documents.get(uri)
         version, offset = target
         if doc.version != version or offset > len(doc.text):
             return None
         return uri, doc, offset
 
     async def _loop(self) -> None:
-        engine, clock = self.engine, self.engine.clock
+        clock = self.clock
         timed = False
         try:
             while True:
@@ -223,10 +245,9 @@ class Preparation:
                 plan = next_round(
                     now=clock.now(),
                     last_activity=self.last_activity,
-                    busy=engine._busy(),
+                    busy=self.live.busy(),
                     target_current=found is not None,
-                    speed_needed=engine.rate.value is None
-                    and bool(engine.settings.first_answer_ms),
+                    speed_needed=self.rate.value is None and bool(self._settings().first_answer_ms),
                     timed=timed,
                 )
                 if plan.step is Step.WAIT:
@@ -235,8 +256,8 @@ class Preparation:
                 if plan.step is Step.STOP or found is None:
                     return
                 uri, doc, offset = found
-                backend = await engine.backend()
-                if not isinstance(backend, PromptCache) or engine._busy():
+                backend = await self._backend()
+                if not isinstance(backend, PromptCache) or self.live.busy():
                     return
                 if plan.step is Step.TIME:
                     timed = True
@@ -249,13 +270,12 @@ class Preparation:
 
     async def _prepare(self, uri: str, doc: Document, offset: int, backend: Backend) -> bool:
         """One round of rules 4-5; whether to go on."""
-        engine = self.engine
-        retrieved = await engine.retrieve(uri, doc.text, offset, backend)
-        choice = engine.windows.to_prepare(uri, doc, offset, backend, retrieved)
+        retrieved = await self.live.retrieve(uri, doc.text, offset, backend)
+        choice = self.windows.to_prepare(uri, doc, offset, backend, retrieved)
         if choice is None:
             log.debug("prepared %s: its full window is evaluated", file_name(uri))
             await self.suggest_at_cursor(uri, doc, offset, backend)
-            if engine._busy():
+            if self.live.busy():
                 return True  # the suggestion is being made: read once it is
             return await self.read_next(uri, doc, backend)
         if self.running is not None:
@@ -266,7 +286,7 @@ class Preparation:
             choice.kind,
             choice.left,
         )
-        live = await engine._launch(uri, doc, offset, backend, choice, 1, background=True)
+        live = await self.live.launch(uri, doc, offset, backend, choice, 1, background=True)
         self.running = live
         await self._finish(live)
         if live.generation.stats.finish_reason is FinishReason.CANCELLED:
@@ -288,10 +308,11 @@ class Preparation:
         line's text, where a suggestion shows; once per place, again only to replace one
         made from a short window that no request was answered from (the editor never
         showed it) by the full window."""
-        engine = self.engine
-        if not engine.settings.prefetch or doc.text[offset:].split("\n", 1)[0].strip():
+        if not self._settings().prefetch or doc.text[offset:].split("\n", 1)[0].strip():
             return
-        live = engine._live.get(uri)
+        if self.live.busy():
+            return  # a request is being answered or a suggestion made: it goes first
+        live = self.live.get(uri)
         if live is not None and live.on_line_of(doc.text, offset):
             # One on this line: already suggested here, or shown (maybe made with the
             # editor's selected completion item), or in use. Remade only from a short
@@ -301,12 +322,21 @@ class Preparation:
                 return
             if live.answered or live.waiters:
                 return
-            await engine._drop(uri)
+            await self.live.drop(uri)
+            live = None
         elif live is not None and not live.done.is_set():
             return  # a suggestion for another place is still being made
+        # Checked again after the wait above: a request, an edit or a move may have come.
         if self.cursor.get(uri) != (doc.version, offset) or self.active != uri:
             return
-        await engine._start(uri, doc, offset, backend, None, yields=True)
+        if self.live.busy() or self.live.get(uri) is not live:
+            return
+        try:
+            # Installed only if nothing came while its generation started (``live``'s
+            # rule 2): never in place of a request's suggestion.
+            await self.live.start(uri, doc, offset, backend, None, yields=True)
+        except Superseded:
+            return
         self.prefetches += 1
 
     # -- reading into the chunk store -----------------------------------------------------
@@ -314,8 +344,7 @@ class Preparation:
     async def read_next(self, uri: str, doc: Document, backend: Backend) -> bool:
         """Rule 6: read the next region of ``doc`` into the chunk store; whether to go on
         (False: nothing left to read, no room, no store)."""
-        engine = self.engine
-        if not engine.settings.chunk_memory_mb or not isinstance(backend, ChunkAssembly):
+        if not self._settings().chunk_memory_mb or not isinstance(backend, ChunkAssembly):
             return False
         found = self.reader.next(uri, doc.text)
         if found is None:
@@ -355,17 +384,16 @@ class Preparation:
         machine's prefill speed for ``firstAnswerMs``, unless the backend knows it (a
         shared engine measured it for an earlier window; there the synthetic prompt would
         be answered from its cache and time nothing)."""
-        engine = self.engine
-        backend = await engine.backend()
-        if engine.rate.value is not None or not isinstance(backend, PromptCache):
+        backend = await self._backend()
+        if self.rate.value is not None or not isinstance(backend, PromptCache):
             return
         if isinstance(backend, PrefillSpeed) and backend.prefill_tokens_per_s:
-            engine.rate.value = backend.prefill_tokens_per_s
+            self.rate.value = backend.prefill_tokens_per_s
             return
-        if not engine.settings.first_answer_ms:
+        if not self._settings().first_answer_ms:
             return  # nothing needs the speed
         async with self._timing:  # one timing at a time; a second caller waits for it
-            if engine.rate.value is not None or engine._busy():
+            if self.rate.value is not None or self.live.busy():
                 return
             request = GenerationRequest(
                 prompt=PREFILL_PROBE,
@@ -373,7 +401,7 @@ class Preparation:
                 speculation=SpeculationMethod.NONE,
                 background=True,
             )
-            engine.project.generation_started()  # the index build waits: it would slow it
+            self.project.generation_started()  # the index build waits: it would slow it
             try:
                 self.calibration = generation = await backend.generate(request)
                 try:
@@ -383,8 +411,8 @@ class Preparation:
                     self.calibration = None
                     await generation.cancel()
             finally:
-                engine.project.generation_ended()
-            engine.rate.observe(generation.stats)
+                self.project.generation_ended()
+            self.rate.observe(generation.stats)
 
     # -- reading ahead ---------------------------------------------------------------------
 
@@ -394,30 +422,29 @@ class Preparation:
         the cache for that request. Only when the whole document fits the prefix window
         (its anchor is then line 0, right for any cursor); never while another
         suggestion is being generated."""
-        engine = self.engine
-        await engine.clock.sleep(READ_AHEAD_DELAY_S)
-        if uri not in engine.documents or uri in engine._live or uri in engine._tickets:
+        await self.clock.sleep(READ_AHEAD_DELAY_S)
+        if uri not in self.documents or self.live.asked(uri):
             return
-        doc = engine.documents.get(uri)
+        doc = self.documents.get(uri)
         if doc.version != version:
             return
         try:
-            backend = await engine.backend()
+            backend = await self._backend()
             # Checked after the (possibly long) model load: never take the engine from a
             # suggestion that started meanwhile, nor from the document the user works in.
-            if engine._busy() or self.running is not None or uri in engine._live:
+            if self.live.busy() or self.running is not None or self.live.asked(uri):
                 return
-            if uri in engine._tickets or (self.active is not None and self.active != uri):
+            if self.active is not None and self.active != uri:
                 return
-            counter = engine.windows.count_tokens(backend)
-            budget = ctxmod.Budget(engine.settings.prefix_tokens, 0, 0)
+            counter = self.windows.count_tokens(backend)
+            budget = ctxmod.Budget(self._settings().prefix_tokens, 0, 0)
             ctx = ctxmod.gather(doc, len(doc.text), counter, budget, anchor=None)
             if ctx.prefix_start_line != 0:
                 return
             end = len(doc.text)
-            retrieved = await engine.retrieve(uri, doc.text, end, backend)
-            full = engine.windows.full(uri, doc, end, backend, retrieved)
-            live = await engine._launch(
+            retrieved = await self.live.retrieve(uri, doc.text, end, backend)
+            full = self.windows.full(uri, doc, end, backend, retrieved)
+            live = await self.live.launch(
                 uri, doc, end, backend, Choice(full, "full"), 1, background=True
             )
             self.running = live

@@ -118,6 +118,12 @@ class ProjectContext:
         )
         build.start()
 
+    def forget_index(self) -> None:
+        """``close``, and read no more from the index (``workspaceIndex`` turned off)."""
+        self.close()
+        self.index = None
+        self._updates = None
+
     def close(self) -> None:
         """Stop the index's build, its updates and its parsing child (the index stays
         readable); returns at once, whatever they are doing."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -76,7 +75,6 @@ class Suggestion:
         self.model, self.backend = model, backend
         self.raw = ""
         self.waiters = 0  # requests waiting on this suggestion now
-        self.created = time.perf_counter()
         self.done = asyncio.Event()
         self._changed = asyncio.Event()
         self.task: asyncio.Future[None] | None = None
@@ -149,9 +147,6 @@ class Suggestion:
     def kept_alive(self, text: str) -> bool:
         typed = self.typed_into(text)
         return bool(typed) and not self.done.is_set()
-
-    def started_before(self, when: float) -> bool:
-        return self.created < when - 0.001
 
     async def cancel(self) -> None:
         await self.generation.cancel()

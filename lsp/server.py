@@ -35,6 +35,7 @@ from kode.completion import settings as settings_mod
 from kode.completion.backend_factory import BackendPool, load_backend
 from kode.completion.documents import Position, Range, file_name, file_path
 from kode.completion.engine import BackendFactory, CompletionEngine
+from kode.completion.settings import Settings
 from kode.completion.suggestion import PartialCallback
 from kode.lsp import framing
 from kode.lsp.errors import to_lsp_error
@@ -184,10 +185,12 @@ class KodeServer(LanguageServer):
         )
         self.pool = BackendPool(functools.partial(load_backend, notify=self.notice))
         self.engine = CompletionEngine(backend_factory or self.pool.get)
-        self._pending_messages: list[str] = []
+        self.pending_messages: list[str] = []  # settings problems, told once initialized
         self.told: set[str] = set()  # completion failures shown to the user (tell_once)
         self.workspace_roots: list[Path] = []
-        self._warmup: asyncio.Task[Any] | None = None
+        self.warmup: asyncio.Task[Any] | None = None
+        self.initialized = False  # ``initialized`` came: settings may start work now
+        self._watching = False  # the file watchers are registered
         self._own_process = False  # served by ``start_io``/``start_tcp``: may end it
         self._exit_timer: threading.Timer | None = None
 
@@ -260,11 +263,34 @@ class KodeServer(LanguageServer):
         self._exit_timer.start()
 
     def apply_settings(self, raw: Any) -> list[str]:
+        before = self.engine.settings
         parsed, problems = settings_mod.parse(raw)
         self.engine.update_settings(parsed)
         _hide_source.log_prompts = parsed.log_prompts
         self.told.clear()  # new settings may fail differently, or the same way again
+        if self.initialized:
+            self.start_work(before)
         return problems
+
+    def start_work(self, before: Settings | None) -> None:
+        """Start what the settings ask for and ``before`` (the settings until now; None at
+        ``initialized``) did not: the model's warm-up once completion is turned on, the
+        workspace index (and its file watchers) once it is wanted or its limits change,
+        or its end once it is not wanted any more."""
+        now = self.engine.settings
+        turned_on = now.enabled and (before is None or not before.enabled)
+        if turned_on and (self.warmup is None or self.warmup.done()):
+            self.warmup = asyncio.ensure_future(_warm_up(self))
+        if before is not None and _index_key(before) == _index_key(now):
+            return
+        if not (now.enabled and now.workspace_index):
+            if before is not None:
+                self.engine.close_workspace()
+            return
+        self.engine.open_workspace(self.workspace_roots)
+        if self.engine.workspace is not None and not self._watching:
+            self._watching = True
+            _watch_files(self)
 
     def out_of_sync(self, data: dict[str, Any]) -> None:
         """A didChange could not be read: this document's text here no longer matches
@@ -274,7 +300,7 @@ class KodeServer(LanguageServer):
         uri = document.get("uri") if isinstance(document, dict) else None
         if not isinstance(uri, str) or uri not in self.engine.documents:
             return
-        self.engine.documents.close(uri)
+        self.engine.close_document(uri)  # its generation too: nothing will show there
         self.window_show_message(
             types.ShowMessageParams(
                 type=types.MessageType.Warning,
@@ -318,18 +344,15 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
 
     @server.feature(types.INITIALIZE)
     def initialize(params: types.InitializeParams) -> None:
-        server._pending_messages = server.apply_settings(params.initialization_options)
+        server.pending_messages = server.apply_settings(params.initialization_options)
         server.workspace_roots = _workspace_roots(params)
 
     @server.feature(types.INITIALIZED)
     def initialized(params: types.InitializedParams) -> None:
-        server.report_problems(server._pending_messages)
-        server._pending_messages = []
-        if server.engine.settings.enabled:
-            server._warmup = asyncio.ensure_future(_warm_up(server))
-            server.engine.open_workspace(server.workspace_roots)
-            if server.engine.workspace is not None:
-                _watch_files(server)
+        server.report_problems(server.pending_messages)
+        server.pending_messages = []
+        server.initialized = True
+        server.start_work(None)
 
     @server.feature(types.TEXT_DOCUMENT_DID_SAVE)
     def did_save(params: types.DidSaveTextDocumentParams) -> None:
@@ -347,7 +370,9 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
         roots = [r for r in server.workspace_roots if r not in removed]
         roots += [p for f in event.added if (p := file_path(f.uri)) is not None]
         server.workspace_roots = roots
-        server.engine.open_workspace(roots)
+        settings = server.engine.settings
+        if settings.enabled and settings.workspace_index:
+            server.engine.open_workspace(roots)
 
     @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
     def did_change_configuration(params: types.DidChangeConfigurationParams) -> None:
@@ -384,10 +409,10 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
         server.engine.document_changed(uri)
 
     @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
-    async def did_close(params: types.DidCloseTextDocumentParams) -> None:
-        await server.engine.cancel(params.text_document.uri)
-        server.engine.documents.close(params.text_document.uri)
-        server.engine.document_closed(params.text_document.uri)
+    def did_close(params: types.DidCloseTextDocumentParams) -> None:
+        # Synchronous like didOpen, so the two run in the order they came: VS Code sends
+        # close and open of one URI together when a file's language mode changes.
+        server.engine.close_document(params.text_document.uri)
 
     @server.feature(CURSOR_METHOD)
     def did_move_cursor(params: Any) -> None:
@@ -479,7 +504,7 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
 
 
 async def _close(server: KodeServer) -> None:
-    warmup = server._warmup
+    warmup = server.warmup
     if warmup is not None and not warmup.done():
         warmup.cancel()  # nothing to tell the user about a window that is closing
         with contextlib.suppress(asyncio.CancelledError):
@@ -574,6 +599,12 @@ def _workspace_roots(params: types.InitializeParams) -> list[Path]:
         root = file_path(params.root_uri)
         return [] if root is None else [root]
     return [Path(params.root_path)] if params.root_path else []
+
+
+def _index_key(settings: Settings) -> tuple[bool, int, int]:
+    """What the workspace index is built from, of the settings."""
+    wanted = settings.enabled and settings.workspace_index
+    return (wanted, settings.index_max_files, settings.index_max_file_bytes)
 
 
 def _watch_files(server: KodeServer) -> None:

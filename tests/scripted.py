@@ -132,9 +132,9 @@ async def settled(engine: CompletionEngine, seconds: float = 10.0) -> None:
     dropped) and its preparation have ended: after it, a check that something did *not*
     happen holds without sleeping. On a ``ManualClock``, advance it first."""
     async with asyncio.timeout(seconds):
-        while engine._background or engine.preparation.preparing:
+        while engine.background or engine.preparation.preparing:
             task = engine.preparation.task
-            pending = [*engine._background, *([task] if task is not None else [])]
+            pending = [*engine.background.pending(), *([task] if task is not None else [])]
             await asyncio.wait(pending)
 
 

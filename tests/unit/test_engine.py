@@ -265,7 +265,7 @@ async def test_read_ahead_is_skipped_when_off_too_big_or_already_requested() -> 
     engine = engine_for(backend, clock=ManualClock(), readAhead=False)
     engine.documents.open(URI, "a = 1\n", 1)
     engine.document_opened(URI)
-    assert not engine._background  # nothing waits to read ahead
+    assert not engine.background  # nothing waits to read ahead
     assert backend.requests == []
     # A document longer than the prefix window: its anchor depends on the cursor.
     clock = ManualClock()
@@ -332,7 +332,7 @@ async def test_working_elsewhere_stops_a_suggestion_no_one_waits_for() -> None:
         else:
             engine.cursor_moved(URI, Position(1, 0))
         kept = elsewhere == "cursor in it"
-        assert (URI in engine._live) == kept, elsewhere  # decided at once
+        assert (engine.live.get(URI) is not None) == kept, elsewhere  # decided at once
         if not kept:
             await until(lambda: backend.generations[0].cancelled)  # noqa: B023 - awaited here
         assert backend.generations[0].cancelled == (not kept), elsewhere
@@ -388,7 +388,7 @@ async def test_a_key_that_contradicts_the_suggestion_does_not_wait_for_it_to_sto
     engine = engine_for(backend, multiline="always")
     engine.documents.open(URI, "x = ", 1)
     first = asyncio.ensure_future(engine.complete(URI, Position(0, 4)))
-    await until(lambda: backend.generations and engine._live)
+    await until(lambda: backend.generations and len(engine.live))
     type_text(engine, 2, Position(0, 4), "z")  # not what the suggestion says
     second = asyncio.ensure_future(engine.complete(URI, Position(0, 5)))
     await until(lambda: len(backend.requests) >= 2)  # before: waited for "stopped", forever
@@ -405,7 +405,7 @@ async def test_background_preparation_waits_while_a_request_is_answered() -> Non
     """Busy from a request's start, not only once its generation runs: between the
     contradicted suggestion and the new one, preparation must not take the model."""
     engine = engine_for(ScriptedBackend(["a"]))
-    engine._requests = 1
-    assert engine._busy()
-    engine._requests = 0
-    assert not engine._busy()
+    engine.live.begin_request(URI, object())
+    assert engine.live.busy()
+    engine.live.end_request()
+    assert not engine.live.busy()

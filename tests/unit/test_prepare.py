@@ -169,8 +169,7 @@ async def test_closing_the_document_stops_its_preparation() -> None:
     engine.cursor_moved(URI, Position(390, 10))
     await until(lambda: len(backend.generations) == 1)
     await engine.cancel(URI)
-    engine.documents.close(URI)
-    engine.document_closed(URI)
+    engine.close_document(URI)
     await until(lambda: backend.generations[0].cancelled)
     await engine.aclose()
 
@@ -195,7 +194,7 @@ async def test_a_resting_cursor_at_the_end_of_a_line_gets_its_suggestion_before_
     engine.documents.open(URI, DOC + "total = ", 1)
     engine.cursor_moved(URI, Position(400, 8))
     await until(lambda: engine.preparation.prefetches == 1)
-    await until(lambda: not engine._busy())
+    await until(lambda: not engine.live.busy())
     suggestions = [r for r in backend.requests if r.max_tokens > 1]
     assert len(suggestions) == 1 and suggestions[0].background  # yields to keystrokes
     # The first key types into it: answered from it, nothing new generated.
