@@ -14,6 +14,7 @@ to break every completion, since others are pulled into each prompt as context.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -241,10 +242,19 @@ class DocumentStore:
         self._docs[uri] = Document(uri, text, version, language_id)
         self._touch(uri)
 
-    def change(self, uri: str, version: int, changes: list[tuple[str, Range | None]]) -> Document:
-        """Apply content changes in order (LSP ``didChange`` semantics)."""
+    def change(
+        self,
+        uri: str,
+        version: int,
+        changes: list[tuple[str, Range | None]],
+        each: Callable[[str, str, Range | None], None] | None = None,
+    ) -> Document:
+        """Apply content changes in order (LSP ``didChange`` semantics); ``each`` is told
+        every change with the text just before it (``before, text, range``)."""
         doc = self.get(uri)
         for text, range_ in changes:
+            if each is not None:
+                each(doc.text, text, range_)
             doc.apply_change(text, range_)
         doc.version = version
         self._touch(uri)

@@ -17,6 +17,7 @@ from kode.backends.base import Backend, PrefillRate
 from kode.backends.errors import DocumentError, Superseded
 from kode.completion.clock import Clock, SystemClock
 from kode.completion.documents import Document, DocumentStore, Position, Range, with_selected
+from kode.completion.edits.next_edits import NextEdit, NextEdits
 from kode.completion.live import Background, LiveSuggestions
 from kode.completion.partials import PartialPacer
 from kode.completion.preparation import Preparation
@@ -75,6 +76,7 @@ class CompletionEngine:
             self.clock,
             self.background,
         )
+        self.next_edits = NextEdits(self.documents, self.clock.now)
         self.preparation = Preparation(
             self.live,
             self.documents,
@@ -267,6 +269,20 @@ class CompletionEngine:
             return
         self.background.spawn(self.preparation.read_ahead(uri, self.documents.get(uri).version))
 
+    def apply_changes(
+        self, uri: str, version: int, changes: list[tuple[str, Range | None]]
+    ) -> None:
+        """A ``didChange``: apply ``changes`` to ``uri`` (recorded in the edit history
+        when ``nextEdits`` is on), then ``document_changed``."""
+        record = None
+        if self._settings.next_edits:
+
+            def record(before: str, text: str, range_: Range | None) -> None:
+                self.next_edits.changed(uri, before, text, range_, version)
+
+        self.documents.change(uri, version, changes, record)
+        self.document_changed(uri)
+
     def document_changed(self, uri: str) -> None:
         """After an edit: keep the live suggestion if the user typed into it, else stop it.
 
@@ -288,6 +304,29 @@ class CompletionEngine:
         live.wake()
         if live.done.is_set() and typed and typed == live.final() and self._settings.prefetch:
             self.background.spawn(self._prefetch(uri, live.start + len(typed)))
+
+    # -- next edits --------------------------------------------------------------------
+
+    async def next_edit(
+        self, uri: str, position: Position, version: int | None = None
+    ) -> NextEdit | None:
+        """The next edit for a cursor at ``position`` of ``uri`` (``completion/edits``);
+        None when ``nextEdits`` is off, there is none, or ``version`` (if given) is not the
+        document's any more. Worked out in a thread (it reads the whole document).
+        Raises ``DocumentError`` for a document that is not open or a position outside it."""
+        if not self._settings.next_edits:
+            return None
+        doc = self.documents.get(uri)
+        if version is not None and version != doc.version:
+            return None  # the editor has moved on: nothing stale is proposed
+        edit = await asyncio.to_thread(self.next_edits.predict, uri, position)
+        if (
+            edit is None
+            or uri not in self.documents
+            or self.documents.get(uri).version != edit.version
+        ):
+            return None
+        return edit
 
     # -- project context ---------------------------------------------------------------
 
@@ -346,6 +385,7 @@ class CompletionEngine:
         self.live.release(uri)
         self.live.retire(uri)
         self.documents.close(uri)
+        self.next_edits.forget(uri)
         self.preparation.forget(uri)
         self.windows.forget(uri)
 

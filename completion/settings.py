@@ -120,6 +120,10 @@ class Settings(
     # cursor rests at the end of a line (local engine, with background preparation).
     prefetch: bool = True
     read_ahead: bool = True  # local engine: evaluate a newly opened document's prompt early
+    # Next edits (`kode/inlineEdit`, completion/edits/): keep the recent edits and propose
+    # the edit that repeats the last one at its next place. Off until issue #49's bar is
+    # met (docs/next-edits.md); the history is kept only while it is on.
+    next_edits: bool = False
     # Local engine: the most a keystroke may spend evaluating prompt tokens, at the prefill
     # speed measured on this machine; past it, answer from a shorter window that fits and
     # prepare the full one in the background. 0: always the full window.

@@ -34,6 +34,7 @@ from kode.backends.errors import BackendClosed, DocumentError, Superseded, descr
 from kode.completion import settings as settings_mod
 from kode.completion.backend_factory import BackendPool, load_backend
 from kode.completion.documents import Position, Range, file_name, file_path
+from kode.completion.edits.next_edits import NextEdit
 from kode.completion.engine import BackendFactory, CompletionEngine
 from kode.completion.settings import Settings
 from kode.completion.suggestion import PartialCallback
@@ -56,6 +57,7 @@ log = logging.getLogger("kode.lsp")
 STATS_METHOD = "kode/stats"
 PARTIAL_METHOD = "kode/inlineCompletionPartial"
 CURSOR_METHOD = "kode/didMoveCursor"
+INLINE_EDIT_METHOD = "kode/inlineEdit"  # the next edit (docs/protocol.md)
 # ``shutdown`` is answered within SHUTDOWN_S, whatever is still closing (a model being
 # loaded, an engine that does not answer); after ``exit``, or the end of the client's
 # stream, the process is gone within EXIT_S, whatever threads still run (a read stuck
@@ -405,8 +407,7 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
         if uri not in server.engine.documents:
             log.warning("didChange for a document that is not open: %s", uri)
             return
-        server.engine.documents.change(uri, params.text_document.version, changes)
-        server.engine.document_changed(uri)
+        server.engine.apply_changes(uri, params.text_document.version, changes)
 
     @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(params: types.DidCloseTextDocumentParams) -> None:
@@ -466,7 +467,7 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
             raise error from None  # the cause's text may quote source code
         server.told.clear()  # working again: a later failure is news
         if not result.text:
-            return types.InlineCompletionList(items=[])
+            return await _next_edit_item(server, uri, pos)
         item = types.InlineCompletionItem(
             insert_text=result.text,
             range=types.Range(params.position, params.position),
@@ -483,6 +484,31 @@ def build_server(backend_factory: BackendFactory | None = None) -> KodeServer:
             result.total_ms,
         )
         return types.InlineCompletionList(items=[item])
+
+    @server.feature(INLINE_EDIT_METHOD)
+    async def inline_edit(params: Any) -> dict[str, Any]:
+        """``{"textDocument": {"uri", "version"?}, "position"}`` -> ``{"edits": [...]}``
+        (shaped like Copilot's ``textDocument/copilotInlineEdit``; docs/protocol.md). An
+        empty list: nothing to suggest, next edits off, or a version the editor left."""
+        try:
+            document, position = params.textDocument, params.position
+            uri = document.uri
+            version = getattr(document, "version", None)
+            pos = Position(int(position.line), int(position.character))
+            if not isinstance(uri, str) or not (version is None or isinstance(version, int)):
+                raise TypeError
+        except (AttributeError, TypeError, ValueError):
+            raise JsonRpcInvalidParams(
+                f"{INLINE_EDIT_METHOD}: expected textDocument.uri, textDocument.version "
+                "and position.line/character"
+            ) from None
+        if not server.engine.settings.enabled:
+            return {"edits": []}
+        try:
+            edit = await server.engine.next_edit(uri, pos, version)
+        except DocumentError as exc:
+            raise to_lsp_error(exc) from None
+        return {"edits": [] if edit is None else [_edit_json(edit)]}
 
     @server.feature(STATS_METHOD)
     def stats(params: Any) -> dict[str, Any]:
@@ -565,6 +591,36 @@ async def _warm_up(server: KodeServer) -> None:
         pass  # the settings changed meanwhile: the new backend warms up on first use
     except Exception as exc:  # told once: the first completion failing the same way is quiet
         server.tell_once(to_lsp_error(exc).message)
+
+
+def _edit_json(edit: NextEdit) -> dict[str, Any]:
+    start, end = edit.range.start, edit.range.end
+    return {
+        "textDocument": {"uri": edit.uri, "version": edit.version},
+        "range": {
+            "start": {"line": start.line, "character": start.character},
+            "end": {"line": end.line, "character": end.character},
+        },
+        "text": edit.text,
+    }
+
+
+async def _next_edit_item(
+    server: KodeServer, uri: str, pos: Position
+) -> types.InlineCompletionList:
+    """No completion at the cursor: the next edit, where it replaces text on the cursor's
+    own line, as a standard inline completion item with a ``range`` (any client shows
+    it); the completion wins where there is one."""
+    edit = await server.engine.next_edit(uri, pos)
+    if edit is None or not edit.on_line(pos.line):
+        return types.InlineCompletionList(items=[])
+    start, end = edit.range.start, edit.range.end
+    replaced = types.Range(
+        types.Position(start.line, start.character), types.Position(end.line, end.character)
+    )
+    return types.InlineCompletionList(
+        items=[types.InlineCompletionItem(insert_text=edit.text, range=replaced)]
+    )
 
 
 def _clamp_positions(data: dict[str, Any]) -> dict[str, Any] | None:

@@ -44,6 +44,7 @@ export const SERVER_KEYS = [
   "timeBudgetMs",
   "prefetch",
   "readAhead",
+  "nextEdits",
   "tokenHealing",
   "namesMonitor",
   "firstAnswerMs",
