@@ -1,0 +1,575 @@
+"""The next edit where it repeats the last one, found without a model.
+
+People repeat edits: they rename a name, then fix its other uses; they add an argument to
+one call, then to the next. Where the last hunk of the history is such an edit, the next
+one is found by matching tokens (issue 49, item 2: "propose it without the model"). Two
+kinds, tried in this order:
+
+1. **Rename.** Every token the hunk changed is one name replaced by another, the same
+   pair each time (``n`` -> ``count``), and the edit looks like a rename rather than a
+   fix of one use: the new name is new to the document, or the edit is at a binding
+   (``count =``, ``def f(count)``, ``let count``), or an earlier recent hunk made the
+   same rename. Proposed: the old name at another use, a whole name (renaming ``n``
+   leaves ``number`` alone), a member only where the edited one was one (``obj.n`` is
+   not the local ``n``), never inside a string.
+2. **Substitution.** The tokens the hunk changed, with their context, become a pattern.
+   A change inside a call's brackets takes the whole call (``foo(a)`` -> ``foo(a, b)``);
+   any other takes one token of context before it (and one after, for an insertion).
+   A bracket's contents found unchanged in the result are a hole that matches any
+   contents: the whole list where it was kept whole (so the added argument is appended
+   to ``foo(x, y)`` too), else one argument. Proposed: the pattern's next match, with
+   the holes' text carried over; a match already in the result's form is skipped.
+
+For both: the nearest place after the cursor (one holding the cursor counts), else the
+nearest before it; never the span the last hunk changed; never an edit that undoes a
+recent hunk (its changed tokens that hunk's, reversed); nothing after an undo (the last
+hunk reverses the one before it; a redo also reads as one). Nothing, rather than
+something wrong, when the hunk is not one rename or one pattern, when the pattern is
+too generic (under two fixed tokens, or no name, number or string among them), or when
+the history does not match the text. Offsets are code points into the text given.
+
+    >>> from kode.completion.edits.history import EditHistory
+    >>> history = EditHistory()
+    >>> text = "def f(n):\\n    total = n * 2\\n    return n + total\\n"
+    >>> history.record_offsets("file:///a.py", text, 6, 7, "count", version=2, now=0.0)
+    >>> text = "def f(count):\\n    total = n * 2\\n    return n + total\\n"
+    >>> edit = propose_repeat(history.hunks(), "file:///a.py", text, cursor=12)
+    >>> edit.kind.value, edit.start, text[edit.start:edit.end], edit.text
+    ('rename', 26, 'n', 'count')
+
+    >>> history = EditHistory()
+    >>> text = "a = area(w)\\nb = area(w2, h2)\\n"
+    >>> history.record_offsets("file:///b.py", text, 10, 10, ", unit", version=2, now=0.0)
+    >>> text = "a = area(w, unit)\\nb = area(w2, h2)\\n"
+    >>> edit = propose_repeat(history.hunks(), "file:///b.py", text, cursor=17)
+    >>> edit.kind.value, text[:edit.start] + edit.text + text[edit.end:]
+    ('substitution', 'a = area(w, unit)\\nb = area(w2, h2, unit)\\n')
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+import keyword
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from kode.completion.edits.history import Hunk
+
+# How many hunks back a rename is confirmed, and an undone edit looked for.
+RECENT = 8
+# A pattern longer than this (in tokens) is a rewrite, not an edit to repeat.
+MAX_PATTERN = 48
+# A hole spans at most this many tokens (one call's arguments, not a file).
+MAX_HOLE = 200
+
+
+class Kind(enum.Enum):
+    NAME = "name"
+    NUMBER = "number"
+    STRING = "string"
+    SYMBOL = "symbol"
+
+
+class Token(NamedTuple):
+    text: str
+    start: int
+    end: int
+    kind: Kind
+
+
+class RepeatKind(enum.Enum):
+    RENAME = "rename"
+    SUBSTITUTION = "substitution"
+
+
+@dataclass(frozen=True, slots=True)
+class RepeatEdit:
+    """Replace ``[start:end]`` of the text with ``text`` (the smallest such edit)."""
+
+    start: int
+    end: int
+    text: str
+    kind: RepeatKind
+
+
+# Strings first (a name inside one is no use of it), then names (any language's letters),
+# numbers, the operators whose characters belong together, any other character.
+_TOKEN = re.compile(
+    r"""
+    (?P<string>\"\"\"[\s\S]*?\"\"\"|'''[\s\S]*?'''|"(?:\\.|[^"\\\r\n])*"|'(?:\\.|[^'\\\r\n])*')
+  | (?P<name>[^\W\d]\w*)
+  | (?P<number>\d[\w.]*)
+  | (?P<symbol>==|!=|<=|>=|->|=>|::|:=|\?\.|\*\*|//|&&|\|\||<<|>>|[-+*/%&|^]=|\S)
+    """,
+    re.VERBOSE,
+)
+_PAIRS = {"(": ")", "[": "]", "{": "}"}
+_CLOSERS = frozenset(_PAIRS.values())
+_MEMBER = frozenset({".", "->", "::", "?."})
+# Names that are no rename's subject: keywords of Python and of the usual C-like languages.
+_KEYWORDS = frozenset(keyword.kwlist) | frozenset(keyword.softkwlist) | {
+    "self", "cls", "this", "super", "true", "false", "null", "nil", "undefined", "new",
+    "function", "func", "fn", "var", "let", "const", "mut", "static", "public", "private",
+    "protected", "struct", "enum", "interface", "impl", "switch", "default", "do", "goto",
+    "int", "float", "double", "char", "bool", "void", "string", "typeof", "instanceof",
+    "package", "extends", "implements", "throw", "throws", "catch", "go", "defer", "chan",
+}  # fmt: skip
+# A name is bound after these, or before ``=`` / ``:=``, or on a line that begins with
+# one of ``_HEADERS`` (a parameter list, a loop variable).
+_BINDERS = frozenset({"def", "class", "let", "var", "const", "mut", "fn", "func", "function",
+                      "as", "struct", "enum", "type", "interface", "import"})  # fmt: skip
+_HEADERS = frozenset({"def", "async", "fn", "func", "function", "class", "for", "lambda",
+                      "pub", "static", "export"})  # fmt: skip
+_ASSIGN = frozenset({"=", ":="})
+
+
+def tokenize(text: str) -> list[Token]:
+    """The tokens of ``text``, whitespace left out.
+
+    >>> [t.text for t in tokenize('größe = f(x, "a b") + 1.5')]
+    ['größe', '=', 'f', '(', 'x', ',', '"a b"', ')', '+', '1.5']
+    """
+    return [Token(m.group(), m.start(), m.end(), Kind(m.lastgroup)) for m in _TOKEN.finditer(text)]
+
+
+def propose_repeat(hunks: Sequence[Hunk], uri: str, text: str, cursor: int) -> RepeatEdit | None:
+    """The edit that repeats the last of ``hunks`` (newest last) in ``text`` (the current
+    text of document ``uri``, the cursor at code-point offset ``cursor``), or None."""
+    if not hunks:
+        return None
+    last, recent = hunks[-1], hunks[-RECENT:-1]
+    core = _core(last.before, last.after)
+    if not core[0] and not core[1]:
+        return None  # only whitespace changed
+    earlier = [h for h in recent if h.uri == last.uri]
+    if earlier and _core(earlier[-1].before, earlier[-1].after) == (core[1], core[0]):
+        return None  # an undo (or a redo): the user is going back and forth
+    zone: tuple[int, int] | None = None
+    if uri == last.uri:
+        if text[last.start : last.end] != last.after:
+            return None  # the history is not of this text
+        zone = _changed_span(last)
+    tokens = tokenize(text)
+    rename = _rename(last, recent, tokens, same=zone is not None)
+    if rename is not None:
+        old, new, member = rename
+        kind = RepeatKind.RENAME
+        found = [
+            (t.start, t.end, new)
+            for i, t in enumerate(tokens)
+            if t.kind is Kind.NAME and t.text == old and _is_member(tokens, i) == member
+        ]
+    else:
+        pattern = _pattern(last.before, last.after)
+        if pattern is None:
+            return None
+        kind = RepeatKind.SUBSTITUTION
+        found = pattern.matches(text, tokens)
+    reversals = {
+        (h_core[1], h_core[0]) for h_core in (_core(h.before, h.after) for h in hunks[-RECENT:])
+    }
+    edits = []
+    for start, end, replacement in found:
+        if zone is not None and start <= zone[1] and end >= zone[0]:
+            continue  # the place just edited
+        if _core(text[start:end], replacement) in reversals:
+            continue
+        edits.append(RepeatEdit(start, end, replacement, kind))
+    return _nearest(edits, cursor)
+
+
+def _rename(
+    last: Hunk, recent: Sequence[Hunk], tokens: Sequence[Token], *, same: bool
+) -> tuple[str, str, bool] | None:
+    """Rule 1: (old name, new name, whether it is a member) if the hunk is a rename;
+    ``tokens``: the document's, ``same``: whether it is the hunk's document."""
+    renamed = _renamed(last.before, last.after)
+    if renamed is None:
+        return None
+    (old, new), sites, after = renamed
+    if old in _KEYWORDS or new in _KEYWORDS:
+        return None
+    members = {_is_member(after, i) for i in sites}
+    if len(members) != 1:
+        return None
+    # New to the document: not used outside the hunk (anywhere, in another document).
+    fresh = not any(
+        t.kind is Kind.NAME and t.text == new and not (same and last.start <= t.start < last.end)
+        for t in tokens
+    )
+    bound = any(_binds(after, i, last.after) for i in sites)
+    confirmed = any(
+        (r := _renamed(h.before, h.after)) is not None and r[0] == (old, new) for h in recent
+    )
+    if not (fresh or bound or confirmed):
+        return None
+    return old, new, members.pop()
+
+
+def _renamed(before: str, after: str) -> tuple[tuple[str, str], list[int], list[Token]] | None:
+    """The one (old, new) name pair if every changed token is a name replaced by another,
+    with the indexes of the new names among ``after``'s tokens (and those tokens)."""
+    b, a = tokenize(before), tokenize(after)
+    matcher = difflib.SequenceMatcher(None, [t.text for t in b], [t.text for t in a], False)
+    pairs: set[tuple[str, str]] = set()
+    sites: list[int] = []
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        if tag != "replace" or i2 - i1 != j2 - j1:
+            return None
+        for old, new, j in zip(b[i1:i2], a[j1:j2], range(j1, j2), strict=True):
+            if old.kind is not Kind.NAME or new.kind is not Kind.NAME:
+                return None
+            pairs.add((old.text, new.text))
+            sites.append(j)
+    if len(pairs) != 1:
+        return None
+    return pairs.pop(), sites, a
+
+
+def _binds(tokens: Sequence[Token], i: int, text: str) -> bool:
+    """Whether name ``tokens[i]`` is bound there: after a binding keyword, before ``=``,
+    or on a line that begins with a header keyword (``def``, ``for``...)."""
+    if i > 0 and tokens[i - 1].text in _BINDERS:
+        return True
+    if i + 1 < len(tokens) and tokens[i + 1].text in _ASSIGN:
+        return True
+    line_start = max(text.rfind("\n", 0, tokens[i].start), text.rfind("\r", 0, tokens[i].start))
+    first = next(t for t in tokens if t.start > line_start)
+    return first.text in _HEADERS
+
+
+def _is_member(tokens: Sequence[Token], i: int) -> bool:
+    return i > 0 and tokens[i - 1].text in _MEMBER
+
+
+class _Hole(NamedTuple):
+    """A pattern's hole: ``whole``, a bracket's contents; else one argument."""
+
+    slot: int
+    whole: bool
+
+
+_Element = str | _Hole
+_Span = tuple[int, int]  # tokens [first, end) that one element of a pattern matched
+
+
+class _Mode(enum.Enum):
+    """What the changed part of a pattern does: tokens replaced by others, tokens deleted,
+    or tokens inserted where there were none."""
+
+    REPLACE = "replace"
+    DELETE = "delete"
+    INSERT = "insert"
+
+
+@dataclass(frozen=True, slots=True)
+class _Pattern:
+    """Rule 2: tokens (and holes) to find, the tokens they become, and the new text of
+    the part that changes (the elements between the ``head`` and ``tail`` both share):
+    ``texts`` of the hunk's, with the text each hole of ``slots`` took between them. Only
+    that part is rewritten, so a match keeps its own layout around it. An insertion goes right
+    after the shared head, or right before the shared tail where the hunk put it there
+    (``= fetch`` -> ``= await fetch``)."""
+
+    before: tuple[_Element, ...]
+    after: tuple[_Element, ...]
+    head: int
+    tail: int
+    mode: _Mode
+    texts: tuple[str, ...]  # one more than ``slots``
+    slots: tuple[int, ...]
+    before_tail: bool = False
+
+    def matches(self, text: str, tokens: Sequence[Token]) -> list[tuple[int, int, str]]:
+        """Each place the pattern matches and is not in its result's form yet, as the
+        edit (start, end, new text)."""
+        closers = _closers(tokens)
+        found = []
+        for i, token in enumerate(tokens):
+            if token.text != self.before[0]:
+                continue
+            spans = _match(self.before, tokens, closers, i)
+            if spans is not None and _match(self.after, tokens, closers, i) is None:
+                found.append(self._edit(text, tokens, spans))
+        return found
+
+    def _edit(
+        self, text: str, tokens: Sequence[Token], spans: Sequence[_Span]
+    ) -> tuple[int, int, str]:
+        holes = {
+            e.slot: span for e, span in zip(self.before, spans, strict=True) if isinstance(e, _Hole)
+        }
+        new = self.texts[0]
+        for slot, piece in zip(self.slots, self.texts[1:], strict=True):
+            first, end = holes[slot]
+            new += text[tokens[first].start : tokens[end - 1].end] + piece
+        last = len(self.before) - self.tail  # the first element of the shared tail
+        head_end = (
+            tokens[spans[self.head - 1][1] - 1].end if self.head else tokens[spans[0][0]].start
+        )
+        tail_start = tokens[spans[last][0]].start if self.tail else tokens[spans[-1][1] - 1].end
+        if self.mode is _Mode.REPLACE:
+            return tokens[spans[self.head][0]].start, tokens[spans[last - 1][1] - 1].end, new
+        if self.mode is _Mode.DELETE:
+            return head_end, tail_start, new
+        at = tail_start if self.before_tail else head_end
+        return at, at, new
+
+
+def _pattern(before: str, after: str) -> _Pattern | None:
+    """Rule 2's pattern of the edit ``before`` -> ``after``, or None if it has none."""
+    b, a = tokenize(before), tokenize(after)
+    same_head, same_tail = _trim([t.text for t in b], [t.text for t in a])
+    if same_head == len(b) == len(a):
+        return None
+    closers = _closers(b)
+    lo, hi = _extent(b, closers, same_head, len(b) - same_tail)
+    hi_a = hi + len(a) - len(b)
+    if not lo < hi <= lo + MAX_PATTERN:
+        return None
+    holes = _holes(b, closers, lo, hi, [t.text for t in a[lo:hi_a]])
+    fixed = [t for i, t in enumerate(b[lo:hi], lo) if not any(s <= i < e for s, e, *_ in holes)]
+    if len(fixed) < 2 or all(t.kind is Kind.SYMBOL for t in fixed):
+        return None
+    by_b = {s: (e, n, whole) for n, (s, e, _, _, whole) in enumerate(holes)}
+    by_a = {lo + s: (lo + e, n, whole) for n, (_, _, s, e, whole) in enumerate(holes)}
+    eb, spans_b = _elements(b, lo, hi, by_b)
+    ea, spans_a = _elements(a, lo, hi_a, by_a)
+    head, tail = _trim(eb, ea)
+    if head == len(eb) == len(ea):
+        return None  # the change was inside what the holes take
+
+    def gap(text: str, tokens: Sequence[Token], spans: Sequence[_Span]) -> tuple[int, int]:
+        """The characters of ``text`` between the shared head and tail."""
+        if not spans:
+            return 0, 0
+        start = tokens[spans[head - 1][1] - 1].end if head else tokens[spans[0][0]].start
+        end = tokens[spans[len(spans) - tail][0]].start if tail else tokens[spans[-1][1] - 1].end
+        return start, end
+
+    a_start, a_end = gap(after, a, spans_a)
+    if head < len(eb) - tail and head < len(ea) - tail:
+        mode = _Mode.REPLACE
+        a_start = a[spans_a[head][0]].start
+        a_end = a[spans_a[len(ea) - tail - 1][1] - 1].end
+    else:
+        mode = _Mode.DELETE if head == len(ea) - tail else _Mode.INSERT
+    texts: list[str] = []
+    slots: list[int] = []
+    position = a_start
+    for s, (e, slot, _) in sorted(by_a.items()):
+        if a_start <= a[s].start and a[e - 1].end <= a_end:
+            texts.append(after[position : a[s].start])
+            slots.append(slot)
+            position = a[e - 1].end
+    texts.append(after[position:a_end])
+    before_tail = False
+    if mode is _Mode.INSERT:  # less the spaces the gap already had
+        b_start, b_end = gap(before, b, spans_b)
+        space = before[b_start:b_end]
+        lead = _common_prefix(space, texts[0])
+        texts[0] = texts[0][lead:]
+        trail = _common_suffix(space[lead:], texts[-1])
+        texts[-1] = texts[-1][: len(texts[-1]) - trail]
+        before_tail = bool(lead) and not trail
+    return _Pattern(eb, ea, head, tail, mode, tuple(texts), tuple(slots), before_tail)
+
+
+def _extent(b: Sequence[Token], closers: Sequence[int], head: int, end: int) -> tuple[int, int]:
+    """The tokens of ``b`` the pattern takes around the changed ones ``[head:end]``: the
+    innermost call holding them (its name, a member sign before it, its brackets), else
+    one token before (and one after, for an insertion)."""
+    for o in range(min(head, len(b)) - 1, 0, -1):
+        if b[o].text in _PAIRS and closers[o] >= end and b[o - 1].kind is Kind.NAME:
+            lo = o - 1
+            if lo > 0 and b[lo - 1].text in _MEMBER:
+                lo -= 1
+            return lo, closers[o] + 1
+    lo = max(head - 1, 0)
+    return lo, (end + 1 if end == head and end < len(b) else end)
+
+
+def _holes(
+    b: Sequence[Token], closers: Sequence[int], lo: int, hi: int, after: Sequence[str]
+) -> list[tuple[int, int, int, int, bool]]:
+    """The holes of ``b[lo:hi]`` as (start, end in ``b``, start, end in ``after``, whole):
+    the contents of its outermost brackets, or of their arguments, that ``after`` holds
+    unchanged exactly once."""
+    found: list[tuple[int, int, int, int, bool]] = []
+    i = lo
+    while i < hi:
+        close = closers[i]
+        if b[i].text not in _PAIRS or not i + 1 < close < hi:
+            i += 1
+            continue
+        runs = [(i + 1, close, True)]
+        if _find_once(after, [t.text for t in b[i + 1 : close]]) is None:
+            runs = [(s, e, False) for s, e in _arguments(b, closers, i + 1, close)]
+        for s, e, whole in runs:
+            at = _find_once(after, [t.text for t in b[s:e]])
+            if at is None or any(
+                at < a_end and a_start < at + e - s for *_, a_start, a_end, _ in found
+            ):
+                continue
+            found.append((s, e, at, at + e - s, whole))
+        i = close + 1
+    return found
+
+
+def _arguments(
+    b: Sequence[Token], closers: Sequence[int], start: int, end: int
+) -> list[tuple[int, int]]:
+    """The arguments in ``b[start:end]`` (split at commas outside inner brackets)."""
+    spans, first, i = [], start, start
+    while i < end:
+        if b[i].text in _PAIRS and closers[i] > i:
+            i = closers[i] + 1
+            continue
+        if b[i].text == ",":
+            spans.append((first, i))
+            first = i + 1
+        i += 1
+    spans.append((first, end))
+    return [(s, e) for s, e in spans if e > s]
+
+
+def _elements(
+    tokens: Sequence[Token], lo: int, hi: int, holes: dict[int, tuple[int, int, bool]]
+) -> tuple[tuple[_Element, ...], list[_Span]]:
+    """``tokens[lo:hi]`` as pattern elements, holes where ``holes`` (start -> end, slot,
+    whole) says, with the tokens each element stands for."""
+    out: list[_Element] = []
+    spans: list[_Span] = []
+    i = lo
+    while i < hi:
+        if i in holes:
+            end, slot, whole = holes[i]
+            out.append(_Hole(slot, whole))
+        else:
+            end = i + 1
+            out.append(tokens[i].text)
+        spans.append((i, end))
+        i = end
+    return tuple(out), spans
+
+
+def _match(
+    pattern: Sequence[_Element], tokens: Sequence[Token], closers: Sequence[int], at: int
+) -> list[_Span] | None:
+    """The tokens each element of ``pattern`` matched, matching at token ``at``; None if
+    it does not match there. A hole tries each place it may end, shortest first."""
+
+    def go(k: int, j: int, spans: list[_Span]) -> list[_Span] | None:
+        if k == len(pattern):
+            return spans
+        element = pattern[k]
+        if isinstance(element, str):
+            if j < len(tokens) and tokens[j].text == element:
+                return go(k + 1, j + 1, [*spans, (j, j + 1)])
+            return None
+        for end in _hole_ends(tokens, closers, j, element.whole):
+            found = go(k + 1, end, [*spans, (j, end)])
+            if found is not None:
+                return found
+        return None
+
+    return go(0, at, [])
+
+
+def _hole_ends(
+    tokens: Sequence[Token], closers: Sequence[int], start: int, whole: bool
+) -> list[int]:
+    """Where a hole starting at ``start`` may end: before a comma (``whole``: any, else
+    the first) or before the closing bracket, holding at least one token."""
+    ends: list[int] = []
+    i = start
+    while i < min(len(tokens), start + MAX_HOLE):
+        text = tokens[i].text
+        if text in _PAIRS:
+            if closers[i] < 0:
+                break
+            i = closers[i] + 1
+            continue
+        if text in _CLOSERS or text == ";":
+            if text != ";" and i > start and tokens[i - 1].text != ",":
+                ends.append(i)  # not after a trailing comma: that layout is not guessed
+            break
+        if text == ",":
+            if i > start:
+                ends.append(i)
+            if not whole:
+                break
+        i += 1
+    return ends
+
+
+def _closers(tokens: Sequence[Token]) -> list[int]:
+    """For each opening bracket, the index of the one that closes it (-1: none)."""
+    out = [-1] * len(tokens)
+    stack: list[int] = []
+    for i, token in enumerate(tokens):
+        if token.text in _PAIRS:
+            stack.append(i)
+        elif token.text in _CLOSERS and stack and _PAIRS[tokens[stack[-1]].text] == token.text:
+            out[stack.pop()] = i
+    return out
+
+
+def _find_once(haystack: Sequence[str], needle: Sequence[str]) -> int | None:
+    """Where ``needle`` occurs in ``haystack``, if it occurs exactly once."""
+    n = len(needle)
+    at = [i for i in range(len(haystack) - n + 1) if list(haystack[i : i + n]) == list(needle)]
+    return at[0] if n and len(at) == 1 else None
+
+
+def _trim(b: Sequence[object], a: Sequence[object]) -> tuple[int, int]:
+    """How many items ``b`` and ``a`` share at the start, then at the end."""
+    shortest = min(len(b), len(a))
+    head = 0
+    while head < shortest and b[head] == a[head]:
+        head += 1
+    tail = 0
+    while tail < shortest - head and b[-1 - tail] == a[-1 - tail]:
+        tail += 1
+    return head, tail
+
+
+def _core(before: str, after: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The tokens an edit changed: ``before``'s and ``after``'s, less what they share."""
+    b, a = [t.text for t in tokenize(before)], [t.text for t in tokenize(after)]
+    head, tail = _trim(b, a)
+    return tuple(b[head : len(b) - tail]), tuple(a[head : len(a) - tail])
+
+
+def _changed_span(hunk: Hunk) -> tuple[int, int]:
+    """The characters the hunk changed, as a span of the document now."""
+    head = _common_prefix(hunk.before, hunk.after)
+    tail = _common_suffix(hunk.before[head:], hunk.after[head:])
+    return hunk.start + head, hunk.end - tail
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def _common_suffix(a: str, b: str) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
+        n += 1
+    return n
+
+
+def _nearest(edits: Sequence[RepeatEdit], cursor: int) -> RepeatEdit | None:
+    """The first edit that ends at or after the cursor, else the last before it."""
+    ahead = [e for e in edits if e.end >= cursor]
+    if ahead:
+        return min(ahead, key=lambda e: e.start)
+    return max(edits, key=lambda e: e.start, default=None)
