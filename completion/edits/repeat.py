@@ -7,7 +7,8 @@ kinds, tried in this order:
 
 1. **Rename.** Every token the hunk changed is one name replaced by another, the same
    pair each time (``n`` -> ``count``), and the edit looks like a rename rather than a
-   fix of one use: the new name is new to the document, or the edit is at a binding
+   fix of one use: the new name is new to the document (and neither name begins the
+   other: ``coun`` may be ``count`` half typed), or the edit is at a binding
    (``count =``, ``def f(count)``, ``let count``), or an earlier recent hunk made the
    same rename. Proposed: the old name at another use, a whole name (renaming ``n``
    leaves ``number`` alone), a member only where the edited one was one (``obj.n`` is
@@ -195,8 +196,10 @@ def _rename(
     members = {_is_member(after, i) for i in sites}
     if len(members) != 1:
         return None
-    # New to the document: not used outside the hunk (anywhere, in another document).
-    fresh = not any(
+    # New to the document: not used outside the hunk (anywhere, in another document). A
+    # name that one is the start of the other (``coun`` for ``count``) may be half typed
+    # or half deleted: that alone is no rename.
+    fresh = not (new.startswith(old) or old.startswith(new)) and not any(
         t.kind is Kind.NAME and t.text == new and not (same and last.start <= t.start < last.end)
         for t in tokens
     )

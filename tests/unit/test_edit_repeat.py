@@ -88,6 +88,15 @@ def test_a_rename_touches_whole_names_only() -> None:
     assert '"n is big"' in session.text
 
 
+def test_a_name_half_typed_is_no_rename_unless_at_a_binding() -> None:
+    session = Session("print(count)\nreturn count\n")
+    session.edit("count", "coun")  # backspace, then a pause
+    assert session.propose() is None
+    session = Session("count = 0\nreturn count\n")
+    session.edit("count", "counter")  # at the binding: a rename
+    assert session.applied(session.propose()) == "counter = 0\nreturn counter\n"
+
+
 def test_a_rename_goes_back_before_the_cursor_when_nothing_is_after_it() -> None:
     session = Session("total = n + 1\nreturn total\nn = 5\n")
     session.edit("n", "count", at="n = 5")  # the binding on the last line
