@@ -34,10 +34,15 @@ _MIN_CUT_TOKENS = 16  # a retrieved piece cut to fewer tokens than this is left 
 
 @dataclass(frozen=True, slots=True)
 class Budget:
-    prefix_tokens: int = 1024
-    suffix_tokens: int = 64
-    snippet_tokens: int = 512
-    retrieval_tokens: int = 0  # project context from the workspace index (retrieval.py)
+    """Prompt tokens for each part of the context. No defaults of its own but "none" for
+    project context: the settings (completion/settings.py) own the users' defaults, and
+    completion/windows.py turns them into budgets."""
+
+    prefix_tokens: int
+    suffix_tokens: int
+    snippet_tokens: int
+    # Project context from the workspace index (retrieval.py); 0, when not given: none.
+    retrieval_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

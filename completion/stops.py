@@ -131,7 +131,10 @@ class StopRules:
     line_suffix: str
     next_suffix_line: str  # first non-blank suffix line after the cursor line, stripped
     stop_texts: tuple[str, ...] = ()
-    max_lines: int = 64
+    # The most lines of a multi-line fill; None: no line bound (max_tokens still bounds
+    # it). The completion path passes the maxLines setting (completion/settings.py owns
+    # its default; this module cannot import it, settings.py imports MultilineMode).
+    max_lines: int | None = None
     mid_line: bool = False  # multi-line only if the model ends the fill (see the module doc)
     suffix_head: str = ""  # mid-line: the rest of the cursor line, its break and the next line
     suffix_indent: int | None = None  # indent of the suffix's next line of code; None: none
@@ -156,13 +159,15 @@ class StopRules:
         *,
         mode: MultilineMode = MultilineMode.AUTO,
         stop_texts: tuple[str, ...] = (),
-        max_lines: int = 64,
+        max_lines: int | None = None,
         structural: bool = False,
         prefix: str = "",
     ) -> StopRules:
         """Rules for a cursor after ``line_prefix`` and before ``line_suffix`` on its line.
 
         ``prefix``: the text before the cursor (the prompt's), for ``next_line_distinct``.
+        ``max_lines``: the most lines of a multi-line fill (the ``maxLines`` setting);
+        None: no line bound.
 
         Example: cursor in ``print(|)`` gives mid-line rules (``)`` follows it);
         cursor at the start of an empty, 4-space indented line gives multi-line rules
@@ -251,7 +256,7 @@ class StopRules:
                     blank_start = offset
                 elif blank_run >= 2:
                     return Cut(blank_start - 1, True, fallback=fallback)
-            if number >= self.max_lines:
+            if self.max_lines is not None and number >= self.max_lines:
                 return Cut(offset - 1, True, fallback=fallback)
             offset += len(line) + 1
         return Cut(keep, stop, fallback=fallback)
@@ -315,8 +320,10 @@ class StopRules:
             if at != -1:
                 return Cut(at, True, joined=True)
         lines = text.split("\n")
-        limit = min(self.max_lines, _MID_LINE_LINES) if self.structural else self.max_lines
-        if len(lines) > limit:
+        limit = self.max_lines
+        if self.structural:
+            limit = _MID_LINE_LINES if limit is None else min(limit, _MID_LINE_LINES)
+        if limit is not None and len(lines) > limit:
             return Cut(len(text), True)
         if any(not a.strip() and not b.strip() for a, b in itertools.pairwise(lines[1:-1])):
             return Cut(len(text), True)
