@@ -85,6 +85,21 @@ class StdioWindow:
                     self._responses[message["id"]] = message
                     self._arrived.notify_all()
 
+    def together(self, *messages: dict[str, Any]) -> None:
+        """Write ``messages`` (requests with their ``id``, notifications) in one write, as
+        an editor does when it has several queued: the server reads them in one read."""
+        frames = b""
+        for message in messages:
+            body = json.dumps({"jsonrpc": "2.0", **message}).encode()
+            frames += b"Content-Length: %d\r\n\r\n" % len(body) + body
+        assert self.proc.stdin is not None
+        with self._write:
+            self.proc.stdin.write(frames)
+            self.proc.stdin.flush()
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
     def ask(self, method: str, params: Any = None) -> int:
         n = next(self._ids)
         self._send({"id": n, "method": method, "params": params})

@@ -5,15 +5,12 @@ backend, except one test that drives the real ``kode lsp`` with the 0.5B model."
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
-from lsp_wire import FailingBackend, Wire, did_open, frame, inline, notification, request
+from lsp_process import StdioWindow
+from lsp_wire import FailingBackend, Wire, did_open, inline, notification, request
 from scripted import ScriptedBackend, until
 
 QUIET = {"readAhead": False, "prefetch": False}
@@ -43,65 +40,24 @@ async def test_a_close_and_open_in_one_read_leave_the_document_open() -> None:
 
 
 @pytest.mark.model
-def test_the_real_server_completes_after_a_close_and_open_in_one_write() -> None:
+def test_the_real_server_completes_after_a_close_and_open_in_one_write(tmp_path: Path) -> None:
     """``kode lsp`` itself over a pipe, with the 0.5B model."""
     options = {**QUIET, "model": "small", "maxTokens": 8, "firstAnswerMs": 0}
-    init = request(0, "initialize", {"capabilities": {}, "initializationOptions": options})
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kode.cli.main", "lsp"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
-    watchdog = threading.Timer(240, proc.kill)  # whatever happens, the process ends
-    watchdog.start()
-    assert proc.stdin is not None and proc.stdout is not None
-    try:
-
-        def send(*messages: dict[str, Any]) -> None:
-            assert proc.stdin is not None
-            proc.stdin.write(b"".join(frame(m) for m in messages))  # one write
-            proc.stdin.flush()
-
-        def reply(n: int) -> dict[str, Any]:
-            assert proc.stdout is not None
-            while True:
-                message = _read_frame(proc.stdout)
-                if message.get("id") == n and "method" not in message:
-                    return message
-
-        send(init)
-        assert reply(0)["id"] == 0
-        send(notification("initialized", {}))
-        text = "def add(a, b):\n    return "
-        send(did_open(URI, text))
-        send(did_close(URI), did_open(URI, text, version=2), inline(1, URI, 1, 11))
-        answer = reply(1)
+    text = "def add(a, b):\n    return "
+    with StdioWindow(tmp_path / "window.log") as window:
+        window.initialize(None, options, 240)
+        window.open(URI, text)
+        n = window.next_id()
+        window.together(
+            did_close(URI),
+            did_open(URI, text, version=2),
+            inline(n, URI, 1, 11),
+        )
+        answer = window.answer(n, 240)
         assert "error" not in answer, answer
         assert answer["result"]["items"], answer  # the document is open: the model answered
-        send(request(2, "shutdown"))
-        assert reply(2)["id"] == 2
-        send(notification("exit", None))
-        proc.stdin.close()
-        assert proc.wait(30) == 0
-    finally:
-        watchdog.cancel()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        for stream in (proc.stdin, proc.stdout):
-            if stream is not None:
-                stream.close()
-
-
-def _read_frame(stream: Any) -> dict[str, Any]:
-    length = None
-    while (line := stream.readline()) not in (b"\r\n", b""):
-        if line.lower().startswith(b"content-length:"):
-            length = int(line.split(b":")[1])
-    assert length is not None, "the server closed its output"
-    message: dict[str, Any] = json.loads(stream.read(length))
-    return message
+        window.end(30)
+        assert window.proc.returncode == 0
 
 
 # Bug 2: settings turned on after start never built the workspace index.

@@ -4,8 +4,11 @@ its real reading loop (``lsp_wire.Wire``) with a scripted backend; no model."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import pytest
+from lsp_process import StdioWindow
 from lsp_wire import FailingBackend, Wire, did_open, inline, notification, request
 
 ON = {"readAhead": False, "prefetch": False, "nextEdits": True}
@@ -113,3 +116,59 @@ async def test_an_edit_on_the_cursors_line_answers_an_empty_inline_completion() 
         [item] = reply["result"]["items"]
         assert item["insertText"] == "count"
         assert item["range"]["start"]["line"] == item["range"]["end"]["line"] == 1
+
+
+@pytest.mark.model
+def test_the_real_server_proposes_the_rename_and_a_keystroke_cancels_the_request(
+    tmp_path: Path,
+) -> None:
+    """``kode lsp`` itself (the 0.5B model loaded for completions): a rename at one use,
+    ``kode/inlineEdit`` at the next proposes it; a request cancelled by a keystroke
+    answers -32800 or an edit for the version it asked about, and nothing is left
+    running: the next request answers for the new text, and the process ends cleanly."""
+    options = {**ON, "model": "small", "maxTokens": 8, "firstAnswerMs": 0}
+    with StdioWindow(tmp_path / "window.log") as window:
+        window.initialize(None, options, 240)
+        window.open(URI, TEXT)
+        window.together(rename_at_first_use())
+        [edit] = edits(window.answer(window.ask(*ask(0, 15, 2)), 60))
+        assert edit["text"] == "count"
+        assert edit["range"]["start"] == {"line": 1, "character": 12}
+        n = window.next_id()
+        typed = notification(
+            "textDocument/didChange",
+            {
+                "textDocument": {"uri": URI, "version": 3},
+                "contentChanges": [
+                    {
+                        "range": {
+                            "start": {"line": 1, "character": 12},
+                            "end": {"line": 1, "character": 13},
+                        },
+                        "text": "count",
+                    }
+                ],
+            },
+        )
+        window.together(
+            inline_edit(n, 0, 15),
+            notification("$/cancelRequest", {"id": n}),
+            typed,  # the user applied it by hand
+        )
+        reply = window.answer(n, 60)
+        if "error" in reply:
+            assert reply["error"]["code"] == -32800, reply
+        else:
+            assert all(e["textDocument"]["version"] == 2 for e in edits(reply))
+        # The renamed name's last use is next, in the text as it is now.
+        [last] = edits(window.answer(window.ask(*ask(1, 16, 3)), 60))
+        assert last["range"]["start"] == {"line": 2, "character": 19}
+        assert last["textDocument"]["version"] == 3
+        window.end(30)
+        assert window.proc.returncode == 0
+
+
+def ask(line: int, character: int, version: int) -> tuple[str, dict[str, Any]]:
+    position = {"line": line, "character": character}
+    document = {"uri": URI, "version": version}
+    return "kode/inlineEdit", {"textDocument": document, "position": position}
