@@ -52,8 +52,8 @@ class SSEDecoder:
     >>> d = SSEDecoder()
     >>> d.feed(b'data: {"a"')
     []
-    >>> d.feed(b': 1}\\r\\n\\r\\ndata: [DONE]\\n\\n')
-    [SSEEvent(data='{"a": 1}', event='message', id=None), SSEEvent(data='[DONE]', ...)]
+    >>> [e.data for e in d.feed(b': 1}\\r\\n\\r\\ndata: [DONE]\\n\\n')]
+    ['{"a": 1}', '[DONE]']
     """
 
     def __init__(self, max_line_bytes: int = MAX_LINE_BYTES) -> None:

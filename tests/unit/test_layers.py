@@ -150,3 +150,16 @@ def test_no_module_reads_another_objects_private_members() -> None:
             mine = same_class_reads(path)
             found += [f for f in private_reads(path) if int(f.split(":")[1]) not in mine]
     assert not found, "\n".join(found)
+
+
+def test_every_package_is_installed() -> None:
+    """A folder of modules missing from pyproject.toml's ``packages`` works in a checkout
+    (the editable install) and is missing from a wheel."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    listed = set(config["tool"]["setuptools"]["packages"])
+    for folder in PRODUCT:
+        for init in (ROOT / folder).rglob("__init__.py"):
+            parts = init.parent.relative_to(ROOT).parts
+            assert "kode." + ".".join(parts) in listed, init.parent
