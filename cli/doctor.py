@@ -209,16 +209,6 @@ def cpu_sets(cpu_flags: frozenset[str]) -> list[str]:
     return [a.removeprefix("-DGGML_").removesuffix("=ON") for a in args]
 
 
-def rebuild_command(python: str, llama_version: str) -> str:
-    """The command that rebuilds llama-cpp-python for this machine's CPU (the one
-    ``library`` logs when the build misses some of its instruction sets)."""
-    pin = f"=={llama_version}" if llama_version else ""
-    return (
-        f'CMAKE_ARGS="$({python} -m kode.backends.llama.build_flags)" {python} -m pip install '
-        f"--force-reinstall --no-deps --no-cache-dir llama-cpp-python{pin}"
-    )
-
-
 def unused_sets(build: BuildFacts) -> list[str]:
     """The instruction sets this CPU has that the llama.cpp build does not use
     (``build_flags.unused``); empty when unknown."""
@@ -234,7 +224,7 @@ def check_build(build: BuildFacts, python: str) -> Check:
             name,
             Status.FAIL,
             f"llama-cpp-python cannot be loaded: {build.error}",
-            rebuild_command(python, build.llama_version or build.pinned),
+            build_flags.rebuild_command(python, build.llama_version or build.pinned),
         )
     used = built_sets(build.system_info)
     head = f"llama-cpp-python {build.llama_version}, built with {', '.join(used) or 'none'}"
@@ -253,7 +243,7 @@ def check_build(build: BuildFacts, python: str) -> Check:
         name,
         Status.WARN,
         f"{head}; {cpu}: the build leaves {', '.join(missing)} unused{gain}",
-        rebuild_command(python, build.llama_version),
+        build_flags.rebuild_command(python, build.llama_version),
     )
 
 

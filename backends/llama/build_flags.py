@@ -88,6 +88,21 @@ def unused(system_info: str, flags: Iterable[str]) -> list[str]:
     return [name for name in wanted if name not in built]
 
 
+def rebuild_command(python: str, llama_version: str) -> str:
+    """The command that rebuilds llama-cpp-python (``llama_version``, if known) for this
+    machine's CPU with ``python``'s pip.
+
+    >>> rebuild_command("py", "0.3.36")  # doctest: +NORMALIZE_WHITESPACE
+    'CMAKE_ARGS="$(py -m kode.backends.llama.build_flags)" py -m pip install
+     --force-reinstall --no-deps --no-cache-dir llama-cpp-python==0.3.36'
+    """
+    pin = f"=={llama_version}" if llama_version else ""
+    return (
+        f'CMAKE_ARGS="$({python} -m kode.backends.llama.build_flags)" {python} -m pip install '
+        f"--force-reinstall --no-deps --no-cache-dir llama-cpp-python{pin}"
+    )
+
+
 def for_this_machine() -> list[str]:
     if not _x86_linux():
         return []

@@ -54,13 +54,10 @@ def _say_unused_instructions() -> None:
             gain = " (AVX-512 made prompt evaluation 1.4-1.5x faster on Kode's development machine)"
         _log.warning(
             "llama.cpp was built without %s, which this CPU has%s; to rebuild it for this"
-            ' machine: CMAKE_ARGS="$(%s -m kode.backends.llama.build_flags)" %s -m pip'
-            " install --force-reinstall --no-deps --no-cache-dir llama-cpp-python==%s",
+            " machine: %s",
             ", ".join(missing),
             gain,
-            sys.executable,
-            sys.executable,
-            llama_cpp.__version__,
+            build_flags.rebuild_command(sys.executable, llama_cpp.__version__),
         )
 
 
