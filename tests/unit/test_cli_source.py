@@ -5,17 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from kode.cli.main import _read_source, main
+from kode.cli.main import main
+from kode.cli.source import read_source
 
 
 def test_utf8_with_and_without_bom_and_latin1(tmp_path: Path) -> None:
     path = tmp_path / "a.py"
     path.write_bytes("name = 'café'\n".encode())
-    assert _read_source(path)[0] == "name = 'café'\n"
+    assert read_source(path)[0] == "name = 'café'\n"
     path.write_bytes("\ufeffname = 'café'\n".encode())
-    assert _read_source(path)[0] == "name = 'café'\n"
+    assert read_source(path)[0] == "name = 'café'\n"
     path.write_bytes("name = 'café'\n".encode("latin-1"))
-    assert _read_source(path)[0] == "name = 'café'\n"
+    assert read_source(path)[0] == "name = 'café'\n"
 
 
 def test_kode_complete_reads_a_latin1_file_and_says_so(
