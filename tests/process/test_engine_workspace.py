@@ -9,16 +9,18 @@ import asyncio
 import gc
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from kode.backends.errors import Superseded
 from kode.completion.clock import ManualClock
 from kode.completion.documents import Position
 from kode.completion.engine import CompletionEngine
 from kode.completion.project import REINDEX_DELAY_S
 from kode.completion.settings import parse
-from kode.completion.workspace import WorkspaceIndex
-from scripted import ScriptedBackend
+from kode.completion.workspace import IndexStats, WorkspaceIndex
+from scripted import ScriptedBackend, until
 from test_workspace import wait_gone
 
 
@@ -313,31 +315,58 @@ async def test_an_outline_of_constants_leaves_room_for_the_definitions(tmp_path:
     await engine.aclose()
 
 
-async def test_the_index_build_waits_while_the_model_generates(tmp_path: Path) -> None:
+async def test_the_index_build_waits_while_the_model_generates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Even an idle-priority parsing child slowed the 1.5B's decoding 1.5-2x on two
     cores (its threads meet at a barrier many times a step): the build goes on only
-    while this window's model is idle."""
+    while this window's model is idle.
+
+    Told in order, not in seconds: the build asks to go on (``pause``, before each batch)
+    while a generation runs, which goes on until the test stops it; nothing is indexed
+    then, and every time the build went on, the generation had ended."""
     for i in range(50):
         (tmp_path / f"m{i}.py").write_text(f"def f_{i}(a):\n    return a\n")
-    backend = ScriptedBackend(["x"] * 60, delay=0.02)  # a generation of ~1.2 s
+    backend = ScriptedBackend(["x"] * 100_000, delay=0.01)  # until the test cancels it
     engine = engine_for(backend, multiline="always")
+    asked = threading.Event()
+    went_on_while_generating: list[bool] = []
+    build = WorkspaceIndex.build
+
+    def watched_build(
+        index: WorkspaceIndex,
+        cancel: threading.Event | None = None,
+        pause: Callable[[], float] | None = None,
+    ) -> IndexStats:
+        assert pause is not None
+
+        def watched_pause() -> float:  # in the build's thread
+            asked.set()
+            waited = pause()
+            went_on_while_generating.append(backend.generations[0].stats.finish_reason is None)
+            return waited
+
+        return build(index, cancel, watched_pause)
+
+    monkeypatch.setattr(WorkspaceIndex, "build", watched_build)
     uri = (tmp_path / "m0.py").as_uri()
     engine.documents.open(uri, "a = ", 1)
     request = asyncio.ensure_future(engine.complete(uri, Position(0, 4)))
-    while not backend.generations:
-        await asyncio.sleep(0.01)
+    await until(lambda: backend.generations)
     engine.open_workspace([tmp_path])
     try:  # aclose ends the index's parsing child, also when an assertion fails
         index = engine.workspace
         assert index is not None
-        await asyncio.sleep(0.5)
+        await until(asked.is_set, 30)
         assert len(index) == 0 and not index.stats.complete  # the model is generating
-        await request
-        async with asyncio.timeout(30):
-            while not index.stats.complete:
-                await asyncio.sleep(0.02)
+        assert not backend.generations[0].stats.finish_reason
+        await engine.cancel(uri)  # the generation ends: the model is idle
+        with pytest.raises(Superseded):
+            await request
+        await until(lambda: index.stats.complete, 30)
         assert len(index) == 50
-        assert index.stats.paused_s >= 0.4, index.stats
+        assert went_on_while_generating, "the build never asked"
+        assert not any(went_on_while_generating), went_on_while_generating
     finally:
         await engine.aclose()
 
