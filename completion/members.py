@@ -13,23 +13,34 @@ that does not resolve, a class ``__getattr__``/``__getattribute__``, ``setattr``
 ``__dict__`` on its instances.
 
 Modules are found the way Python's import system would, without importing: the
-workspace index first, then ``importlib.machinery.PathFinder`` over the search path.
-Only compiled-in and compiled standard-library modules (no source to read) are imported
-to list their names: they run no Python code of anyone's. Parses are cached by file and
-modification time.
+workspace index first, then ``importlib.machinery.PathFinder`` over the search path. A
+compiled standard-library module (no source to read) is listed by ``dir()`` where this
+process has it loaded already, else in a child interpreter of its own
+(``names_in_child``): this process imports no extension module to read it (one's
+initialisation may load a library or write to the terminal, and the language server's
+stdout is its protocol).
+
+Every cache is bounded (``Lru``): parses by bytes of source (``PARSE_CACHE_BYTES``),
+member sets, locations and compiled modules' names by entries. A module not found is
+looked up again after ``MISS_SECONDS`` (a package installed meanwhile is found), and a
+located file that is gone is looked up again at once.
 """
 
 from __future__ import annotations
 
 import ast
 import builtins
-import importlib
 import importlib.machinery
+import json
 import os
+import subprocess
 import sys
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Generic, TypeVar
 
 # Attributes every module has.
 MODULE_DUNDERS = frozenset(
@@ -50,6 +61,79 @@ PLAIN_DECORATORS = frozenset(
     {"dataclass", "total_ordering", "final", "runtime_checkable", "unique", "dataclass_transform"}
 )
 MAX_DEPTH = 6  # star imports, re-exports and bases followed at most this deep
+
+# The caches' bounds. A parse (``ModuleInfo``) holds about as many bytes as its source
+# (measured: 2.1 MB of standard-library source, 49 modules, held 2.3 MB once read), so
+# the parse cache is bounded by bytes of source: 16 MB holds ~400 modules of the
+# standard library's mean size (40 KB), several documents' imports (one importing 29
+# standard modules read 49), and never more than ~20 MB of this process's memory.
+PARSE_CACHE_BYTES = 16 << 20
+PARSE_OVERHEAD = 1024  # bytes counted per parse beside its source (an empty __init__.py)
+# A source larger than this is not parsed (unknown: the monitor stays free there):
+# ``ast.parse`` holds the interpreter lock throughout, ~0.4 s a megabyte, and every
+# keystroke waits meanwhile (completion/index_worker.py); 2 MB is ten times the
+# standard library's largest module (_pydecimal.py, 230 KB).
+MAX_SOURCE_BYTES = 2 << 20
+# Modules' member sets kept (measured: ~12 KB each, so ~6 MB at most): a document
+# importing 29 standard modules made 57 sets.
+MEMBER_SETS = 512
+LOCATIONS = 4096  # modules' locations kept (a name and a path: ~400 bytes each, ~1.6 MB)
+# A module not found (or a compiled one not read) is looked up again after this long: a
+# package installed after start is found, and a document importing what is not there
+# looks it up at most once per this long, not at every keystroke.
+MISS_SECONDS = 10.0
+# Standard-library modules asked about as compiled ones, their names kept: more than the
+# standard library's ~300 top-level modules (~70 of them compiled on Linux).
+COMPILED_SETS = 512
+CHILD_TIMEOUT_S = 10.0  # for the child that lists a compiled module's names
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class Lru(Generic[K, V]):
+    """A mapping that holds at most ``limit`` of cost (each entry's ``cost`` on ``put``, 1
+    by default), dropping the least recently used first; an entry that alone costs more
+    is not kept.
+
+    >>> lru: Lru[str, int] = Lru(2)
+    >>> lru.put("a", 1); lru.put("b", 2); _ = lru.get("a"); lru.put("c", 3)
+    >>> sorted(lru.keys()), lru.cost
+    (['a', 'c'], 2)
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.cost = 0
+        self._items: OrderedDict[K, tuple[V, int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def keys(self) -> list[K]:
+        return list(self._items)
+
+    def get(self, key: K) -> V | None:
+        found = self._items.get(key)
+        if found is None:
+            return None
+        self._items.move_to_end(key)
+        return found[0]
+
+    def put(self, key: K, value: V, cost: int = 1) -> None:
+        self.pop(key)
+        if cost > self.limit:
+            return
+        self._items[key] = (value, cost)
+        self.cost += cost
+        while self.cost > self.limit:
+            _, (_, dropped) = self._items.popitem(last=False)
+            self.cost -= dropped
+
+    def pop(self, key: K) -> None:
+        found = self._items.pop(key, None)
+        if found is not None:
+            self.cost -= found[1]
 
 
 @dataclass(slots=True)
@@ -343,63 +427,144 @@ def _instance_attributes(func: ast.AST, me: str, info: ClassInfo) -> None:
             info.open = True
 
 
-def _compiled_names(name: str) -> frozenset[str] | None:
-    """``dir()`` of a compiled-in or compiled standard-library module (importing one runs
-    no Python code); None for anything else, which is never imported."""
+def compiled_module(name: str) -> bool:
+    """Whether ``name`` is a compiled-in or compiled standard-library module (no source
+    to read); imports nothing."""
     if name.split(".")[0] not in sys.stdlib_module_names:
-        return None
-    if name not in sys.builtin_module_names:
-        try:
-            spec = importlib.machinery.PathFinder.find_spec(name) if "." not in name else None
-        except (ImportError, ValueError, OSError):
-            return None
-        if spec is None or not isinstance(spec.loader, importlib.machinery.ExtensionFileLoader):
-            return None
+        return False
+    if name in sys.builtin_module_names:
+        return True
+    if "." in name:
+        return False
     try:
-        return frozenset(dir(importlib.import_module(name)))
-    except Exception:  # a platform's missing module: unknown
+        spec = importlib.machinery.PathFinder.find_spec(name)
+    except (ImportError, ValueError, OSError):
+        return False
+    return spec is not None and isinstance(spec.loader, importlib.machinery.ExtensionFileLoader)
+
+
+_CHILD = (
+    "import importlib, json, sys\n"
+    "try:\n"
+    "    names = sorted(dir(importlib.import_module(sys.argv[1])))\n"
+    "except Exception:\n"
+    "    names = None\n"
+    "sys.stdout.write('\\n' + json.dumps(names) + '\\n')\n"
+)
+
+
+def names_in_child(name: str) -> frozenset[str] | None:
+    """``dir()`` of the compiled module ``name``, imported in a child interpreter
+    (isolated: no site, no environment, no current folder); None where it does not
+    import there or the child fails. The names are the output's last line: a module's
+    initialisation may write to the terminal before it."""
+    if not sys.executable:
         return None
+    try:
+        done = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", _CHILD, name],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=CHILD_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = done.stdout.splitlines()
+    if done.returncode != 0 or not lines:
+        return None
+    try:
+        names = json.loads(lines[-1])
+    except ValueError:
+        return None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        return None
+    return frozenset(names)
 
 
 class Resolver:
-    """Finds modules and lists members, with every parse cached.
+    """Finds modules and lists members, with bounded caches of what it read.
 
     ``find``: the workspace's own modules (``WorkspaceIndex.module_path``) before the
     search path ``paths`` (the workspace's roots and virtual environment first, then this
-    interpreter's ``sys.path``).
+    interpreter's ``sys.path``). ``clock``: monotonic seconds, for when a module not found
+    is looked up again. ``compiled``: the names of a compiled module this process has
+    not loaded (``names_in_child``).
     """
 
     def __init__(
         self,
         find: Callable[[str], Path | None] = lambda _name: None,
         paths: Sequence[str] | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        compiled: Callable[[str], frozenset[str] | None] = names_in_child,
     ) -> None:
         self.find = find
         self.paths = list(sys.path if paths is None else paths)
-        self._parsed: dict[tuple[str, float], ModuleInfo | None] = {}
-        self._members: dict[str, tuple[float, frozenset[str] | None]] = {}
-        self._locate: dict[str, tuple[Path | None, bool]] = {}  # the search path's answers
+        self._clock = clock
+        self._read_compiled = compiled
+        # (file, dotted name, package) -> (mtime, its parse): a file reached under two
+        # names reads its relative imports two ways; an edited file replaces its entry
+        self._parsed: Lru[tuple[str, str, bool], tuple[float, ModuleInfo | None]] = Lru(
+            PARSE_CACHE_BYTES
+        )
+        # name -> (its file's mtime, its members, when read)
+        self._members: Lru[str, tuple[float, frozenset[str] | None, float]] = Lru(MEMBER_SETS)
+        # the search path's answers: (file, is a package, when looked up)
+        self._locate: Lru[str, tuple[Path | None, bool, float]] = Lru(LOCATIONS)
+        self._compiled: Lru[str, tuple[frozenset[str] | None, float]] = Lru(COMPILED_SETS)
+        self._refreshed = -MISS_SECONDS  # when the import system's folder caches were emptied
         self.read: dict[str, float] = {}  # every source file looked at: its mtime
+        self.missed: set[str] = set()  # every module looked for and no source found
 
-    def stale(self, read: dict[str, float]) -> bool:
-        """Whether a file of ``read`` (a ``read`` taken earlier) changed since."""
+    def stale(self, read: dict[str, float], missed: Iterable[str] = ()) -> bool:
+        """Whether a file of ``read`` (a ``read`` taken earlier) changed since, or a
+        module of ``missed`` (a ``missed``) is found now (looked up again once
+        ``MISS_SECONDS`` passed)."""
         for path, mtime in read.items():
             try:
                 if Path(path).stat().st_mtime != mtime:
                     return True
             except OSError:
                 return True
-        return False
+        return any(self.locate(name, note=False)[0] is not None for name in missed)
 
-    def locate(self, name: str) -> tuple[Path | None, bool]:
+    def locate(self, name: str, *, note: bool = True) -> tuple[Path | None, bool]:
         """``(source file, is a package)``, the file None where there is none; the
-        workspace is asked each time (a module made there is found at once)."""
+        workspace is asked each time (a module made there is found at once), the search
+        path again once ``MISS_SECONDS`` passed where it found nothing. ``note``: add a
+        module not found to ``missed``."""
         path = self.find(name)
         if path is not None:
             return path, path.name == "__init__.py"
-        if name not in self._locate:
-            self._locate[name] = self._find(name)
-        return self._locate[name]
+        now = self._clock()
+        found = self._locate.get(name)
+        if found is None or (found[0] is None and now - found[2] >= MISS_SECONDS):
+            if found is not None and now - self._refreshed >= MISS_SECONDS:
+                # a folder's listing is cached by its modification time, which a
+                # coarse clock may leave unchanged by an install
+                importlib.machinery.PathFinder.invalidate_caches()
+                self._refreshed = now
+            location, package = self._find(name)
+            found = (location, package, now)
+            self._locate.put(name, found)
+        if found[0] is None and note:
+            self.missed.add(name)
+        return found[0], found[1]
+
+    def held(self) -> dict[str, tuple[int, int]]:
+        """Each cache's entries and cost (bytes of source for ``parses``, else entries)."""
+        return {
+            "parses": (len(self._parsed), self._parsed.cost),
+            "members": (len(self._members), self._members.cost),
+            "locations": (len(self._locate), self._locate.cost),
+            "compiled": (len(self._compiled), self._compiled.cost),
+        }
+
+    def _gone(self, name: str) -> None:
+        """The file ``name`` was found at is gone (uninstalled, moved): look it up again."""
+        self._locate.pop(name)
 
     def _find(self, name: str) -> tuple[Path | None, bool]:
         search: list[str] | None = self.paths
@@ -424,22 +589,32 @@ class Resolver:
         return Path(spec.origin), spec.submodule_search_locations is not None
 
     def module(self, name: str) -> ModuleInfo | None:
-        """The parsed module ``name`` (None: no source found, or it does not parse)."""
+        """The parsed module ``name`` (None: no source found, it does not parse, or it is
+        over ``MAX_SOURCE_BYTES``)."""
         path, package = self.locate(name)
         if path is None:
             return None
         try:
-            mtime = path.stat().st_mtime
+            stat = path.stat()
         except OSError:
+            self._gone(name)
             return None
-        self.read[str(path)] = mtime
-        if (key := (str(path), mtime)) not in self._parsed:
+        self.read[str(path)] = stat.st_mtime
+        key = (str(path), name, package)
+        cached = self._parsed.get(key)
+        if cached is not None and cached[0] == stat.st_mtime:
+            return cached[1]
+        info = None
+        if stat.st_size <= MAX_SOURCE_BYTES:
             try:
                 tree = ast.parse(path.read_bytes())
-                self._parsed[key] = read_module(tree, name, package)
+                info = read_module(tree, name, package)
             except (SyntaxError, ValueError, OSError, RecursionError, MemoryError):
-                self._parsed[key] = None
-        return self._parsed[key]
+                pass
+        self._parsed.put(
+            key, (stat.st_mtime, info), min(stat.st_size, MAX_SOURCE_BYTES) + PARSE_OVERHEAD
+        )
+        return info
 
     def alias(self, name: str) -> str | None:
         """The module ``name`` stands for where it is no file but a module's import
@@ -457,28 +632,49 @@ class Resolver:
 
     def is_module(self, name: str) -> bool:
         path, _ = self.locate(name)
-        return path is not None or _compiled_names(name) is not None
+        return path is not None or self.compiled_names(name) is not None
+
+    def compiled_names(self, name: str) -> frozenset[str] | None:
+        """``dir()`` of a compiled standard-library module: of the one this process has
+        loaded, else read in a child (``compiled``); None for any other module, or one
+        that does not import (looked at again once ``MISS_SECONDS`` passed)."""
+        if name.split(".")[0] not in sys.stdlib_module_names:
+            return None
+        now = self._clock()
+        cached = self._compiled.get(name)
+        if cached is None or (cached[0] is None and now - cached[1] >= MISS_SECONDS):
+            names = None
+            if compiled_module(name):
+                loaded = sys.modules.get(name)  # nothing is imported to read it
+                names = self._read_compiled(name) if loaded is None else frozenset(dir(loaded))
+            cached = (names, now)
+            self._compiled.put(name, cached)
+        return cached[0]
 
     def module_members(self, name: str, depth: int = 0) -> frozenset[str] | None:
         """Every name ``name.`` may be followed by; None where the set is open or the
-        module is not found. Cached until the module's file changes."""
+        module is not found. Cached until the module's file changes (one without a
+        file, found or not: until ``MISS_SECONDS`` passed)."""
         stamp = self._stamp(name)
+        now = self._clock()
         cached = self._members.get(name)
-        if cached is not None and cached[0] == stamp:
+        fresh = cached is not None and (stamp > 0 or now - cached[2] < MISS_SECONDS)
+        if cached is not None and fresh and cached[0] == stamp:
             return cached[1]
-        self._members[name] = (stamp, None)  # a cycle of star imports: open
+        self._members.put(name, (stamp, None, now))  # a cycle of star imports: open
         found = self._module_members(name, depth)
-        self._members[name] = (stamp, found)
+        self._members.put(name, (stamp, found, now))
         return found
 
     def _stamp(self, name: str) -> float:
         path, _ = self.locate(name)
+        if path is None:
+            return 0.0
         try:
-            if path is None:
-                return 0.0
             self.read[str(path)] = stamp = path.stat().st_mtime
             return stamp
         except OSError:
+            self._gone(name)
             return -1.0
 
     def _module_members(self, name: str, depth: int) -> frozenset[str] | None:
@@ -487,7 +683,7 @@ class Resolver:
             alias = self.alias(name)
             if alias is not None:
                 return self.module_members(alias, depth + 1)
-            return _compiled_names(name)
+            return self.compiled_names(name)
         if info.open or depth > MAX_DEPTH:
             return None
         names = set(info.names) | MODULE_DUNDERS

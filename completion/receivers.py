@@ -34,6 +34,8 @@ MAX_CHAINS = 32  # dotted receivers (``os.path``) read from the document's text
 # A use of a name this many lines from the cursor's line weighs half as much as one
 # beside it: the code being written uses what the code around it uses.
 USE_HALF_LINES = 25.0
+# Analyses kept, one per place (the text around the cursor's line): the places a user
+# moves between; each holds at most MAX_NAMES names.
 _CACHE = 8
 
 
@@ -43,6 +45,7 @@ class _Analysis:
     creating: bool
     unmade: dict[str, float]  # where ``self.`` makes an attribute: ``unmade``
     read: dict[str, float]  # the files read for it, by path: their modification times
+    missed: frozenset[str]  # the modules it looked for and found no source of
 
 
 def parse_around(text: str, line_start: int, line_end: int) -> ast.Module | None:
@@ -212,6 +215,11 @@ class Receivers:
         self._cache: OrderedDict[tuple[str, int, int], _Analysis] = OrderedDict()
         self._lock = threading.Lock()
 
+    @property
+    def held(self) -> int:
+        """Analyses held (at most ``_CACHE``)."""
+        return len(self._cache)
+
     def names(
         self, text: str, offset: int, line: str, module: str = "", package: bool = False
     ) -> Names | None:
@@ -224,8 +232,9 @@ class Receivers:
         key = (module, hash(text[:line_start]), hash(text[line_end:]))
         with self._lock:  # documents' analyses run in threads; one at a time
             cached = self._cache.get(key)
-            if cached is None or self.resolver.stale(cached.read):  # a module changed on disk
-                self.resolver.read = {}
+            # a module changed on disk, or one not found before is there now
+            if cached is None or self.resolver.stale(cached.read, cached.missed):
+                self.resolver.read, self.resolver.missed = {}, set()
                 cached = self._analyse(text, line_start, line_end, module, package)
                 self._cache[key] = cached
                 while len(self._cache) > _CACHE:
@@ -242,7 +251,7 @@ class Receivers:
     ) -> _Analysis:
         tree = parse_around(text, line_start, line_end)
         if tree is None:
-            return _Analysis({}, False, {}, self.resolver.read)
+            return _Analysis({}, False, {}, self.resolver.read, frozenset())
         doc = read_module(tree, module, package)
         cursor_line = text.count("\n", 0, line_start) + 1
         # Imports made in the functions around the cursor, above it (``from . import
@@ -288,7 +297,8 @@ class Receivers:
                 break
             members[recv] = tuple(sorted(names))
         creating = creating and "self" in members
-        return _Analysis(members, creating, made if creating else {}, self.resolver.read)
+        made = made if creating else {}
+        return _Analysis(members, creating, made, self.resolver.read, frozenset(resolver.missed))
 
     def _add(
         self,
