@@ -30,6 +30,10 @@ from kode.backends.kv_reuse import CHUNK_EVERY, chunk_boundary
 READ_LINES = 96
 # Places remembered per document (rule 2).
 VISITED = 8
+# Regions remembered as read per document, the latest kept: a 10,000-line document has
+# about 100 regions, so ten times that leaves room for a session's edits and undos (an
+# undone edit's region is not read again) at ~100 KB a document at most.
+READ_MARKS = 1024
 
 
 def regions(
@@ -72,7 +76,7 @@ class Reader:
     """What was read of each document, and the places visited in it (rules 2-3)."""
 
     def __init__(self) -> None:
-        self._read: dict[str, set[int]] = {}
+        self._read: dict[str, dict[int, None]] = {}  # uri -> marks read, oldest first
         self._visited: dict[str, list[int]] = {}
         self.regions = 0  # regions read
         self.tokens = 0  # tokens the engine evaluated reading them
@@ -89,7 +93,7 @@ class Reader:
         """The next region of ``text`` to read (its text and fingerprint), or None once
         every region was read."""
         lines = text.splitlines(keepends=True)
-        done = self._read.get(uri, set())
+        done = self._read.get(uri, {})
         for a, b in regions(lines, self._visited.get(uri, [])):
             region = "".join(lines[a:b])
             mark = fingerprint(region)
@@ -98,7 +102,11 @@ class Reader:
         return None
 
     def done(self, uri: str, mark: int, tokens: int) -> None:
-        self._read.setdefault(uri, set()).add(mark)
+        marks = self._read.setdefault(uri, {})
+        marks.pop(mark, None)
+        marks[mark] = None
+        while len(marks) > READ_MARKS:
+            del marks[next(iter(marks))]
         self.regions += 1
         self.tokens += tokens
 

@@ -50,6 +50,9 @@ log = logging.getLogger("kode.completion")
 PREPARE_HORIZON_S = 2.5
 # Short windows remembered per document (their KV states are kept by the backend).
 SHORT_WINDOWS = 3
+# Context lines whose token counts are kept (``count_tokens``): the full windows of a
+# few documents; lines of 40 characters take ~3 MB.
+COUNTED_LINES = 16384
 # The smallest window a keystroke answers from, whatever the budget allows.
 MIN_WINDOW_TOKENS = 16
 # Tokens of the FIM template itself (special tokens, the file path, the repo name) and
@@ -128,12 +131,23 @@ class Windows:
         self._short.pop(uri, None)
         self._evaluated_retrieval.pop(uri, None)
 
+    def kept_documents(self) -> set[str]:
+        """The documents something is kept for (open ones only)."""
+        return {*self._anchors, *self._short, *self._evaluated_retrieval}
+
+    def _forget_closed(self) -> None:
+        """Forget the documents no longer open: what is kept per document is bounded by
+        the open documents even where ``forget`` was not called (a document closed
+        because an edit could not be read)."""
+        for uri in [u for u in self.kept_documents() if u not in self.documents]:
+            self.forget(uri)
+
     # -- prompts ---------------------------------------------------------------------------
 
     def count_tokens(self, backend: Backend) -> Callable[[str], int]:
         """Token counts of context lines, cached: per keystroke only one line changes."""
         if self._counter is None or self._counter_owner is not backend:
-            self._counter = lru_cache(maxsize=16384)(backend.count_tokens)
+            self._counter = lru_cache(maxsize=COUNTED_LINES)(backend.count_tokens)
             self._counter_owner = backend
         return self._counter
 
@@ -203,6 +217,7 @@ class Windows:
             retrieved=retrieved,
         )
         self._anchors[uri] = ctx.prefix_start_line
+        self._forget_closed()
         return ctx
 
     def short(

@@ -207,7 +207,12 @@ class WorkspaceIndex:
         self._alive: dict[int, Path] = {}  # file id -> path; ids of replaced files vanish
         self._dead_postings = 0
         self._next_id = 0
+        # A file's version is the count of changes to the index when it last changed;
+        # only indexed files are kept (a removed one's is ``_removed``): the dictionary is
+        # bounded by the files indexed, not by every path ever removed.
+        self._changes = 0
         self._versions: dict[Path, int] = {}
+        self._removed = 0  # the count at the latest removal
         self._worker = IndexWorker(
             self.limits.worker_nice, self.limits.parse_timeout_s, child=self.limits.in_child
         )
@@ -227,9 +232,15 @@ class WorkspaceIndex:
             return self._files.get(path)
 
     def version(self, path: Path) -> int:
-        """Bumped whenever ``path`` is re-indexed or removed."""
+        """Grows whenever ``path`` is re-indexed or removed (that of a file not indexed
+        may grow when another is removed)."""
         with self._lock:
-            return self._versions.get(path, 0)
+            return self._versions.get(path, self._removed)
+
+    def versions_held(self) -> int:
+        """Files whose version is kept: the indexed ones."""
+        with self._lock:
+            return len(self._versions)
 
     def module_path(self, dotted: str) -> Path | None:
         with self._lock:
@@ -473,7 +484,8 @@ class WorkspaceIndex:
                     else:
                         found += _ID.pack(file_id)
             self.stats.files = len(self._files)
-            self._versions[path] = self._versions.get(path, 0) + 1
+            self._changes += 1
+            self._versions[path] = self._changes
         return True
 
     def _skipped(self, status: str) -> None:
@@ -491,7 +503,9 @@ class WorkspaceIndex:
         self.stats.definitions -= len(entry.definitions)
         if entry.module is not None and self._modules.get(entry.module) == path:
             del self._modules[entry.module]
-        self._versions[path] = self._versions.get(path, 0) + 1
+        self._changes += 1
+        self._versions.pop(path, None)
+        self._removed = self._changes
         self.stats.files = len(self._files)
         self._dead_postings += 1
         if self._dead_postings > max(64, len(self._files) // 4):
