@@ -7,6 +7,7 @@ kode bench latency [--model M] [--cadence-ms 120] [--files F ...] [--humaneval N
 kode bench context [--model M] [--holes 24] [--retrieval-tokens 512] [--latency-files 5000]
 kode bench names [--model small] [--holes 24] [--windows full,short]
 kode bench load (--through-router | --spawn-server | --url URL) [--users 8] [--seconds 20]
+kode bench next-edit --repo PATH [PATH ...] [--limit 100] [--seed 0] [--rev HEAD]
 
 Only argument parsing lives here; the benchmark modules are imported when one runs, so
 ``kode`` itself starts fast.
@@ -381,6 +382,20 @@ def register(subparsers: Any) -> None:
     names.add_argument("--threads", type=int, default=0, help="llama.cpp threads (0: all)")
     names.add_argument("--out", type=Path, default=Path("results/names"))
 
+    next_edit = sub.add_parser(
+        "next-edit", help="next edits replayed from git history (no model), scored"
+    )
+    next_edit.add_argument(
+        "--repo", type=Path, nargs="+", required=True, help="local git repositories"
+    )
+    next_edit.add_argument("--rev", default="HEAD", help="the commits to sample (git rev-list)")
+    next_edit.add_argument("--limit", type=int, default=100, help="cases per class")
+    next_edit.add_argument("--seed", type=int, default=0)
+    next_edit.add_argument("--max-commits", type=int, default=2000)
+    next_edit.add_argument("--max-hunks", type=int, default=12, help="of one file's sequence")
+    next_edit.add_argument("--per-commit", type=int, default=8, help="cases of one commit")
+    next_edit.add_argument("--out", type=Path, default=Path("results/next-edit"))
+
 
 def _setting(item: str) -> tuple[str, object]:
     """``KEY=JSON`` (a bare word that is not JSON is taken as a string)."""
@@ -540,6 +555,21 @@ def run(args: argparse.Namespace) -> int:
                 windows=tuple(args.windows),
                 max_tokens=args.max_tokens,
                 threads=args.threads,
+                out=args.out,
+            )
+        )
+    if args.bench_command == "next-edit":
+        from kode.bench import next_edits
+
+        return next_edits.main(
+            next_edits.Options(
+                repos=tuple(args.repo),
+                rev=args.rev,
+                limit=args.limit,
+                seed=args.seed,
+                max_commits=args.max_commits,
+                max_hunks=args.max_hunks,
+                per_commit=args.per_commit,
                 out=args.out,
             )
         )
