@@ -18,6 +18,7 @@ sampler); the decoding methods are written once, in ``backends/steppers.py``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 from collections import deque
@@ -27,7 +28,13 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from kode.backends.base import FinishReason, GenerationRequest, Sampling, SpeculationMethod
-from kode.backends.errors import BackendClosed, BackendError, ContextOverflow, PrefillAborted
+from kode.backends.errors import (
+    BackendClosed,
+    BackendError,
+    ContextOverflow,
+    PrefillAborted,
+    describe,
+)
 from kode.backends.guided import Guide
 from kode.backends.heal_index import HealIndex
 from kode.backends.monitor import Monitor, VocabIndex
@@ -56,6 +63,12 @@ from kode.backends.worker import (
 )
 
 T = TypeVar("T", bound=Target)
+
+log = logging.getLogger("kode.backends")
+
+# How long closing a backend waits for the generations it cancelled: each stops within
+# one step, a prompt batch at most (seconds on a busy 2-core machine, for a large one).
+CLOSE_WAIT_S = 2.0
 
 
 class TextStream(Protocol):
@@ -172,6 +185,7 @@ class LocalBackend(Generic[T]):
         curve: CostCurve,
         draft_options: DraftOptions = DraftOptions(),
         owns_executor: bool,
+        close_wait_s: float = CLOSE_WAIT_S,
     ) -> None:
         self.engine = engine
         self.curve = curve
@@ -180,11 +194,12 @@ class LocalBackend(Generic[T]):
         self.learning = NgramLearning(curve)
         self._executor = executor
         self._owns_executor = owns_executor
+        self.close_wait_s = close_wait_s
         self._inbox: deque[WorkerJob] = deque()  # arrived, not started yet (at most ``width`` run)
         self._inbox_lock = threading.Lock()
         self._serving = False  # ``_serve`` runs or is queued on the worker
         self._live = 0  # generations ``_serve`` steps now
-        self._jobs: set[asyncio.Future[None]] = set()  # every generation not ended yet
+        self._jobs: set[WorkerJob] = set()  # every generation not ended yet
         self._closed = False
         self._heal_index: HealIndex | None = None  # built on first use, on the worker
         self._vocab_index: VocabIndex | None = None  # the same, for the names monitor
@@ -257,8 +272,8 @@ class LocalBackend(Generic[T]):
             raise BackendError(refusal)
         loop = asyncio.get_running_loop()
         job = WorkerJob(request, loop)
-        self._jobs.add(job.done)
-        job.done.add_done_callback(self._jobs.discard)
+        self._jobs.add(job)
+        job.done.add_done_callback(lambda _done: self._jobs.discard(job))
         with self._inbox_lock:
             self._inbox.append(job)
             start = not self._serving
@@ -276,14 +291,34 @@ class LocalBackend(Generic[T]):
         return {"kind": "inProcess", "pid": os.getpid()}
 
     async def aclose(self) -> None:
+        """Cancel the generations still running (each stops within one step) and wait
+        for them at most ``close_wait_s``; then close the engine on the worker thread,
+        after them. One stuck in a model call longer is not waited for: the worker closes
+        the engine (and its own thread ends) once that call returns."""
         if self._closed:
             return
         self._closed = True
-        while self._jobs:  # the generations asked for before end as they would
-            await asyncio.shield(asyncio.gather(*self._jobs))
-        await asyncio.get_running_loop().run_in_executor(self._executor, self.engine.close)
+        jobs = list(self._jobs)
+        for job in jobs:
+            job.cancel_event.set()
+        late: set[asyncio.Future[None]] = set()
+        if jobs:
+            _ended, late = await asyncio.wait([job.done for job in jobs], timeout=self.close_wait_s)
+        closing = asyncio.get_running_loop().run_in_executor(self._executor, self.engine.close)
+        if late:
+            log.warning(
+                "closing a %s backend left %d generation(s) to end in a model call; the "
+                "engine closes after them",
+                self.engine.name,
+                len(late),
+            )
+            closing.add_done_callback(_report_close)
+            if self._owns_executor:
+                self._executor.shutdown(wait=False)  # its thread ends after the close
+            return
+        await closing
         if self._owns_executor:
-            self._executor.shutdown(wait=True)
+            await asyncio.to_thread(self._executor.shutdown)
 
     async def logit_gaps(self, prompt: str, tokens: Sequence[int]) -> list[float]:
         """Top-2 logit gap of plain decoding before each of ``tokens`` after ``prompt``.
@@ -379,6 +414,13 @@ class LocalBackend(Generic[T]):
             stats.model_calls += 1
             stats.batched_steps += len(waiting) > 1
             self._advance(one, token)
+
+
+def _report_close(closing: asyncio.Future[None]) -> None:
+    """The engine's close, run after an ``aclose`` that did not wait for it."""
+    error = None if closing.cancelled() else closing.exception()
+    if error is not None:
+        log.warning("closing the engine failed (%s)", describe(error))
 
 
 class LocalRun(WorkerRun, Generic[T]):

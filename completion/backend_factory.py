@@ -96,7 +96,12 @@ async def load_backend(settings: Settings | BackendKey, notify: Notify | None = 
 
 class BackendPool:
     """Builds the backend a settings object asks for, once, and swaps it when its
-    ``BackendKey`` changes."""
+    ``BackendKey`` changes.
+
+    The old backend is closed before the new one loads (two models would need twice
+    the memory), under the lock. The keystroke that asked for the new one waits for that
+    close, which cancels the old backend's generations and waits a bounded time for
+    them (``LocalBackend.aclose``), not for their fills to run to their end."""
 
     def __init__(self, loader: Callable[[BackendKey], Awaitable[Backend]]) -> None:
         self._loader = loader
@@ -109,9 +114,9 @@ class BackendPool:
         async with self._lock:
             if self._backend is not None and key == self._key:
                 return self._backend
-            if self._backend is not None:
-                await self._backend.aclose()
-                self._backend = None
+            old, self._backend, self._key = self._backend, None, None
+            if old is not None:
+                await old.aclose()
             self._backend = await self._loader(key)
             self._key = key
             return self._backend
@@ -122,9 +127,9 @@ class BackendPool:
 
     async def aclose(self) -> None:
         async with self._lock:
-            if self._backend is not None:
-                await self._backend.aclose()
-                self._backend = None
+            old, self._backend, self._key = self._backend, None, None
+            if old is not None:
+                await old.aclose()
 
 
 async def load_local(settings: BackendKey, notify: Notify | None = None) -> Backend:

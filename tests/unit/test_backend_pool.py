@@ -3,13 +3,20 @@ for the loader and the pool alike. No model."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
 import pytest
+from kode.backends.base import FinishReason
+from kode.backends.local import LocalBackend
+from kode.backends.speculative import CostCurve
 from kode.completion.backend_factory import BackendKey, BackendPool
 from kode.completion.settings import DEFAULT, Settings
 from scripted import ScriptedBackend
+from test_local_close import ENDLESS, STEP_S, ClosingEngine
+from test_worker_batch import Target, request
 
 
 async def test_the_pool_rebuilds_the_backend_when_and_only_when_its_key_changes() -> None:
@@ -39,3 +46,28 @@ def test_the_draft_model_counts_only_for_draft_speculation() -> None:
     assert BackendKey.from_settings(small) == BackendKey.from_settings(DEFAULT)
     drafting = msgspec.convert({"speculation": "draft"}, Settings)
     assert BackendKey.from_settings(drafting).draft_model == "small"
+
+
+async def test_a_settings_change_does_not_wait_for_the_old_backends_generations() -> None:
+    """#51, bug 5: the next keystroke after a change of model got its backend only once
+    every generation of the old one had run to its end; now they are cancelled."""
+    engines: list[ClosingEngine] = []
+
+    async def loader(key: BackendKey) -> LocalBackend[Target]:
+        engines.append(ClosingEngine(width=2))
+        executor = ThreadPoolExecutor(max_workers=1)
+        return LocalBackend(engines[-1], executor, curve=CostCurve({1: 1.0}), owns_executor=True)
+
+    pool = BackendPool(loader)  # type: ignore[arg-type]
+    old = await pool.get(DEFAULT)
+    fill = await old.generate(request("def area(r):", ENDLESS))
+    try:
+        assert await asyncio.to_thread(engines[0].called.wait, STEP_S)  # it runs
+        changed = msgspec.structs.replace(DEFAULT, context_size=2048)
+        new = await asyncio.wait_for(pool.get(changed), STEP_S)
+        assert new is not old and pool.current is new
+        assert fill.stats.finish_reason is FinishReason.CANCELLED
+        assert engines[0].closed.is_set()
+    finally:
+        await asyncio.wait_for(fill.cancel(), STEP_S)
+        await asyncio.wait_for(pool.aclose(), STEP_S)
