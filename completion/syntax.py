@@ -121,7 +121,12 @@ def _python_checker(before: str, after: str) -> FillCheck | None:
     return parses
 
 
-@functools.cache
+# Parsers kept, by the client's languageId (any string a client sends): more than the
+# languages one person edits in a day, and each parser is small.
+PARSERS_KEPT = 64
+
+
+@functools.lru_cache(maxsize=PARSERS_KEPT)
 def _tree_sitter(language_id: str) -> Any | None:
     """The tree-sitter parser for ``language_id``; None without one (or the extra)."""
     if language_id in _NOT_CODE:

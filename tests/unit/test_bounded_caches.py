@@ -227,3 +227,13 @@ def test_the_child_s_names_are_its_last_line(monkeypatch: pytest.MonkeyPatch) ->
     assert members.names_in_child("noisy") == frozenset({"a", "b"})  # after terminal output
     assert members.names_in_child("broken") is None
     assert calls[0][:4] == [sys.executable, "-I", "-S", "-c"]
+
+
+def test_tree_sitter_parsers_are_kept_for_a_bounded_number_of_language_ids() -> None:
+    from kode.completion import syntax
+
+    syntax._tree_sitter.cache_clear()
+    for n in range(syntax.PARSERS_KEPT + 10):
+        syntax._tree_sitter(f"no-such-language-{n}")
+    assert syntax._tree_sitter.cache_info().currsize == syntax.PARSERS_KEPT
+    syntax._tree_sitter.cache_clear()
