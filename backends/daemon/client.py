@@ -200,7 +200,15 @@ class SharedEngineBackend:
         return True
 
     async def aclose(self) -> None:
+        """Cancel and await the generations being moved (and the restart they wait for),
+        then close; a closed backend starts nothing and answers ``BackendClosed``."""
+        if self._closed:
+            return
         self._closed = True
+        moving = list(self._moving)
+        for task in moving:
+            task.cancel()
+        await asyncio.gather(*moving, return_exceptions=True)
         if self._conn is not None:
             await self._conn.close()
         if self._fallback is not None:
@@ -277,6 +285,8 @@ class SharedEngineBackend:
 
     async def _connection(self) -> Connection | None:
         async with self._lock:
+            if self._closed:
+                raise BackendClosed("backend is closed")
             if self._fallback is not None:
                 return None
             conn = self._conn
@@ -331,7 +341,16 @@ class SharedEngineBackend:
             return False
 
         async def move() -> None:
-            conn = await self._connection()
+            try:
+                conn = await self._connection()
+            except asyncio.CancelledError:  # the window closes
+                for generation in generations:
+                    generation.fail(BackendClosed("backend is closed"))
+                raise
+            except Exception as exc:  # closed, or the fallback could not load
+                for generation in generations:
+                    generation.fail(exc)
+                return
             for generation in generations:
                 if conn is not None:
                     conn.adopt(generation)

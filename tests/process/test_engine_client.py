@@ -33,6 +33,7 @@ from kode.backends.base import (
 )
 from kode.backends.daemon.client import MAX_RESTARTS, SharedEngineBackend
 from kode.backends.daemon.paths import EngineConfig, EnginePlace
+from kode.backends.errors import BackendClosed
 
 
 async def test_the_client_restarts_a_dead_engine_once_then_falls_back(
@@ -305,3 +306,45 @@ async def test_a_window_gives_up_an_engine_whose_work_stands_still(
         for engine in engines:
             if not engine.task.done():
                 await engine.stop()
+
+
+async def test_a_window_closing_while_its_engine_restarts_leaves_nothing_running(
+    place: EnginePlace, tmp_path: Path
+) -> None:
+    """#51, bug 5: the engine dies under a keystroke and the window closes while it starts
+    the engine again: closing ends that restart (the keystroke ends with the window, it
+    is not left to a reconnect that a closed window would make), and a closed window
+    starts no engine."""
+    engine = Engine(place, SlowBackend(delay=5.0))
+    loop = asyncio.get_running_loop()
+    spawning = asyncio.Event()
+    release = threading.Event()
+    spawned: list[int] = []
+
+    def spawn(_config: EngineConfig, _p: EnginePlace) -> int:  # on a worker thread
+        spawned.append(0)
+        loop.call_soon_threadsafe(spawning.set)
+        release.wait(STEP_S)
+        return 0  # no process: it ended at once
+
+    backend = client_window(place, tmp_path)
+    backend._spawn = spawn  # type: ignore[attr-defined]
+    try:
+        await asyncio.wait_for(backend.start(), STEP_S)
+        generation = await backend.generate(request("k", n=2))
+        for w in list(engine.server.windows.values()):
+            w.writer.transport.abort()  # the engine dies: connections reset
+        engine.server.stop("crash")
+        await asyncio.wait_for(spawning.wait(), STEP_S)  # the window starts it again
+        await asyncio.wait_for(backend.aclose(), STEP_S)
+        assert generation.done  # ended with the window, not left to the restart
+        with pytest.raises(BackendClosed):
+            await text_of(generation)
+        with pytest.raises(BackendClosed):
+            await backend.generate(request("x", n=1))
+        assert spawned == [0]
+    finally:
+        release.set()
+        await backend.aclose()
+        if not engine.task.done():
+            await engine.stop()
