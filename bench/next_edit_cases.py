@@ -244,6 +244,10 @@ class GitReader:
         out = self._git("rev-list", "--min-parents=1", "--max-parents=1", revs)
         return out.split()
 
+    def head(self) -> str:
+        """The commit ``HEAD`` names (the snapshot a run read)."""
+        return self._git("rev-parse", "HEAD").strip()
+
     def diff(self, commit: str) -> str:
         return self._git(
             "diff", "-U0", "--no-color", "--no-ext-diff", "--no-renames", "--src-prefix=a/",

@@ -82,11 +82,11 @@ PROPOSAL_CHARS = 300  # of a proposal's text kept in the JSON
 class Options:
     repos: tuple[Path, ...]
     rev: str = "HEAD"
-    limit: int = 100  # cases per class
+    limit: int = 150  # cases per class
     seed: int = 0
     max_commits: int = 2000
     max_hunks: int = 12
-    per_commit: int = 8
+    per_commit: int = 4
     out: Path | None = None
 
 
@@ -433,9 +433,11 @@ def _load() -> list[float]:
 # -- the run -----------------------------------------------------------------------------
 
 
-async def run(options: Options) -> tuple[list[CaseResult], dict[str, int]]:
-    """The cases replayed, and how many commits of each repository were read."""
+async def run(options: Options) -> tuple[list[CaseResult], dict[str, int], dict[str, str]]:
+    """The cases replayed, how many commits of each repository were read, and each
+    repository's ``HEAD``."""
     readers = [GitReader(path) for path in options.repos]
+    heads = {reader.name: reader.head() for reader in readers}
     queues = []
     for reader in readers:
         commits = reader.commits(options.rev)
@@ -449,9 +451,9 @@ async def run(options: Options) -> tuple[list[CaseResult], dict[str, int]]:
         for i in range(max((len(q) for q in queues), default=0)):
             for reader, queue in zip(readers, queues, strict=True):
                 if all(c >= options.limit for c in counts.values()):
-                    return results, read
+                    return results, read, heads
                 if total >= options.max_commits:
-                    return results, read
+                    return results, read, heads
                 if i >= len(queue):
                     continue
                 commit = queue[i]
@@ -471,16 +473,16 @@ async def run(options: Options) -> tuple[list[CaseResult], dict[str, int]]:
         print(file=sys.stderr)
         for reader in readers:
             reader.close()
-    return results, read
+    return results, read, heads
 
 
 def main(options: Options) -> int:
     load_before = _load()
-    results, read = asyncio.run(run(options))
+    results, read, heads = asyncio.run(run(options))
     load_after = _load()
     rows = summarize(results)
     print(table(rows))
-    commits = ", ".join(f"{name} {n}" for name, n in read.items())
+    commits = ", ".join(f"{name} {n} of {heads[name][:10]}" for name, n in read.items())
     print(f"commits read: {sum(read.values())} ({commits}); rev {options.rev}, seed {options.seed}")
     print(f"load average (1/5/15 min): before {load_before}, after {load_after}")
     kinds: dict[str, list[int]] = {}
@@ -507,6 +509,7 @@ def main(options: Options) -> int:
                 "settings": SETTINGS,
                 "gap_s": GAP_S,
                 "commits_read": read,
+                "heads": heads,
                 "load_before": load_before,
                 "load_after": load_after,
             },

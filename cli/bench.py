@@ -7,7 +7,7 @@ kode bench latency [--model M] [--cadence-ms 120] [--files F ...] [--humaneval N
 kode bench context [--model M] [--holes 24] [--retrieval-tokens 512] [--latency-files 5000]
 kode bench names [--model small] [--holes 24] [--windows full,short]
 kode bench load (--through-router | --spawn-server | --url URL) [--users 8] [--seconds 20]
-kode bench next-edit --repo PATH [PATH ...] [--limit 100] [--seed 0] [--rev HEAD]
+kode bench next-edit --repo PATH [PATH ...] [--limit 150] [--seed 0] [--rev HEAD]
 
 Only argument parsing lives here; the benchmark modules are imported when one runs, so
 ``kode`` itself starts fast.
@@ -389,11 +389,11 @@ def register(subparsers: Any) -> None:
         "--repo", type=Path, nargs="+", required=True, help="local git repositories"
     )
     next_edit.add_argument("--rev", default="HEAD", help="the commits to sample (git rev-list)")
-    next_edit.add_argument("--limit", type=int, default=100, help="cases per class")
+    next_edit.add_argument("--limit", type=int, default=150, help="cases per class")
     next_edit.add_argument("--seed", type=int, default=0)
     next_edit.add_argument("--max-commits", type=int, default=2000)
     next_edit.add_argument("--max-hunks", type=int, default=12, help="of one file's sequence")
-    next_edit.add_argument("--per-commit", type=int, default=8, help="cases of one commit")
+    next_edit.add_argument("--per-commit", type=int, default=4, help="cases of one commit")
     next_edit.add_argument("--out", type=Path, default=Path("results/next-edit"))
 
 

@@ -56,7 +56,7 @@ def test_a_run_writes_every_case(
     out = tmp_path / "out"
     assert main(Options(repos=(repo,), limit=5, out=out)) == 0
     printed = capsys.readouterr().out
-    assert "commits read: 1 (proj 1)" in printed and "load average" in printed
+    assert "commits read: 1 (proj 1 of " in printed and "load average" in printed
     report = json.loads((out / "next_edits.json").read_text(encoding="utf-8"))
     assert report["setup"]["commits_read"] == {"proj": 1}
     cases = {case["k"]: case for case in report["cases"]}
