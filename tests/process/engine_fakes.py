@@ -190,7 +190,7 @@ def shared_backend(
         spawned.append(0)
         return 0  # no such process: it ended at once
 
-    backend._spawn = spawn  # type: ignore[attr-defined]
+    backend.engine.spawn = spawn
     return backend, fallback
 
 

@@ -27,11 +27,15 @@ from engine_fakes import (
 )
 from kode.backends.base import (
     Backend,
+    ChunkAssembly,
     FinishReason,
     GenerationRequest,
+    PrefillSpeed,
+    PromptCache,
     TokenHealing,
 )
-from kode.backends.daemon.client import MAX_RESTARTS, SharedEngineBackend
+from kode.backends.daemon.client import SharedEngineBackend
+from kode.backends.daemon.engine_backend import MAX_RESTARTS
 from kode.backends.daemon.paths import EngineConfig, EnginePlace
 from kode.backends.errors import BackendClosed
 
@@ -62,7 +66,7 @@ async def test_the_client_restarts_a_dead_engine_once_then_falls_back(
         notify=notices.append,
         timeout_s=STEP_S,
     )
-    backend._spawn = spawn  # type: ignore[attr-defined]
+    backend.engine.spawn = spawn
     try:
         await asyncio.wait_for(backend.start(), STEP_S)
         assert len(engines) == 1 and backend.engine_info["kind"] == "shared"
@@ -71,7 +75,7 @@ async def test_the_client_restarts_a_dead_engine_once_then_falls_back(
         await engines[0].stop()  # the engine dies under the window
         await asyncio.sleep(0.05)
         assert await text_of(await backend.generate(request("y", n=1))) == "y:0 "
-        assert len(engines) == 2 and backend.restarts == 1 and not notices
+        assert len(engines) == 2 and backend.engine.restarts == 1 and not notices
         await engines[1].stop()  # and again: the window loads its own model
         await asyncio.sleep(0.05)
         assert await text_of(await backend.generate(request("z", n=1))) == "z:0 "
@@ -165,7 +169,7 @@ async def test_a_keystroke_in_flight_when_the_engine_dies_is_answered(
         return 0
 
     backend = client_window(place, tmp_path)
-    backend._spawn = spawn  # type: ignore[attr-defined]
+    backend.engine.spawn = spawn
     try:
         await asyncio.wait_for(backend.start(), STEP_S)
         generation = await backend.generate(request("k", n=2))
@@ -174,7 +178,7 @@ async def test_a_keystroke_in_flight_when_the_engine_dies_is_answered(
             w.writer.transport.abort()  # the engine dies: connections reset
         engines[0].server.stop("crash")
         assert await asyncio.wait_for(text_of(generation), STEP_S) == "k:0 k:1 "
-        assert backend.restarts == 1 and len(engines) == 2
+        assert backend.engine.restarts == 1 and len(engines) == 2
     finally:
         await backend.aclose()
         for engine in engines:
@@ -192,7 +196,7 @@ async def test_a_keystroke_in_flight_when_the_engine_cannot_come_back_runs_on_th
     backend, fallback = shared_backend(place, tmp_path, [], notices)
     try:
         await asyncio.wait_for(backend.start(), STEP_S)
-        backend.restarts = MAX_RESTARTS  # restarted as often as a window does already
+        backend.engine.restarts = MAX_RESTARTS  # restarted as often as a window does already
         generation = await backend.generate(request("k", n=2))
         long = await backend.generate(request("c", n=10_000))  # sent; no token yet
         for w in list(engine.server.windows.values()):
@@ -289,9 +293,9 @@ async def test_a_window_gives_up_an_engine_whose_work_stands_still(
         loop.call_soon_threadsafe(stuck.server.stop, "ended as hung")
 
     backend = client_window(place, tmp_path)
-    backend._spawn = spawn  # type: ignore[attr-defined]
-    backend._end_hung = end  # type: ignore[attr-defined]
-    backend.silent_s, backend.stall_s = 5.0, 0.5
+    backend.engine.spawn = spawn
+    backend.engine.end_hung = end
+    backend.engine.silent_s, backend.engine.stall_s = 5.0, 0.5
     caplog.set_level(logging.WARNING, logger="kode.engine")
     try:
         await asyncio.wait_for(backend.start(), STEP_S)
@@ -300,7 +304,7 @@ async def test_a_window_gives_up_an_engine_whose_work_stands_still(
         # given up for its progress standing still (``stall_s``), not for silence
         assert "hung (" in caplog.text and "stopped answering" not in caplog.text
         assert ended == [os.getpid()]  # the engine's pid, as the kernel gave it
-        assert backend.restarts == 1 and len(engines) == 2
+        assert backend.engine.restarts == 1 and len(engines) == 2
     finally:
         await backend.aclose()
         for engine in engines:
@@ -328,7 +332,7 @@ async def test_a_window_closing_while_its_engine_restarts_leaves_nothing_running
         return 0  # no process: it ended at once
 
     backend = client_window(place, tmp_path)
-    backend._spawn = spawn  # type: ignore[attr-defined]
+    backend.engine.spawn = spawn
     try:
         await asyncio.wait_for(backend.start(), STEP_S)
         generation = await backend.generate(request("k", n=2))
@@ -348,3 +352,26 @@ async def test_a_window_closing_while_its_engine_restarts_leaves_nothing_running
         await backend.aclose()
         if not engine.task.done():
             await engine.stop()
+
+
+async def test_after_a_fall_back_the_window_answers_for_its_own_model(
+    place: EnginePlace, tmp_path: Path
+) -> None:
+    """One backend at a time: the client forwards to whichever is current, and what the
+    fallback lacks (here: no prompt cache, no chunk store, no healing) it answers as a
+    backend without it, as the engine's features are not the fallback's."""
+    backend, fallback = shared_backend(place, tmp_path, [], [])
+    try:
+        assert backend.cached_prefix("abc") == (0, 3)  # the engine's estimate: nothing yet
+        await asyncio.wait_for(backend.start(), STEP_S)  # the engine ends as it starts
+        assert backend.name == fallback.name == "fake"
+        features = (PromptCache, ChunkAssembly, TokenHealing, PrefillSpeed)
+        assert all(isinstance(backend, feature) for feature in features)
+        assert backend.cached_prefix("abc") == (0, 3)
+        assert backend.assembled_prefix("abc") == (0, 3)
+        assert backend.chunk_store is None and backend.prefill_tokens_per_s is None
+        assert backend.last_token_chars("self.pro") == 0 and backend.kv_memory == {}
+        assert await backend.health()
+    finally:
+        await backend.aclose()
+    assert fallback.closed

@@ -23,7 +23,7 @@ from kode.backends.base import (
     SpeculationStats,
 )
 from kode.backends.daemon import protocol as wire
-from kode.backends.daemon.client import KvMirror
+from kode.backends.daemon.engine_backend import KvMirror
 from kode.backends.daemon.launch import end_process
 from kode.backends.daemon.paths import (
     EngineConfig,
