@@ -2,7 +2,7 @@
 
 A frame is a 4-byte big-endian (network order) unsigned length, then that many bytes of
 payload. Used by the shared engine's socket (``daemon/protocol.py``, MessagePack
-payloads) and by the workspace index's parsing child (``completion/index_worker.py``,
+payloads) and by the workspace index's parsing child (``completion/project/index_worker.py``,
 ``marshal`` payloads over its pipes).
 
 Standard library only, and importing nothing of Kode: the parsing child runs in an

@@ -2,7 +2,7 @@
 
 Monitor-guided decoding (Agrawal et al., NeurIPS 2023; microsoft/monitors4codegen): when
 the text so far ends in a dereference whose receiver's members are known (a closed set,
-worked out by static analysis in ``completion/receivers.py``), every token that cannot
+worked out by static analysis in ``completion/project/receivers.py``), every token that cannot
 continue one of their names is masked until the identifier ends. A 1.1B model with it
 beat a 175B model without it on next-identifier match.
 

@@ -60,9 +60,9 @@ def find_holes(root: Path, package: str) -> list[Hole]:
     """Holes in package ``root/package``: ``mod.NAME`` in a one-line simple statement of
     one module, ``mod`` an imported sibling module defining NAME at top level, NAME
     written nowhere else in that module."""
-    from kode.completion.index_worker import python_definitions
-    from kode.completion.retrieval import Binding, python_imports
-    from kode.completion.workspace_files import module_name
+    from kode.completion.project.index_worker import python_definitions
+    from kode.completion.project.retrieval import Binding, python_imports
+    from kode.completion.project.workspace_files import module_name
 
     files = sorted(
         p

@@ -28,7 +28,7 @@ RETRIEVAL_TOKENS = 512  # the retrieval budget (``retrievalTokens``) unless told
 def built_index(prepared: Prepared) -> Any:
     """The workspace index of a hole's renamed copy, built, its parsing child closed
     (nothing is re-indexed during a hole)."""
-    from kode.completion.workspace import WorkspaceIndex
+    from kode.completion.project.workspace import WorkspaceIndex
 
     index = WorkspaceIndex([prepared.root])
     index.build()
@@ -38,9 +38,9 @@ def built_index(prepared: Prepared) -> Any:
 
 def _hole_retriever(prepared: Prepared) -> tuple[Any, Path]:
     """A retriever over the hole's built index, and the edited module's path."""
-    from kode.completion.index_worker import read_text
-    from kode.completion.retrieval import Retriever
-    from kode.completion.workspace import IndexLimits
+    from kode.completion.project.index_worker import read_text
+    from kode.completion.project.retrieval import Retriever
+    from kode.completion.project.workspace import IndexLimits
 
     limit = IndexLimits().max_file_bytes
     retriever = Retriever(built_index(prepared), functools.partial(read_text, max_bytes=limit))
@@ -96,7 +96,7 @@ def measure_keystrokes(options: Options) -> dict[str, Any]:
 def budget_measure(model: str, retrieval_tokens: int) -> tuple[Any, int]:
     """How the engine counts the retrieval budget: ``model``'s tokens (its
     tokenizer only, no weights), else characters, 4 a token (no model installed)."""
-    from kode.completion.outline import CHARS, Measure
+    from kode.completion.project.outline import CHARS, Measure
 
     count = token_counter(model)
     if count is None:
@@ -105,7 +105,7 @@ def budget_measure(model: str, retrieval_tokens: int) -> tuple[Any, int]:
 
 
 def _unit(measure: Any) -> str:
-    from kode.completion.outline import CHARS
+    from kode.completion.project.outline import CHARS
 
     return "characters (4 a token)" if measure is CHARS else "model tokens"
 
@@ -135,7 +135,7 @@ def measure_fitted(options: Options) -> dict[str, Any]:
     renamed name reach it, and what the retrieved part holds."""
     from kode.completion import context as ctxmod
     from kode.completion.documents import Document
-    from kode.completion.retrieval import Source
+    from kode.completion.project.retrieval import Source
     from kode.completion.settings import parse
     from kode.completion.windows import prompt_budget
 
@@ -199,9 +199,9 @@ def measure_index(n_files: int, queries: int, seed: int, model: str = "default")
     ``model``'s tokens, as the engine does, when its tokenizer is installed)."""
     import tracemalloc
 
-    from kode.completion.index_worker import read_text
-    from kode.completion.retrieval import Retriever
-    from kode.completion.workspace import IndexLimits, WorkspaceIndex
+    from kode.completion.project.index_worker import read_text
+    from kode.completion.project.retrieval import Retriever
+    from kode.completion.project.workspace import IndexLimits, WorkspaceIndex
 
     roots = latency_tree()
     tracemalloc.start()

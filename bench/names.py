@@ -1,7 +1,7 @@
 """``kode bench names``: the first name after ``receiver.``, with and without the monitor.
 
 Holes are cut from large standard-library packages: a line that dereferences a receiver
-whose members the analysis knows (``completion/receivers.py``: a module, a class,
+whose members the analysis knows (``completion/project/receivers.py``: a module, a class,
 ``self``), the cursor right after the dot, the rest of the line removed. The model
 completes it three times per window, side by side on one loaded model, greedy: ``free``
 (no monitor), ``mask`` (the monitor's mask alone) and ``monitor`` (as shipped: the mask,
@@ -48,8 +48,8 @@ from kode.backends import models
 from kode.backends.base import GenerationRequest, SpeculationMethod
 from kode.backends.llama.backend import LlamaBackend
 from kode.backends.monitor import Names, in_code
-from kode.completion.members import Resolver
-from kode.completion.receivers import Receivers, enclosing_method, parse_around
+from kode.completion.project.members import Resolver
+from kode.completion.project.receivers import Receivers, enclosing_method, parse_around
 from kode.completion.templates import TEMPLATES, render
 
 # Held out: packages no earlier probe of the project cut holes from.

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
 
 from kode.completion.documents import LINE_BREAK, Document, split_lines
-from kode.completion.index_worker import words
-from kode.completion.outline import SNIPPET_HEADER_TOKENS
-from kode.completion.retrieval import Retrieved, best_window
+from kode.completion.project.index_worker import words
+from kode.completion.project.outline import SNIPPET_HEADER_TOKENS
+from kode.completion.project.retrieval import Retrieved, best_window
 from kode.completion.templates import Snippet
 
 CountTokens = Callable[[str], int]

@@ -21,13 +21,13 @@ from kode.completion.edits.next_edits import NextEdit, NextEdits
 from kode.completion.live import Background, LiveSuggestions
 from kode.completion.partials import PartialPacer
 from kode.completion.preparation import Preparation
-from kode.completion.project import ProjectContext
-from kode.completion.retrieval import Retrieved
+from kode.completion.project.context import ProjectContext
+from kode.completion.project.retrieval import Retrieved
+from kode.completion.project.workspace import WorkspaceIndex
 from kode.completion.settings import DEFAULT, BackendKind, Settings
 from kode.completion.suggestion import Completion, PartialCallback, Suggestion, describe_failure
 from kode.completion.templates import FimTemplate
 from kode.completion.windows import Windows
-from kode.completion.workspace import WorkspaceIndex
 
 log = logging.getLogger("kode.completion")
 

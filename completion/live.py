@@ -28,8 +28,8 @@ from kode.backends.latest import Latest
 from kode.completion import syntax
 from kode.completion.clock import Clock
 from kode.completion.documents import Document
-from kode.completion.project import ProjectContext
-from kode.completion.retrieval import Retrieved
+from kode.completion.project.context import ProjectContext
+from kode.completion.project.retrieval import Retrieved
 from kode.completion.settings import Settings
 from kode.completion.stops import StopRules
 from kode.completion.suggestion import Suggestion, describe_failure

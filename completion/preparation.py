@@ -51,7 +51,7 @@ from kode.completion import context as ctxmod
 from kode.completion.clock import Clock
 from kode.completion.documents import Document, DocumentStore, file_name
 from kode.completion.live import LiveSuggestions
-from kode.completion.project import ProjectContext
+from kode.completion.project.context import ProjectContext
 from kode.completion.reading import Reader, fits
 from kode.completion.settings import BackendKind, Settings
 from kode.completion.suggestion import Suggestion, describe_failure

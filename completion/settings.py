@@ -104,7 +104,7 @@ class Settings(
     # 0: re-evaluate the suffix on every keystroke.
     moved_suffix_drift: _Tokens = 32
     snippet_tokens: _Tokens = 512
-    # Project context (completion/retrieval.py): definitions, module outlines and similar
+    # Project context (completion/project/retrieval.py): definitions, module outlines and similar
     # code from the workspace folders' files, after the open documents; 0: off.
     retrieval_tokens: _Tokens = 512
     workspace_index: bool = True  # index the workspace folders (needed for retrieval)

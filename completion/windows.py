@@ -39,7 +39,7 @@ from kode.backends.errors import SettingsError
 from kode.completion import context as ctxmod
 from kode.completion import healing
 from kode.completion.documents import Document, DocumentStore, file_name, scrub
-from kode.completion.retrieval import Retrieved
+from kode.completion.project.retrieval import Retrieved
 from kode.completion.settings import Settings
 from kode.completion.templates import TEMPLATES, FimTemplate, render
 

@@ -5,7 +5,7 @@ Requests and notifications handled:
 - ``initialize`` (settings from ``initializationOptions``), ``initialized`` (warms up
   the model in the background), ``workspace/didChangeConfiguration``;
 - ``textDocument/didOpen|didChange|didClose`` (full and incremental sync);
-- the workspace index (``completion/workspace.py``): the folders from ``initialize``,
+- the workspace index (``completion/project/workspace.py``): the folders from ``initialize``,
   ``textDocument/didSave``, ``workspace/didChangeWatchedFiles`` (a watcher for every
   file is registered when the client allows it) and ``workspace/didChangeWorkspaceFolders``;
 - ``textDocument/inlineCompletion`` (LSP 3.18), an ``async`` handler: pygls cancels

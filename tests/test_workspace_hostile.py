@@ -20,9 +20,9 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kode.completion.index_worker import read_text
-from kode.completion.retrieval import Retriever
-from kode.completion.workspace import IndexLimits, WorkspaceIndex
+from kode.completion.project.index_worker import read_text
+from kode.completion.project.retrieval import Retriever
+from kode.completion.project.workspace import IndexLimits, WorkspaceIndex
 
 BOUND_S = 20.0  # one step (a build, all updates, a retrieval) of one example
 MAX_BYTES = 4096

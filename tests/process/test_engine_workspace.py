@@ -14,9 +14,9 @@ from kode.backends.errors import Superseded
 from kode.completion.clock import ManualClock
 from kode.completion.documents import Position
 from kode.completion.engine import CompletionEngine
-from kode.completion.project import REINDEX_DELAY_S
+from kode.completion.project.context import REINDEX_DELAY_S
+from kode.completion.project.workspace import IndexStats, WorkspaceIndex
 from kode.completion.settings import parse
-from kode.completion.workspace import IndexStats, WorkspaceIndex
 from scripted import ScriptedBackend, until
 from test_workspace import wait_gone
 

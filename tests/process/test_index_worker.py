@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kode.completion import index_worker
-from kode.completion.index_worker import (
+from kode.completion.project import index_worker
+from kode.completion.project.index_worker import (
     BINARY,
     LARGE,
     MISSING,
@@ -25,7 +25,7 @@ from kode.completion.index_worker import (
     read_file,
     read_text,
 )
-from kode.completion.workspace import IndexLimits, WorkspaceIndex
+from kode.completion.project.workspace import IndexLimits, WorkspaceIndex
 
 BOUND_S = 10.0  # far more than any of these takes; a hang fails instead of blocking CI
 

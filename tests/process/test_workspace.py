@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-from kode.completion import index_worker
-from kode.completion.index_worker import python_definitions
-from kode.completion.workspace import IndexLimits, WorkspaceIndex
-from kode.completion.workspace_files import Ignore, module_name
+from kode.completion.project import index_worker
+from kode.completion.project.index_worker import python_definitions
+from kode.completion.project.workspace import IndexLimits, WorkspaceIndex
+from kode.completion.project.workspace_files import Ignore, module_name
 
 
 def write(root: Path, rel: str, text: str | bytes) -> Path:
@@ -290,7 +290,7 @@ def test_the_parsing_child_exits_when_the_server_dies(tmp_path: Path) -> None:
     script = (
         "import os, sys, time\n"
         "from pathlib import Path\n"
-        "from kode.completion.workspace import WorkspaceIndex\n"
+        "from kode.completion.project.workspace import WorkspaceIndex\n"
         "index = WorkspaceIndex([Path(sys.argv[1])])\n"
         "index.build()\n"
         "print(index.worker_pid, flush=True)\n"

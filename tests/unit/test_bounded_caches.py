@@ -1,4 +1,4 @@
-"""Every cache of the names monitor (completion/members.py, receivers.py) has a bound,
+"""Every cache of the names monitor (completion/project/members.py, receivers.py) has a bound,
 and the bound holds; a module not found is looked up again; nothing compiled is imported
 into this process to read its names. Clocks are counters moved by hand."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kode.completion import members
-from kode.completion.members import Lru, Resolver
-from kode.completion.receivers import _CACHE, Receivers
+from kode.completion.project import members
+from kode.completion.project.members import Lru, Resolver
+from kode.completion.project.receivers import _CACHE, Receivers
 
 
 class Clock:

@@ -10,10 +10,10 @@ import pytest
 from kode.backends.base import Backend, PrefillRate
 from kode.completion import reading
 from kode.completion.documents import DocumentStore
+from kode.completion.project.workspace import IndexLimits, WorkspaceIndex
 from kode.completion.reading import Reader, fingerprint, regions
 from kode.completion.settings import Settings
 from kode.completion.windows import Windows
-from kode.completion.workspace import IndexLimits, WorkspaceIndex
 
 
 class Counting:

@@ -59,29 +59,47 @@ def scale(n, factor):
 """
 
 
-def test_a_rename_is_repeated_at_the_next_use_then_the_one_after() -> None:
+def test_a_rename_is_repeated_at_the_next_uses_on_adjacent_lines_at_once() -> None:
     session = Session(RENAME_SOURCE)
     session.edit("n", "size", at="(")  # the parameter
     edit = session.propose()
     at = session.text.index("n * factor")
-    assert edit == RepeatEdit(at, at + 1, "size", RepeatKind.RENAME)
+    # The uses on the four lines below, one after the other, make one edit (a diff
+    # shows them as one hunk), from the first use to the last.
+    assert edit is not None and edit.kind is RepeatKind.RENAME
+    assert (edit.start, session.text[edit.end - 1 :].startswith("n\n")) == (at, True)
     assert session.line_of(edit) == 1
+    session.accept(edit)
+    assert session.text == RENAME_SOURCE.replace("(n,", "(size,").replace(
+        "= n *", "= size *"
+    ).replace("if n >", "if size >").replace('big", n)', 'big", size)').replace("+ n\n", "+ size\n")
+    assert session.propose() is None
+
+
+def test_a_rename_is_repeated_at_the_next_use_then_the_one_after() -> None:
+    session = Session("def f(n):\n    a = n\n\n    b = n\n\n    return n\n")
+    session.edit("n", "size")
     seen = []
     while (edit := session.propose()) is not None:  # accept each, as a user would
         seen.append(session.line_of(edit))
         session.accept(edit)
         assert len(seen) < 10
-    assert seen == [1, 2, 3, 4]
-    assert session.text == RENAME_SOURCE.replace("(n,", "(size,").replace(
-        "= n *", "= size *"
-    ).replace("if n >", "if size >").replace('big", n)', 'big", size)').replace("+ n\n", "+ size\n")
+    assert seen == [1, 3, 5]
+    assert "n" not in session.text.replace("return", "")
+
+
+def test_adjacent_uses_are_grouped_up_to_four_lines() -> None:
+    session = Session("def f(n):\n" + "    g(n)\n" * 6)
+    session.edit("n", "m")
+    edit = session.propose()
+    assert edit is not None
+    assert session.applied(edit) == "def f(m):\n" + "    g(m)\n" * 4 + "    g(n)\n" * 2
 
 
 def test_a_rename_touches_whole_names_only() -> None:
     session = Session(RENAME_SOURCE + "obj.n = n_items = 'n'\n")
     session.edit("n", "size", at="(")
-    for _ in range(4):
-        session.accept(session.propose())
+    session.accept(session.propose())
     # ``number``, ``obj.n``, ``n_items`` and the ``n`` in strings are other things.
     assert session.propose() is None
     assert "number" in session.text and "obj.n = n_items = 'n'" in session.text
@@ -256,9 +274,12 @@ def test_multi_line_documents_and_a_cursor_far_away() -> None:
     session = Session("def run(ctx):\n" + body)
     session.edit("ctx", "context", at="run(")
     edit = session.propose(cursor=session.text.index("step21"))
-    assert edit is not None and (session.line_of(edit), edit.text) == (22, "context")
-    assert session.text[edit.start : edit.end] == "ctx"
-    assert session.line_of(session.propose(cursor=len(session.text))) == 40
+    # Uses on adjacent lines come in groups of four lines: the one holding the cursor.
+    assert edit is not None and session.line_of(edit) == 21
+    replaced = session.text[edit.start : edit.end]
+    assert replaced == "ctx)\n    step21(ctx)\n    step22(ctx)\n    step23(ctx"
+    assert edit.text == replaced.replace("ctx", "context")
+    assert session.line_of(session.propose(cursor=len(session.text))) == 37
 
 
 def test_tokens() -> None:
@@ -270,3 +291,76 @@ def test_tokens() -> None:
 def test_worked_examples() -> None:
     result = doctest.testmod(repeat)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_an_older_hunk_repeats_when_it_is_the_nearest_match_after_the_cursor() -> None:
+    # A signature changed, then its body: the next signature repeats the older hunk.
+    source = (
+        "class A:\n"
+        "    def complete(self, ctx, args, incomplete):\n"
+        "        return find(ctx, args, incomplete)\n"
+        "\n"
+        "class B:\n"
+        "    def complete(self, ctx, args, incomplete):\n"
+        "        return find(ctx, args, incomplete) + more\n"
+    )
+    session = Session(source)
+    session.edit("ctx, args, incomplete):", "ctx, incomplete):")
+    session.edit("find(ctx, args, incomplete)", "find(ctx, incomplete)")
+    edit = session.propose()
+    assert session.applied(edit).splitlines()[5] == "    def complete(self, ctx, incomplete):"
+    session.accept(edit)
+    # And then the newest one again, the body below.
+    assert session.applied(session.propose()).splitlines()[6] == (
+        "        return find(ctx, incomplete) + more"
+    )
+
+
+def test_an_older_hunk_is_never_proposed_before_the_cursor() -> None:
+    session = Session("f(a)\nx = 1\nf(b)\ny = 2\n")
+    session.edit("f(b)", "f(b, c)")
+    session.edit("y = 2", "y = 3")
+    # ``f(a)`` is above: only the newest hunk goes back up, and it has no repeat.
+    assert session.propose() is None
+
+
+def test_names_in_comments_are_not_renamed() -> None:
+    session = Session("import shutil\n# shutil has it\nx = getattr(shutil, 'a')\n", "file:///w/c.py")
+    session.edit("shutil", "sh", at="x = ")
+    session.edit("shutil", "sh")  # the import, last: a confirmed rename
+    edit = session.propose()
+    assert edit is None or "# shutil has it" in session.applied(edit)
+    js = Session("let n = 1; // n counts\nuse(n)\n", "file:///w/c.js")
+    js.edit("n", "count")
+    assert js.applied(js.propose()) == "let count = 1; // n counts\nuse(count)\n"
+    assert [t.kind.value for t in tokenize("a // b", "file:///w/c.py")] == [
+        "name", "symbol", "name",
+    ]  # fmt: skip
+
+
+def test_an_import_replaced_by_another_is_no_rename() -> None:
+    session = Session("import typing\n\nx: typing.List[int] = []\n")
+    session.edit("typing", "json")
+    assert session.propose() is None
+
+
+def test_a_member_of_self_renamed_follows_self_only() -> None:
+    session = Session("self.n = 1\nn = self.n + other.n\n")
+    session.edit("n", "size", at="self.")
+    assert session.applied(session.propose()) == "self.size = 1\nn = self.size + other.n\n"
+    session = Session("a.n = 1\nb = c.n\n")
+    session.edit("n", "size", at="a.")  # another object's: any receiver
+    assert session.applied(session.propose()) == "a.size = 1\nb = c.size\n"
+
+
+def test_a_use_and_a_member_renamed_together_rename_both() -> None:
+    session = Session("self.protocol = protocol\n\nreturn Response(protocol=protocol)\n")
+    session.edit("self.protocol = protocol", "self.http_version = http_version")
+    edit = session.propose()
+    assert session.applied(edit).endswith("Response(http_version=http_version)\n")
+
+
+def test_lines_added_after_a_token_of_context_are_no_pattern() -> None:
+    session = Session("import a\nimport b\nwith a.progress():\n    pass\n")
+    session.edit("import b\n", "import b\nimport c\n")  # a new line: new code
+    assert session.propose() is None

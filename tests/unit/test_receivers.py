@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 from kode.completion.documents import Position
-from kode.completion.members import Resolver
-from kode.completion.receivers import Receivers
+from kode.completion.project.members import Resolver
+from kode.completion.project.receivers import Receivers
 from test_engine import URI, ScriptedBackend, engine_for
 from test_healing import HealingBackend
 

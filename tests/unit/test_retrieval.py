@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kode.completion import retrieval
 from kode.completion.context import Budget, gather
 from kode.completion.documents import Document
-from kode.completion.index_worker import Definition, python_definitions, read_text
-from kode.completion.outline import Measure, MemberFacts, rank_members, render_outline
-from kode.completion.retrieval import (
+from kode.completion.project import retrieval
+from kode.completion.project.index_worker import Definition, python_definitions, read_text
+from kode.completion.project.outline import Measure, MemberFacts, rank_members, render_outline
+from kode.completion.project.retrieval import (
     Binding,
     Retrieved,
     Retriever,
@@ -26,8 +26,8 @@ from kode.completion.retrieval import (
     resolve_relative,
     select,
 )
+from kode.completion.project.workspace import IndexLimits, WorkspaceIndex
 from kode.completion.templates import Snippet
-from kode.completion.workspace import IndexLimits, WorkspaceIndex
 from scripted import constants_project, write
 
 GEOMETRY = '''"""Shapes."""

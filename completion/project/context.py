@@ -27,13 +27,13 @@ from kode.backends.base import Backend, TokenHealing
 from kode.backends.monitor import Names
 from kode.completion.clock import Clock
 from kode.completion.documents import Document, DocumentStore, file_path
-from kode.completion.index_worker import read_text
-from kode.completion.members import Resolver
-from kode.completion.outline import Measure
-from kode.completion.receivers import Receivers
-from kode.completion.retrieval import Retrieved, Retriever
+from kode.completion.project.index_worker import read_text
+from kode.completion.project.members import Resolver
+from kode.completion.project.outline import Measure
+from kode.completion.project.receivers import Receivers
+from kode.completion.project.retrieval import Retrieved, Retriever
+from kode.completion.project.workspace import IndexLimits, WorkspaceIndex
 from kode.completion.settings import Settings
-from kode.completion.workspace import IndexLimits, WorkspaceIndex
 
 log = logging.getLogger("kode.completion")
 

@@ -71,7 +71,7 @@ PARSE_CACHE_BYTES = 16 << 20
 PARSE_OVERHEAD = 1024  # bytes counted per parse beside its source (an empty __init__.py)
 # A source larger than this is not parsed (unknown: the monitor stays free there):
 # ``ast.parse`` holds the interpreter lock throughout, ~0.4 s a megabyte, and every
-# keystroke waits meanwhile (completion/index_worker.py); 2 MB is ten times the
+# keystroke waits meanwhile (completion/project/index_worker.py); 2 MB is ten times the
 # standard library's largest module (_pydecimal.py, 230 KB).
 MAX_SOURCE_BYTES = 2 << 20
 # Modules' member sets kept (measured: ~12 KB each, so ~6 MB at most): a document

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING
 def _load_by_path(relative: str) -> ModuleType:
     """A standard-library-only module of Kode, loaded from its file under the package's
     folder: the child imports no Kode package (``_worker_command``)."""
-    path = Path(__file__).parent.parent / relative
+    path = Path(__file__).parents[2] / relative
     spec = importlib.util.spec_from_file_location(f"_kode_{path.stem}", path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {path}")

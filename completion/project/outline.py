@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
 
-from kode.completion.index_worker import WORD, Definition
+from kode.completion.project.index_worker import WORD, Definition
 from kode.completion.templates import Snippet
 
 HEADER_CHARS = 100  # one outline line at most

@@ -45,7 +45,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kode.completion.index_worker import (
+from kode.completion.project.index_worker import (
     BINARY,
     CRASHED,
     LARGE,
@@ -59,7 +59,7 @@ from kode.completion.index_worker import (
     parse_file,
     peak_kb,
 )
-from kode.completion.workspace_files import (
+from kode.completion.project.workspace_files import (
     IGNORED,
     Ignore,
     is_ignored,

@@ -2,7 +2,7 @@
 
 For a Python document and a cursor, ``Receivers.names`` lists each receiver the model may
 dereference (``os``, ``os.path``, ``np``, a class, ``self``) with the closed set of names
-its members have (``completion/members.py``); a receiver whose set is open, or a name
+its members have (``completion/project/members.py``); a receiver whose set is open, or a name
 that is bound otherwise than by its import somewhere in the document (``path = ...``
 beside ``from os import path``), is left out: the model stays free there. The document
 is parsed with the cursor's line replaced by ``pass`` (the line being typed rarely
@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from kode.backends.monitor import Names
-from kode.completion.members import ModuleInfo, Resolver, read_class, read_module
+from kode.completion.project.members import ModuleInfo, Resolver, read_class, read_module
 
 # Methods where ``self.`` at the start of a statement likely makes a new attribute: there
 # the monitor leaves it free.

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from kode.completion.index_worker import MISSING, OK, SPECIAL, UNREADABLE, decode, read_file
+from kode.completion.project.index_worker import MISSING, OK, SPECIAL, UNREADABLE, decode, read_file
 
 CODE_EXTENSIONS = frozenset(
     (

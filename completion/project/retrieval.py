@@ -34,8 +34,8 @@ from collections.abc import Callable, Iterable, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
 
-from kode.completion.index_worker import WORD, Definition, words
-from kode.completion.outline import (
+from kode.completion.project.index_worker import WORD, Definition, words
+from kode.completion.project.outline import (
     CHARS,
     Measure,
     Member,
@@ -46,8 +46,8 @@ from kode.completion.outline import (
     render_outline,
     subwords,
 )
+from kode.completion.project.workspace import WorkspaceIndex
 from kode.completion.templates import Snippet
-from kode.completion.workspace import WorkspaceIndex
 
 ReadText = Callable[[Path], str | None]
 
