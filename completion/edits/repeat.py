@@ -49,6 +49,7 @@ the history does not match the text. Offsets are code points into the text given
 
 from __future__ import annotations
 
+import bisect
 import difflib
 import enum
 import keyword
@@ -63,6 +64,11 @@ from kode.completion.edits.history import Hunk
 RECENT = 8
 # A pattern longer than this (in tokens) is a rewrite, not an edit to repeat.
 MAX_PATTERN = 48
+# A change that adds lines repeats only where it replaced at least this many tokens
+# (a statement rewritten); lines added after a token of context are new code.
+MIN_REWRITE = 4
+# Repeats on adjacent lines are proposed as one edit of at most this many lines.
+GROUP_LINES = 4
 # A hole spans at most this many tokens (one call's arguments, not a file).
 MAX_HOLE = 200
 
@@ -71,6 +77,7 @@ class Kind(enum.Enum):
     NAME = "name"
     NUMBER = "number"
     STRING = "string"
+    COMMENT = "comment"
     SYMBOL = "symbol"
 
 
@@ -96,17 +103,30 @@ class RepeatEdit:
     kind: RepeatKind
 
 
-# Strings first (a name inside one is no use of it), then names (any language's letters),
-# numbers, the operators whose characters belong together, any other character.
-_TOKEN = re.compile(
-    r"""
-    (?P<string>\"\"\"[\s\S]*?\"\"\"|'''[\s\S]*?'''|"(?:\\.|[^"\\\r\n])*"|'(?:\\.|[^'\\\r\n])*')
+# Strings first (a name inside one is no use of it), then comments (a name there is none
+# either; a comment is one token), names (any language's letters), numbers, the operators
+# whose characters belong together, any other character.
+_STRING = r"""\"\"\"[\s\S]*?\"\"\"|'''[\s\S]*?'''|"(?:\\.|[^"\\\r\n])*"|'(?:\\.|[^'\\\r\n])*'"""
+_REST = r"""
   | (?P<name>[^\W\d]\w*)
   | (?P<number>\d[\w.]*)
   | (?P<symbol>==|!=|<=|>=|->|=>|::|:=|\?\.|\*\*|//|&&|\|\||<<|>>|[-+*/%&|^]=|\S)
-    """,
-    re.VERBOSE,
-)
+"""
+_COMMENTS = {
+    "": "",
+    "#": r"| (?P<comment>\#[^\r\n]*)",
+    "//": r"| (?P<comment>//[^\r\n]*|/\*[\s\S]*?\*/)",
+}
+_LEXERS = {
+    style: re.compile(f"(?P<string>{_STRING}) {comment} {_REST}", re.VERBOSE)
+    for style, comment in _COMMENTS.items()
+}
+# Comment syntax by a document's extension (none where unknown: Markdown's ``#`` heads a
+# title, not a comment).
+_HASH = (".py", ".pyi", ".pyx", ".sh", ".bash", ".toml", ".cfg", ".ini", ".yml", ".yaml",
+         ".rb", ".pl", ".r", ".cmake", ".conf", ".tf")  # fmt: skip
+_SLASH = (".js", ".jsx", ".ts", ".tsx", ".mjs", ".c", ".h", ".cc", ".cpp", ".hpp", ".java",
+          ".go", ".rs", ".cs", ".kt", ".swift", ".scala", ".dart", ".php", ".zig")  # fmt: skip
 _PAIRS = {"(": ")", "[": "]", "{": "}"}
 _CLOSERS = frozenset(_PAIRS.values())
 _MEMBER = frozenset({".", "->", "::", "?."})
@@ -125,77 +145,165 @@ _BINDERS = frozenset({"def", "class", "let", "var", "const", "mut", "fn", "func"
 _HEADERS = frozenset({"def", "async", "fn", "func", "function", "class", "for", "lambda",
                       "pub", "static", "export"})  # fmt: skip
 _ASSIGN = frozenset({"=", ":="})
+_IMPORTS = frozenset({"import", "from"})
+# A member of these is the object's own: ``self.n`` renamed is no rename of ``other.n``.
+_OWN = frozenset({"self", "this", "cls"})
 
 
-def tokenize(text: str) -> list[Token]:
-    """The tokens of ``text``, whitespace left out.
+def tokenize(text: str, uri: str = "") -> list[Token]:
+    """The tokens of ``text``, whitespace left out; a comment, where the extension of
+    ``uri`` says how one is written, is one token.
 
     >>> [t.text for t in tokenize('größe = f(x, "a b") + 1.5')]
     ['größe', '=', 'f', '(', 'x', ',', '"a b"', ')', '+', '1.5']
+    >>> [t.text for t in tokenize("x = 1  # uses x", "file:///a.py")]
+    ['x', '=', '1', '# uses x']
     """
-    return [Token(m.group(), m.start(), m.end(), Kind(m.lastgroup)) for m in _TOKEN.finditer(text)]
+    lexer = _LEXERS[comment_style(uri)]
+    return [Token(m.group(), m.start(), m.end(), Kind(m.lastgroup)) for m in lexer.finditer(text)]
+
+
+def comment_style(uri: str) -> str:
+    """How a comment begins in document ``uri``: ``#``, ``//`` (or ``/*``), or "" (unknown)."""
+    name = uri.rsplit("/", 1)[-1].lower()
+    if name.endswith(_HASH):
+        return "#"
+    if name.endswith(_SLASH):
+        return "//"
+    return ""
 
 
 def propose_repeat(hunks: Sequence[Hunk], uri: str, text: str, cursor: int) -> RepeatEdit | None:
-    """The edit that repeats the last of ``hunks`` (newest last) in ``text`` (the current
-    text of document ``uri``, the cursor at code-point offset ``cursor``), or None."""
+    """The edit that repeats one of the recent ``hunks`` (newest last) in ``text`` (the
+    current text of document ``uri``, the cursor at code-point offset ``cursor``), or None."""
     if not hunks:
         return None
     last, recent = hunks[-1], hunks[-RECENT:-1]
-    core = _core(last.before, last.after)
+    core = _core(last.before, last.after, last.uri)
     if not core[0] and not core[1]:
         return None  # only whitespace changed
     earlier = [h for h in recent if h.uri == last.uri]
-    if earlier and _core(earlier[-1].before, earlier[-1].after) == (core[1], core[0]):
+    if earlier and _core(earlier[-1].before, earlier[-1].after, last.uri) == (core[1], core[0]):
         return None  # an undo (or a redo): the user is going back and forth
-    zone: tuple[int, int] | None = None
-    if uri == last.uri:
-        if text[last.start : last.end] != last.after:
-            return None  # the history is not of this text
-        zone = _changed_span(last)
-    tokens = tokenize(text)
-    rename = _rename(last, recent, tokens, same=zone is not None)
-    if rename is not None:
-        old, new, member = rename
-        kind = RepeatKind.RENAME
-        found = [
-            (t.start, t.end, new)
-            for i, t in enumerate(tokens)
-            if t.kind is Kind.NAME and t.text == old and _is_member(tokens, i) == member
-        ]
-    else:
-        pattern = _pattern(last.before, last.after)
-        if pattern is None:
-            return None
-        kind = RepeatKind.SUBSTITUTION
-        found = pattern.matches(text, tokens)
+    if uri == last.uri and text[last.start : last.end] != last.after:
+        return None  # the history is not of this text
+    tokens = tokenize(text, uri)
+    templates = [last, *reversed(earlier)]  # newest first
+    zones = [
+        _changed_span(h) for h in templates if h.uri == uri and text[h.start : h.end] == h.after
+    ]
     reversals = {
-        (h_core[1], h_core[0]) for h_core in (_core(h.before, h.after) for h in hunks[-RECENT:])
+        (h_core[1], h_core[0])
+        for h_core in (_core(h.before, h.after, h.uri) for h in hunks[-RECENT:])
     }
-    edits = []
-    for start, end, replacement in found:
-        if zone is not None and start <= zone[1] and end >= zone[0]:
-            continue  # the place just edited
-        if _core(text[start:end], replacement) in reversals:
-            continue
-        edits.append(RepeatEdit(start, end, replacement, kind))
-    return _nearest(edits, cursor)
+    ahead: list[tuple[int, int, RepeatEdit]] = []
+    behind: list[RepeatEdit] = []
+    for age, template in enumerate(templates):
+        others = [h for h in templates if h is not template]
+        found = _repeats(template, others, text, tokens, same=template.uri == uri)
+        edits = [
+            e
+            for e in found
+            if not any(e.start <= z_end and e.end >= z_start for z_start, z_end in zones)
+            and _core(text[e.start : e.end], e.text, uri) not in reversals
+        ]
+        for edit in _grouped(edits, text, tokens):
+            if edit.end >= cursor:
+                ahead.append((edit.start, age, edit))
+            elif age == 0:
+                behind.append(edit)
+    if ahead:
+        return min(ahead, key=lambda item: item[:2])[2]
+    return max(behind, key=lambda e: e.start, default=None)
+
+
+def _repeats(
+    template: Hunk, others: Sequence[Hunk], text: str, tokens: Sequence[Token], *, same: bool
+) -> list[RepeatEdit]:
+    """Each place where ``template`` repeats (rule 1, else rule 2), not yet grouped."""
+    rename = _rename(template, others, tokens, same=same)
+    if rename is not None:
+        old, new, member, receiver = rename
+        return [
+            RepeatEdit(t.start, t.end, new, RepeatKind.RENAME)
+            for i, t in enumerate(tokens)
+            if t.kind is Kind.NAME
+            and t.text == old
+            and (member is None or _is_member(tokens, i) == member)
+            and (not receiver or (i > 1 and tokens[i - 2].text == receiver))
+        ]
+    pattern = _pattern(template.before, template.after, template.uri)
+    if pattern is None:
+        return []
+    return [
+        RepeatEdit(start, end, replacement, RepeatKind.SUBSTITUTION)
+        for start, end, replacement in pattern.matches(text, tokens)
+    ]
+
+
+def _grouped(edits: Sequence[RepeatEdit], text: str, tokens: Sequence[Token]) -> list[RepeatEdit]:
+    """The edits, those of one statement made one: on one line, or on the lines of one
+    bracketed expression, up to ``GROUP_LINES`` lines (a person repeats an edit at every
+    place of a statement in one go; a diff shows them as one hunk).
+
+    >>> text = "a = n + n\\nb = f(n,\\n      n)\\nc = n\\n"
+    >>> edits = [RepeatEdit(i, i + 1, "m", RepeatKind.RENAME) for i in (4, 8, 16, 25, 32)]
+    >>> [(e.start, e.end, e.text) for e in _grouped(edits, text, tokenize(text))]
+    [(4, 9, 'm + m'), (16, 26, 'm,\\n      m'), (32, 33, 'm')]
+    """
+    out: list[RepeatEdit] = []
+    first_line = 0
+    depths: list[int] = []
+    starts = [t.start for t in tokens]
+    for edit in sorted(edits, key=lambda e: (e.start, e.end)):
+        line = text.count("\n", 0, edit.start)
+        if out:
+            prev = out[-1]
+            if edit.start < prev.end:
+                continue  # overlapping matches: the first one stands
+            between = text[prev.end : edit.start]
+            if "\n" in between and not depths:
+                depths = _depths(tokens)
+            lo, hi = bisect.bisect_left(starts, prev.end), bisect.bisect_left(starts, edit.start)
+            if ("\n" not in between or min(depths[lo : hi + 1]) > 0) and (
+                line - first_line < GROUP_LINES
+            ):
+                out[-1] = RepeatEdit(
+                    prev.start, edit.end, prev.text + between + edit.text, prev.kind
+                )
+                continue
+        out.append(edit)
+        first_line = line
+    return out
+
+
+def _depths(tokens: Sequence[Token]) -> list[int]:
+    """How many brackets are open before each token (and after the last)."""
+    out, depth = [], 0
+    for token in tokens:
+        out.append(depth)
+        if token.text in _PAIRS:
+            depth += 1
+        elif token.text in _CLOSERS:
+            depth = max(0, depth - 1)
+    out.append(depth)
+    return out
 
 
 def _rename(
     last: Hunk, recent: Sequence[Hunk], tokens: Sequence[Token], *, same: bool
-) -> tuple[str, str, bool] | None:
-    """Rule 1: (old name, new name, whether it is a member) if the hunk is a rename;
+) -> tuple[str, str, bool | None, str] | None:
+    """Rule 1: (old name, new name, whether it is a member (None: both were renamed), the
+    receiver where it is the object's own (``self.n``: ``self``; else "")) if the hunk is
+    a rename;
     ``tokens``: the document's, ``same``: whether it is the hunk's document."""
-    renamed = _renamed(last.before, last.after)
+    renamed = _renamed(last.before, last.after, last.uri)
     if renamed is None:
         return None
     (old, new), sites, after = renamed
     if old in _KEYWORDS or new in _KEYWORDS:
         return None
     members = {_is_member(after, i) for i in sites}
-    if len(members) != 1:
-        return None
     # New to the document: not used outside the hunk (anywhere, in another document). A
     # name that one is the start of the other (``coun`` for ``count``) may be half typed
     # or half deleted: that alone is no rename.
@@ -205,17 +313,28 @@ def _rename(
     )
     bound = any(_binds(after, i, last.after) for i in sites)
     confirmed = any(
-        (r := _renamed(h.before, h.after)) is not None and r[0] == (old, new) for h in recent
+        (r := _renamed(h.before, h.after, h.uri)) is not None and r[0] == (old, new) for h in recent
     )
     if not (fresh or bound or confirmed):
         return None
-    return old, new, members.pop()
+    if not confirmed and any(_line_head(after, i, last.after) in _IMPORTS for i in sites):
+        return None  # an import replaced by another (``typing`` -> ``json``) renames nothing
+    receivers = {after[i - 2].text if i > 1 and members == {True} else "" for i in sites}
+    receiver = receivers.pop() if len(receivers) == 1 else ""
+    return (
+        old,
+        new,
+        members.pop() if len(members) == 1 else None,
+        receiver if receiver in _OWN else "",
+    )
 
 
-def _renamed(before: str, after: str) -> tuple[tuple[str, str], list[int], list[Token]] | None:
+def _renamed(
+    before: str, after: str, uri: str
+) -> tuple[tuple[str, str], list[int], list[Token]] | None:
     """The one (old, new) name pair if every changed token is a name replaced by another,
     with the indexes of the new names among ``after``'s tokens (and those tokens)."""
-    b, a = tokenize(before), tokenize(after)
+    b, a = tokenize(before, uri), tokenize(after, uri)
     matcher = difflib.SequenceMatcher(None, [t.text for t in b], [t.text for t in a], False)
     pairs: set[tuple[str, str]] = set()
     sites: list[int] = []
@@ -241,9 +360,13 @@ def _binds(tokens: Sequence[Token], i: int, text: str) -> bool:
         return True
     if i + 1 < len(tokens) and tokens[i + 1].text in _ASSIGN:
         return True
+    return _line_head(tokens, i, text) in _HEADERS
+
+
+def _line_head(tokens: Sequence[Token], i: int, text: str) -> str:
+    """The first token of the line ``tokens[i]`` is on."""
     line_start = max(text.rfind("\n", 0, tokens[i].start), text.rfind("\r", 0, tokens[i].start))
-    first = next(t for t in tokens if t.start > line_start)
-    return first.text in _HEADERS
+    return next(t for t in tokens if t.start > line_start).text
 
 
 def _is_member(tokens: Sequence[Token], i: int) -> bool:
@@ -324,9 +447,9 @@ class _Pattern:
         return at, at, new
 
 
-def _pattern(before: str, after: str) -> _Pattern | None:
+def _pattern(before: str, after: str, uri: str = "") -> _Pattern | None:
     """Rule 2's pattern of the edit ``before`` -> ``after``, or None if it has none."""
-    b, a = tokenize(before), tokenize(after)
+    b, a = tokenize(before, uri), tokenize(after, uri)
     same_head, same_tail = _trim([t.text for t in b], [t.text for t in a])
     if same_head == len(b) == len(a):
         return None
@@ -356,6 +479,10 @@ def _pattern(before: str, after: str) -> _Pattern | None:
         return start, end
 
     a_start, a_end = gap(after, a, spans_a)
+    b_start, b_end = gap(before, b, spans_b)
+    replaced = spans_b[len(eb) - tail - 1][1] - spans_b[head][0] if head < len(eb) - tail else 0
+    if _breaks(after[a_start:a_end]) > _breaks(before[b_start:b_end]) and replaced < MIN_REWRITE:
+        return None  # lines added after a token or two: new code, not an edit to repeat
     if head < len(eb) - tail and head < len(ea) - tail:
         mode = _Mode.REPLACE
         a_start = a[spans_a[head][0]].start
@@ -373,7 +500,6 @@ def _pattern(before: str, after: str) -> _Pattern | None:
     texts.append(after[position:a_end])
     before_tail = False
     if mode is _Mode.INSERT:  # less the spaces the gap already had
-        b_start, b_end = gap(before, b, spans_b)
         space = before[b_start:b_end]
         lead = _common_prefix(space, texts[0])
         texts[0] = texts[0][lead:]
@@ -542,9 +668,9 @@ def _trim(b: Sequence[object], a: Sequence[object]) -> tuple[int, int]:
     return head, tail
 
 
-def _core(before: str, after: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _core(before: str, after: str, uri: str = "") -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The tokens an edit changed: ``before``'s and ``after``'s, less what they share."""
-    b, a = [t.text for t in tokenize(before)], [t.text for t in tokenize(after)]
+    b, a = [t.text for t in tokenize(before, uri)], [t.text for t in tokenize(after, uri)]
     head, tail = _trim(b, a)
     return tuple(b[head : len(b) - tail]), tuple(a[head : len(a) - tail])
 
@@ -554,6 +680,10 @@ def _changed_span(hunk: Hunk) -> tuple[int, int]:
     head = _common_prefix(hunk.before, hunk.after)
     tail = _common_suffix(hunk.before[head:], hunk.after[head:])
     return hunk.start + head, hunk.end - tail
+
+
+def _breaks(text: str) -> int:
+    return text.count("\n") + text.count("\r") - text.count("\r\n")
 
 
 def _common_prefix(a: str, b: str) -> int:

@@ -59,47 +59,29 @@ def scale(n, factor):
 """
 
 
-def test_a_rename_is_repeated_at_the_next_uses_on_adjacent_lines_at_once() -> None:
+def test_a_rename_is_repeated_at_the_next_use_then_the_one_after() -> None:
     session = Session(RENAME_SOURCE)
     session.edit("n", "size", at="(")  # the parameter
     edit = session.propose()
     at = session.text.index("n * factor")
-    # The uses on the four lines below, one after the other, make one edit (a diff
-    # shows them as one hunk), from the first use to the last.
-    assert edit is not None and edit.kind is RepeatKind.RENAME
-    assert (edit.start, session.text[edit.end - 1 :].startswith("n\n")) == (at, True)
+    assert edit == RepeatEdit(at, at + 1, "size", RepeatKind.RENAME)
     assert session.line_of(edit) == 1
-    session.accept(edit)
-    assert session.text == RENAME_SOURCE.replace("(n,", "(size,").replace(
-        "= n *", "= size *"
-    ).replace("if n >", "if size >").replace('big", n)', 'big", size)').replace("+ n\n", "+ size\n")
-    assert session.propose() is None
-
-
-def test_a_rename_is_repeated_at_the_next_use_then_the_one_after() -> None:
-    session = Session("def f(n):\n    a = n\n\n    b = n\n\n    return n\n")
-    session.edit("n", "size")
     seen = []
     while (edit := session.propose()) is not None:  # accept each, as a user would
         seen.append(session.line_of(edit))
         session.accept(edit)
         assert len(seen) < 10
-    assert seen == [1, 3, 5]
-    assert "n" not in session.text.replace("return", "")
-
-
-def test_adjacent_uses_are_grouped_up_to_four_lines() -> None:
-    session = Session("def f(n):\n" + "    g(n)\n" * 6)
-    session.edit("n", "m")
-    edit = session.propose()
-    assert edit is not None
-    assert session.applied(edit) == "def f(m):\n" + "    g(m)\n" * 4 + "    g(n)\n" * 2
+    assert seen == [1, 2, 3, 4]
+    assert session.text == RENAME_SOURCE.replace("(n,", "(size,").replace(
+        "= n *", "= size *"
+    ).replace("if n >", "if size >").replace('big", n)', 'big", size)').replace("+ n\n", "+ size\n")
 
 
 def test_a_rename_touches_whole_names_only() -> None:
     session = Session(RENAME_SOURCE + "obj.n = n_items = 'n'\n")
     session.edit("n", "size", at="(")
-    session.accept(session.propose())
+    for _ in range(4):
+        session.accept(session.propose())
     # ``number``, ``obj.n``, ``n_items`` and the ``n`` in strings are other things.
     assert session.propose() is None
     assert "number" in session.text and "obj.n = n_items = 'n'" in session.text
@@ -274,12 +256,9 @@ def test_multi_line_documents_and_a_cursor_far_away() -> None:
     session = Session("def run(ctx):\n" + body)
     session.edit("ctx", "context", at="run(")
     edit = session.propose(cursor=session.text.index("step21"))
-    # Uses on adjacent lines come in groups of four lines: the one holding the cursor.
-    assert edit is not None and session.line_of(edit) == 21
-    replaced = session.text[edit.start : edit.end]
-    assert replaced == "ctx)\n    step21(ctx)\n    step22(ctx)\n    step23(ctx"
-    assert edit.text == replaced.replace("ctx", "context")
-    assert session.line_of(session.propose(cursor=len(session.text))) == 37
+    assert edit is not None and (session.line_of(edit), edit.text) == (22, "context")
+    assert session.text[edit.start : edit.end] == "ctx"
+    assert session.line_of(session.propose(cursor=len(session.text))) == 40
 
 
 def test_tokens() -> None:
@@ -325,7 +304,9 @@ def test_an_older_hunk_is_never_proposed_before_the_cursor() -> None:
 
 
 def test_names_in_comments_are_not_renamed() -> None:
-    session = Session("import shutil\n# shutil has it\nx = getattr(shutil, 'a')\n", "file:///w/c.py")
+    session = Session(
+        "import shutil\n# shutil has it\nx = getattr(shutil, 'a')\n", "file:///w/c.py"
+    )
     session.edit("shutil", "sh", at="x = ")
     session.edit("shutil", "sh")  # the import, last: a confirmed rename
     edit = session.propose()
@@ -364,3 +345,16 @@ def test_lines_added_after_a_token_of_context_are_no_pattern() -> None:
     session = Session("import a\nimport b\nwith a.progress():\n    pass\n")
     session.edit("import b\n", "import b\nimport c\n")  # a new line: new code
     assert session.propose() is None
+
+
+def test_the_uses_in_one_statement_are_renamed_at_once() -> None:
+    session = Session(
+        "def f(protocol):\n    g(protocol=protocol,\n      x=protocol)\n    h(protocol)\n"
+    )
+    session.edit("protocol", "http_version")
+    edit = session.propose()
+    assert session.applied(edit).splitlines()[1:] == [
+        "    g(http_version=http_version,",
+        "      x=http_version)",
+        "    h(protocol)",
+    ]
