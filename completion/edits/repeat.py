@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from kode.completion.edits.history import Hunk
+from kode.completion.edits.lines import line_repeats
 
 # How many hunks back a rename is confirmed, and an undone edit looked for.
 RECENT = 8
@@ -91,6 +92,7 @@ class Token(NamedTuple):
 class RepeatKind(enum.Enum):
     RENAME = "rename"
     SUBSTITUTION = "substitution"
+    LINES = "lines"
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,7 +209,7 @@ def propose_repeat(hunks: Sequence[Hunk], uri: str, text: str, cursor: int) -> R
             if not any(e.start <= z_end and e.end >= z_start for z_start, z_end in zones)
             and _core(text[e.start : e.end], e.text, uri) not in reversals
         ]
-        for edit in _grouped(edits, text, tokens):
+        for edit in _grouped(edits, text, tokens, lines=_on_lines(template)):
             if edit.end >= cursor:
                 ahead.append((edit.start, age, edit))
             elif age == 0:
@@ -220,7 +222,11 @@ def propose_repeat(hunks: Sequence[Hunk], uri: str, text: str, cursor: int) -> R
 def _repeats(
     template: Hunk, others: Sequence[Hunk], text: str, tokens: Sequence[Token], *, same: bool
 ) -> list[RepeatEdit]:
-    """Each place where ``template`` repeats (rule 1, else rule 2), not yet grouped."""
+    """Each place where ``template`` repeats (lines inserted or deleted: ``lines``; else
+    rule 1, else rule 2), not yet grouped."""
+    found_lines = line_repeats(template, text)
+    if found_lines is not None:
+        return [RepeatEdit(start, end, new, RepeatKind.LINES) for start, end, new in found_lines]
     rename = _rename(template, others, tokens, same=same)
     if rename is not None:
         old, new, member, receiver = rename
@@ -241,10 +247,13 @@ def _repeats(
     ]
 
 
-def _grouped(edits: Sequence[RepeatEdit], text: str, tokens: Sequence[Token]) -> list[RepeatEdit]:
+def _grouped(
+    edits: Sequence[RepeatEdit], text: str, tokens: Sequence[Token], *, lines: bool = False
+) -> list[RepeatEdit]:
     """The edits, those of one statement made one: on one line, or on the lines of one
-    bracketed expression, up to ``GROUP_LINES`` lines (a person repeats an edit at every
-    place of a statement in one go; a diff shows them as one hunk).
+    bracketed expression (``lines``: on adjacent lines, as the hunk repeated was made),
+    up to ``GROUP_LINES`` lines (a person repeats an edit at every place of a statement
+    in one go; a diff shows them as one hunk).
 
     >>> text = "a = n + n\\nb = f(n,\\n      n)\\nc = n\\n"
     >>> edits = [RepeatEdit(i, i + 1, "m", RepeatKind.RENAME) for i in (4, 8, 16, 25, 32)]
@@ -262,12 +271,13 @@ def _grouped(edits: Sequence[RepeatEdit], text: str, tokens: Sequence[Token]) ->
             if edit.start < prev.end:
                 continue  # overlapping matches: the first one stands
             between = text[prev.end : edit.start]
-            if "\n" in between and not depths:
+            if "\n" in between and not depths and not lines:
                 depths = _depths(tokens)
             lo, hi = bisect.bisect_left(starts, prev.end), bisect.bisect_left(starts, edit.start)
-            if ("\n" not in between or min(depths[lo : hi + 1]) > 0) and (
-                line - first_line < GROUP_LINES
-            ):
+            joined = "\n" not in between or (
+                between.count("\n") <= 1 if lines else min(depths[lo : hi + 1]) > 0
+            )
+            if joined and (line - first_line < GROUP_LINES):
                 out[-1] = RepeatEdit(
                     prev.start, edit.end, prev.text + between + edit.text, prev.kind
                 )
@@ -275,6 +285,24 @@ def _grouped(edits: Sequence[RepeatEdit], text: str, tokens: Sequence[Token]) ->
         out.append(edit)
         first_line = line
     return out
+
+
+def _on_lines(hunk: Hunk) -> bool:
+    """Whether ``hunk`` changed several lines, each in its place (none added or removed).
+
+    >>> _on_lines(_example_hunk("a = n\\nb = n", "a = m\\nb = m"))
+    True
+    >>> _on_lines(_example_hunk("a = n\\nb = n", "a = m\\nb = n"))
+    False
+    """
+    before, after = hunk.before.split("\n"), hunk.after.split("\n")
+    if len(before) != len(after):
+        return False
+    return sum(b != a for b, a in zip(before, after, strict=True)) > 1
+
+
+def _example_hunk(before: str, after: str) -> Hunk:
+    return Hunk("file:///a.py", 0, 0, before, after, (), (), 1, 0.0, 0.0)
 
 
 def _depths(tokens: Sequence[Token]) -> list[int]:

@@ -358,3 +358,60 @@ def test_the_uses_in_one_statement_are_renamed_at_once() -> None:
         "      x=http_version)",
         "    h(protocol)",
     ]
+
+
+def test_a_deleted_line_is_deleted_where_it_stands_again() -> None:
+    source = (
+        "def a(\n    hooks=None,\n    config=None,\n    verify=True,\n):\n"
+        "def b(\n    hooks=None,\n        config=None,\n    prefetch=None,\n):\n"
+    )
+    session = Session(source)
+    session.edit("    config=None,\n", "")
+    edit = session.propose()
+    assert edit is not None and edit.kind is RepeatKind.LINES
+    assert session.applied(edit) == (
+        "def a(\n    hooks=None,\n    verify=True,\n):\n"
+        "def b(\n    hooks=None,\n    prefetch=None,\n):\n"
+    )
+
+
+def test_a_plain_deleted_line_is_no_pattern() -> None:
+    session = Session("f(\n    a,\n)\ng(\n    b,\n)\n")
+    session.edit("\n)\ng", "\ng")  # ``)`` deleted: too plain to repeat
+    assert session.propose() is None
+
+
+def test_an_inserted_line_goes_next_to_the_same_anchor_with_its_indentation() -> None:
+    source = (
+        "    assert response.json() == {}\n\n"
+        "def test_b():\n"
+        "        assert response.json() == {}\n\n"
+    )
+    session = Session(source)
+    session.edit("{}\n\n", "{}\n    assert len(response.history) == 0\n\n")
+    edit = session.propose()
+    assert edit is not None and edit.kind is RepeatKind.LINES
+    assert session.applied(edit).endswith(
+        "        assert response.json() == {}\n        assert len(response.history) == 0\n\n"
+    )
+    session.accept(edit)
+    assert session.propose() is None  # each anchor has it now
+
+
+def test_an_inserted_block_of_lines_is_no_pattern() -> None:
+    source = "x = compute(a)\n\nx = compute(b)\n"
+    session = Session(source)
+    session.edit("(a)\n", "(a)\nif x:\n    log(x)\n    raise ValueError(x)\n")
+    assert session.propose() is None
+
+
+def test_uses_on_adjacent_lines_are_one_edit_where_the_hunk_was_made_so() -> None:
+    source = (
+        "a = click.helpers.f\nb = click.helpers.g\n\nc = click.helpers.f\nd = click.helpers.g\n"
+    )
+    session = Session(source)
+    session.edit(
+        "a = click.helpers.f\nb = click.helpers.g", "a = click.termui.f\nb = click.termui.g"
+    )
+    edit = session.propose()
+    assert session.applied(edit) == source.replace("helpers", "termui")
