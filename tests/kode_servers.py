@@ -2,8 +2,9 @@
 
 - ``start_kode_serve``: the real ``kode serve`` as a subprocess on a free loopback port;
 - ``FakeUpstream``: a tiny HTTP/1.1 server on loopback (raw asyncio sockets) whose
-  answers a test scripts byte by byte: streams that die, hang, or send garbage;
-- ``FakeLocal`` / ``FakeGeneration``: an in-memory backend for routing tests.
+  answers a test scripts byte by byte: streams that die, hang, or send garbage.
+
+The in-memory backends for routing tests are in ``fakes.serving``.
 """
 
 from __future__ import annotations
@@ -17,13 +18,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kode.backends.base import FinishReason, GenerationRequest, GenerationStats, TokenChunk
-from kode.backends.worker import BackendCounters
+from kode.backends.base import GenerationRequest
 from kode.serve.metrics import parse_text
 
 REPO = Path(__file__).resolve().parents[1]
@@ -275,80 +275,3 @@ async def sglang_ok(
     await send_chunk(writer, sglang_event(text, rid, len(words), {"type": "length", "length": 3}))
     await send_chunk(writer, b"data: [DONE]\n\n")
     await end_chunks(writer)
-
-
-# -- an in-memory backend -------------------------------------------------------------
-
-
-class FakeGeneration:
-    """A generation that yields fixed chunks (optionally slowly)."""
-
-    def __init__(self, chunks: Sequence[str], delay: float = 0.0) -> None:
-        self._chunks = list(chunks)
-        self._delay = delay
-        self._stats = GenerationStats()
-        self.cancelled = False
-
-    @property
-    def stats(self) -> GenerationStats:
-        return self._stats
-
-    async def __aiter__(self) -> AsyncIterator[TokenChunk]:
-        for text in self._chunks:
-            if self.cancelled:
-                return
-            if self._delay:
-                await asyncio.sleep(self._delay)
-            self._stats.completion_tokens += 1
-            yield TokenChunk(text, ())
-        self._stats.finish_reason = FinishReason.END
-
-    async def cancel(self) -> None:
-        self.cancelled = True
-        if self._stats.finish_reason is None:
-            self._stats.finish_reason = FinishReason.CANCELLED
-
-    async def wait(self) -> GenerationStats:
-        return self._stats
-
-
-@dataclass
-class FakeLocal:
-    """A local backend stand-in; ``loads`` counts how often the factory built it."""
-
-    chunks: Sequence[str] = ("local", " text")
-    delay: float = 0.0  # seconds before each chunk
-    requests: list[GenerationRequest] = field(default_factory=list)
-    closed: bool = False
-    counters: BackendCounters = field(default_factory=BackendCounters)
-
-    @property
-    def name(self) -> str:
-        return "fake-local"
-
-    @property
-    def model_name(self) -> str:
-        return "fake-local-model"
-
-    def count_tokens(self, text: str) -> int:
-        return len(text.split())
-
-    async def generate(self, request: GenerationRequest) -> FakeGeneration:
-        self.requests.append(request)
-        return FakeGeneration(self.chunks, self.delay)
-
-    async def health(self, timeout_s: float = 1.0) -> bool:
-        return not self.closed
-
-    async def aclose(self) -> None:
-        self.closed = True
-
-
-@dataclass
-class LocalFactory:
-    backend: FakeLocal = field(default_factory=FakeLocal)
-    loads: int = 0
-
-    async def __call__(self) -> FakeLocal:
-        self.loads += 1
-        return self.backend

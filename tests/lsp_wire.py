@@ -3,9 +3,7 @@
 ``Wire`` runs ``KodeServer``'s real reading loop (``lsp.framing``) and protocol over an
 in-memory byte stream, so tests can send what no well-behaved client would (bad
 framing, lone surrogates, requests after shutdown) and read every byte the server
-writes back. ``FailingBackend`` is a scripted backend that behaves like the real ones
-where it matters: it encodes the prompt as UTF-8, strictly, as llama.cpp's tokenizer
-does, and can fail before or after its first tokens.
+writes back; its backend is a ``fakes.completion.FailingBackend`` unless given another.
 """
 
 from __future__ import annotations
@@ -13,70 +11,13 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from kode.backends.base import FinishReason, GenerationRequest, GenerationStats, TokenChunk
-from kode.completion.settings import Settings
+from fakes.completion import FailingBackend
 from kode.lsp.server import KodeServer, build_server
 
 STEP_S = 5.0  # the most any one exchange may take
 IDLE_S = 0.05  # the server's framing.IDLE_S, shortened
-
-
-class FailingGeneration:
-    def __init__(self, chunks: Sequence[str], error: Exception | None, fail_after: int) -> None:
-        self._chunks, self._error, self._fail_after = list(chunks), error, fail_after
-        self._stats = GenerationStats()
-
-    @property
-    def stats(self) -> GenerationStats:
-        return self._stats
-
-    async def __aiter__(self) -> AsyncIterator[TokenChunk]:
-        for n, text in enumerate(self._chunks):
-            if self._error is not None and n == self._fail_after:
-                raise self._error
-            await asyncio.sleep(0)
-            self._stats.completion_tokens += 1
-            yield TokenChunk(text, ())
-        if self._error is not None:
-            raise self._error
-        self._stats.finish_reason = FinishReason.END
-
-    async def cancel(self) -> None:
-        return None
-
-    async def wait(self) -> GenerationStats:
-        return self._stats
-
-
-@dataclass
-class FailingBackend:
-    """Answers ``chunks``; with ``error`` set, raises it after ``fail_after`` chunks."""
-
-    chunks: Sequence[str] = (" = 1",)
-    error: Exception | None = None
-    fail_after: int = 0
-    prompts: list[str] = field(default_factory=list)
-
-    name = "failing"
-    model_name = "failing-model"
-
-    def count_tokens(self, text: str) -> int:
-        return len(text.encode("utf-8")) // 4 + 1  # strict, like a real tokenizer
-
-    async def generate(self, request: GenerationRequest) -> FailingGeneration:
-        request.prompt.encode("utf-8")  # llama.cpp's tokenizer: UnicodeEncodeError here
-        self.prompts.append(request.prompt)
-        return FailingGeneration(self.chunks, self.error, self.fail_after)
-
-    async def aclose(self) -> None:
-        return None
-
-    async def __call__(self, settings: Settings) -> FailingBackend:
-        return self
 
 
 def frame(message: dict[str, Any] | bytes) -> bytes:

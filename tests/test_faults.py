@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from fakes.serving import LocalFactory
 from kode.backends.base import BackendKind, FinishReason, GenerationRequest
 from kode.backends.errors import RemoteAuthError, RemoteBusyError, RemoteError, RemoteTimeout
 from kode.backends.remote.clients import OpenAIBackend, SGLangBackend
@@ -24,7 +25,6 @@ from kode.backends.router import RoutingBackend
 from kode_servers import (
     FakeRequest,
     FakeUpstream,
-    LocalFactory,
     end_chunks,
     hang,
     send_chunk,

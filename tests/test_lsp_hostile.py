@@ -15,12 +15,12 @@ import threading
 from typing import Any
 
 import pytest
+from fakes.completion import FailingBackend
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kode.backends.errors import ContextOverflow, RemoteError
 from lsp_wire import (
     IDLE_S,
-    FailingBackend,
     Wire,
     did_open,
     frame,

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes.completion import FailingBackend, ScriptedBackend
+from fakes.timing import until
 from lsp_process import StdioWindow
-from lsp_wire import FailingBackend, Wire, did_open, inline, notification, request
-from scripted import ScriptedBackend, until
+from lsp_wire import Wire, did_open, inline, notification, request
 
 QUIET = {"readAhead": False, "prefetch": False}
 URI = "file:///project/pkg/main.py"
@@ -106,15 +107,8 @@ async def test_settings_turned_on_later_build_the_index(root: Path, off: dict[st
 # Bug 4: an edit that could not be read closed the document but left its generation running.
 
 
-class SlowBackend(ScriptedBackend):
-    """A scripted backend that is its own factory, as ``Wire`` takes one."""
-
-    async def __call__(self, settings: object) -> SlowBackend:
-        return self
-
-
 async def test_an_unreadable_edit_stops_the_documents_generation() -> None:
-    backend = SlowBackend(["a"] * 2000)
+    backend = ScriptedBackend(["a"] * 2000)
     async with Wire(backend) as wire:  # type: ignore[arg-type]
         await wire.initialize({**QUIET, "multiline": "always", "timeBudgetMs": 0})
         wire.send(did_open(URI, "value = "), inline(1, URI, 0, 8))

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes.completion import FailingBackend
 from lsp_process import StdioWindow
-from lsp_wire import FailingBackend, Wire, did_open, inline, notification, request
+from lsp_wire import Wire, did_open, inline, notification, request
 
 ON = {"readAhead": False, "prefetch": False, "nextEdits": True}
 URI = "file:///project/pkg/shapes.py"

@@ -16,10 +16,10 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from fakes.serving import LocalFactory
 from kode.backends.base import BackendKind, FinishReason, GenerationRequest
 from kode.backends.remote.clients import OpenAIBackend
 from kode.backends.router import RoutingBackend
-from kode_servers import LocalFactory
 
 pytestmark = pytest.mark.model
 

@@ -9,6 +9,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
+from fakes.serving import FakeLocal
 from kode.backends.base import GenerationRequest
 from kode.backends.errors import SettingsError
 from kode.backends.remote.clients import OpenAIBackend, SGLangBackend
@@ -20,7 +21,7 @@ from kode.completion.settings import parse
 from kode.serve.auth import KeyRing
 from kode.serve.metrics import Counter, Histogram, Metrics, parse_text
 from kode.serve.service import CompletionService, Job, Policy, Workers
-from kode_servers import FakeLocal, run_kode
+from kode_servers import run_kode
 
 # -- keys -----------------------------------------------------------------------------
 

@@ -7,19 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-from kode.backends.base import FinishReason, GenerationRequest, TokenChunk
-from kode.backends.errors import BackendError
+from fakes.serving import BrokenLocal, FakeLocal, GatedEndLocal
+from kode.backends.base import GenerationRequest
 from kode.backends.remote.clients import SGLangBackend
 from kode.serve.app import ServeConfig, build_app
 from kode.serve.auth import KeyRing
 from kode.serve.service import CompletionService, Workers
 from kode_servers import (
-    FakeGeneration,
-    FakeLocal,
     FakeRequest,
     FakeUpstream,
     hang,
@@ -27,36 +24,6 @@ from kode_servers import (
     send_status,
     sglang_event,
 )
-
-
-class GatedGeneration(FakeGeneration):
-    """Yields its chunks, then waits for ``gate`` before it ends."""
-
-    def __init__(self, chunks: list[str], gate: asyncio.Event) -> None:
-        super().__init__(chunks)
-        self.gate = gate
-
-    async def __aiter__(self) -> AsyncIterator[TokenChunk]:
-        for text in self._chunks:
-            self._stats.completion_tokens += 1
-            yield TokenChunk(text, ())
-        await self.gate.wait()
-        self._stats.finish_reason = FinishReason.END
-
-
-class GatedLocal(FakeLocal):
-    def __init__(self) -> None:
-        super().__init__()
-        self.gate = asyncio.Event()
-
-    async def generate(self, request: GenerationRequest) -> FakeGeneration:
-        self.requests.append(request)
-        return GatedGeneration(["a", "b"], self.gate)
-
-
-class BrokenLocal(FakeLocal):
-    async def generate(self, request: GenerationRequest) -> FakeGeneration:
-        raise BackendError("the engine is gone")
 
 
 def worker_client(
@@ -92,7 +59,7 @@ async def test_server_and_model_info_as_sglang_answers_them() -> None:
 
 
 async def test_load_counts_running_and_waiting_jobs() -> None:
-    backend = GatedLocal()
+    backend = GatedEndLocal()
     service, client = worker_client(backend)
     try:
         async with client, asyncio.timeout(10):
@@ -114,7 +81,7 @@ async def test_load_counts_running_and_waiting_jobs() -> None:
 
 
 async def test_an_aborted_generation_counts_the_tokens_it_made() -> None:
-    backend = GatedLocal()
+    backend = GatedEndLocal()
     service, client = worker_client(backend)
     try:
         async with client, asyncio.timeout(10):

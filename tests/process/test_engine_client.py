@@ -13,13 +13,13 @@ import threading
 from pathlib import Path
 
 import pytest
-from engine_fakes import (
+from fakes.shared_engine import (
     STEP_S,
-    Engine,
+    CharVocab,
+    InLoopEngine,
     SlowBackend,
     SlowGeneration,
     StuckBackend,
-    Vocab,
     client_window,
     request,
     shared_backend,
@@ -43,13 +43,13 @@ from kode.backends.errors import BackendClosed
 async def test_the_client_restarts_a_dead_engine_once_then_falls_back(
     place: EnginePlace, tmp_path: Path
 ) -> None:
-    engines: list[Engine] = []
+    engines: list[InLoopEngine] = []
     notices: list[str] = []
     loop = asyncio.get_running_loop()
 
     def spawn(_config: EngineConfig, p: EnginePlace) -> int:
         # called on a worker thread, as the real one starts a process from there
-        loop.call_soon_threadsafe(lambda: engines.append(Engine(p, SlowBackend(delay=0.01))))
+        loop.call_soon_threadsafe(lambda: engines.append(InLoopEngine(p, SlowBackend(delay=0.01))))
         return 0  # no process to watch
 
     fallback = SlowBackend(delay=0.01)
@@ -60,7 +60,7 @@ async def test_the_client_restarts_a_dead_engine_once_then_falls_back(
     backend = SharedEngineBackend(
         EngineConfig(tmp_path / "m.gguf"),
         place,
-        Vocab(),
+        CharVocab(),
         idle_s=60,
         fallback=in_process,
         notify=notices.append,
@@ -161,11 +161,11 @@ async def test_an_engine_dying_as_the_window_connects_is_started_again(
 async def test_a_keystroke_in_flight_when_the_engine_dies_is_answered(
     place: EnginePlace, tmp_path: Path
 ) -> None:
-    engines: list[Engine] = [Engine(place, SlowBackend(delay=5.0))]
+    engines: list[InLoopEngine] = [InLoopEngine(place, SlowBackend(delay=5.0))]
     loop = asyncio.get_running_loop()
 
     def spawn(_config: EngineConfig, p: EnginePlace) -> int:
-        loop.call_soon_threadsafe(lambda: engines.append(Engine(p, SlowBackend(delay=0.01))))
+        loop.call_soon_threadsafe(lambda: engines.append(InLoopEngine(p, SlowBackend(delay=0.01))))
         return 0
 
     backend = client_window(place, tmp_path)
@@ -191,7 +191,7 @@ async def test_a_keystroke_in_flight_when_the_engine_cannot_come_back_runs_on_th
 ) -> None:
     """The engine dies once more than a window restarts it: the keystroke it was running
     is answered by the window's own model (the user is told once), not failed."""
-    engine = Engine(place, SlowBackend(delay=5.0))
+    engine = InLoopEngine(place, SlowBackend(delay=5.0))
     notices: list[str] = []
     backend, fallback = shared_backend(place, tmp_path, [], notices)
     try:
@@ -225,7 +225,7 @@ async def test_the_window_knows_the_prompt_is_evaluated_at_the_first_token(
 ) -> None:
     """Not only when the generation ends: a generation being cancelled must not make the
     window prepare (evaluate again) the prompt it already evaluated (#15, fault 1)."""
-    engine = Engine(place, SlowBackend(delay=0.05))
+    engine = InLoopEngine(place, SlowBackend(delay=0.05))
 
     backend = client_window(place, tmp_path)
     try:
@@ -249,7 +249,7 @@ async def test_token_healing_goes_through_the_shared_engine(
 ) -> None:
     """``tokenHealing`` with a shared engine: the window finds the text to heal with its
     vocabulary, and the request carries it to the engine, whose backend constrains."""
-    engine = Engine(place, SlowBackend(delay=0.01))
+    engine = InLoopEngine(place, SlowBackend(delay=0.01))
     seen: list[str] = []
     original = engine.backend.generate
 
@@ -278,14 +278,14 @@ async def test_a_window_gives_up_an_engine_whose_work_stands_still(
 ) -> None:
     """The engine still beats (its event loop runs) but makes no progress: the window
     ends it, restarts it once, and the keystroke is answered by the new one (#15)."""
-    stuck = Engine(place, StuckBackend())
+    stuck = InLoopEngine(place, StuckBackend())
     stuck.server.heartbeat_s = 0.05
     engines = [stuck]
     ended: list[int] = []
     loop = asyncio.get_running_loop()
 
     def spawn(_config: EngineConfig, p: EnginePlace) -> int:
-        loop.call_soon_threadsafe(lambda: engines.append(Engine(p, SlowBackend(delay=0.01))))
+        loop.call_soon_threadsafe(lambda: engines.append(InLoopEngine(p, SlowBackend(delay=0.01))))
         return 0
 
     def end(pid: int) -> None:  # the real one signals the engine's process
@@ -319,7 +319,7 @@ async def test_a_window_closing_while_its_engine_restarts_leaves_nothing_running
     the engine again: closing ends that restart (the keystroke ends with the window, it
     is not left to a reconnect that a closed window would make), and a closed window
     starts no engine."""
-    engine = Engine(place, SlowBackend(delay=5.0))
+    engine = InLoopEngine(place, SlowBackend(delay=5.0))
     loop = asyncio.get_running_loop()
     spawning = asyncio.Event()
     release = threading.Event()

@@ -9,9 +9,9 @@ import os
 from pathlib import Path
 
 import pytest
-from engine_fakes import (
+from fakes.shared_engine import (
     STEP_S,
-    Engine,
+    InLoopEngine,
     SlowBackend,
     request,
     text_of,
@@ -33,7 +33,7 @@ from kode.backends.errors import BackendClosed, ContextOverflow, EngineError, En
 async def test_keystroke_of_another_window_goes_before_background_work(
     place: EnginePlace,
 ) -> None:
-    engine = Engine(place, SlowBackend(delay=0.2))
+    engine = InLoopEngine(place, SlowBackend(delay=0.2))
     a, b = await window(place), await window(place)
     try:
         read_ahead = a.generate(request("a", background=True, n=1))
@@ -51,7 +51,7 @@ async def test_keystroke_of_another_window_goes_before_background_work(
 
 
 async def test_a_closed_window_has_its_generation_cancelled(place: EnginePlace) -> None:
-    engine = Engine(place, SlowBackend(delay=0.05))
+    engine = InLoopEngine(place, SlowBackend(delay=0.05))
     a, b = await window(place), await window(place)
     try:
         long = a.generate(request("a", n=1000))
@@ -71,7 +71,7 @@ async def test_a_closed_window_has_its_generation_cancelled(place: EnginePlace) 
 
 
 async def test_cancel_errors_and_status(place: EnginePlace) -> None:
-    engine = Engine(place, SlowBackend(delay=0.05))
+    engine = InLoopEngine(place, SlowBackend(delay=0.05))
     a = await window(place)
     try:
         generation = a.generate(request("a", n=1000))
@@ -110,7 +110,7 @@ async def test_the_engine_refuses_a_folder_at_its_socket_path_in_one_sentence(
 
 
 async def test_a_window_asking_for_another_engine_is_refused(place: EnginePlace) -> None:
-    engine = Engine(place, SlowBackend())
+    engine = InLoopEngine(place, SlowBackend())
     first = await window(place)  # the engine is up
     try:
         with pytest.raises(EngineSetupError, match="the window asked for kode-other"):
@@ -123,7 +123,7 @@ async def test_a_window_asking_for_another_engine_is_refused(place: EnginePlace)
 
 
 async def test_a_later_window_learns_the_prefill_speed(place: EnginePlace) -> None:
-    engine = Engine(place, SlowBackend(delay=0.01))
+    engine = InLoopEngine(place, SlowBackend(delay=0.01))
     first = await window(place)
     try:
         assert first.welcome.prefill_tokens_per_s is None
@@ -140,7 +140,7 @@ async def test_a_later_window_learns_the_prefill_speed(place: EnginePlace) -> No
 async def test_the_first_window_is_welcomed_with_the_prefill_speed(place: EnginePlace) -> None:
     """The engine times a synthetic prompt before it welcomes anyone, so no window times
     one itself (behind other work, or cut short by its first keystroke, #15)."""
-    engine = Engine(place, SlowBackend(delay=0.01), time_prefill=True)
+    engine = InLoopEngine(place, SlowBackend(delay=0.01), time_prefill=True)
     first = await window(place)
     try:
         # the fake evaluates a prompt of n characters in 100 ms
@@ -159,7 +159,7 @@ async def test_a_window_closing_its_connection_does_not_blame_the_engine(
     changed) ends with words that say so, as ``BackendClosed``, which the language
     server answers empty and never shows (#34), and nothing is moved to a restarted
     engine (#15, fault 2)."""
-    engine = Engine(place, SlowBackend(delay=5.0))
+    engine = InLoopEngine(place, SlowBackend(delay=5.0))
     conn = await window(place)
     lost: list[int] = []
     conn.on_lost = lambda generations: bool(lost.append(len(generations)))

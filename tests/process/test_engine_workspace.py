@@ -10,26 +10,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from fakes.completion import NO_READ_AHEAD, CachingBackend, ScriptedBackend, engine_for
+from fakes.projects import constants_project
+from fakes.timing import until
 from kode.backends.errors import Superseded
 from kode.completion.clock import ManualClock
 from kode.completion.documents import Position
 from kode.completion.engine import CompletionEngine
 from kode.completion.project.context import REINDEX_DELAY_S
 from kode.completion.project.workspace import IndexStats, WorkspaceIndex
-from kode.completion.settings import parse
-from scripted import ScriptedBackend, until
 from test_workspace import wait_gone
 
-
-def engine_for(
-    backend: ScriptedBackend, clock: ManualClock | None = None, **settings: object
-) -> CompletionEngine:
-    async def factory(_settings: object) -> ScriptedBackend:
-        return backend
-
-    parsed, problems = parse({"readAhead": False, **settings})
-    assert problems == []
-    return CompletionEngine(factory, parsed, clock=clock)  # type: ignore[arg-type]
+# The engine tests' settings but for the project's snippets, which these tests are about.
+PROJECT = {"readAhead": False}
 
 
 async def built(engine: CompletionEngine, root: Path) -> None:
@@ -88,12 +81,12 @@ async def build_watched(
 
 async def test_the_closed_defining_module_reaches_the_prompt(project: Path) -> None:
     backend = ScriptedBackend(["circle_area_quill(r)"])
-    engine = engine_for(backend)
+    engine = engine_for(backend, defaults=PROJECT)
     await built(engine, project)
     prompt = await complete_app(engine, project)
     assert "<|file_sep|>pkg/geometry.py\ndef circle_area_quill(radius):" in prompt
     assert prompt.index("circle_area_quill") < prompt.index("<|fim_prefix|>")
-    off = engine_for(backend, retrievalTokens=0)
+    off = engine_for(backend, defaults=PROJECT, retrievalTokens=0)
     await built(off, project)
     assert "circle_area_quill" not in await complete_app(off, project)
     await engine.aclose()
@@ -102,7 +95,7 @@ async def test_the_closed_defining_module_reaches_the_prompt(project: Path) -> N
 
 async def test_save_and_delete_update_what_is_retrieved(project: Path) -> None:
     backend = ScriptedBackend(["x"])
-    engine = engine_for(backend)
+    engine = engine_for(backend, defaults=PROJECT)
     await built(engine, project)
     index = engine.workspace
     assert index is not None
@@ -121,7 +114,7 @@ async def test_save_and_delete_update_what_is_retrieved(project: Path) -> None:
 
 async def test_edits_reindex_once_the_user_pauses(project: Path) -> None:
     clock = ManualClock()
-    engine = engine_for(ScriptedBackend(["x"]), clock=clock)
+    engine = engine_for(ScriptedBackend(["x"]), defaults=PROJECT, clock=clock)
     await built(engine, project)
     uri = (project / "pkg" / "geometry.py").as_uri()
     engine.documents.open(uri, "def old(): pass\n", 1, "python")
@@ -147,7 +140,7 @@ async def test_building_a_large_index_does_not_block_the_event_loop(tmp_path: Pa
         (tmp_path / f"m{i}.py").write_text(
             "".join(f"def f_{i}_{j}(a):\n    return a\n" for j in range(30))
         )
-    engine = engine_for(ScriptedBackend(["x"]))
+    engine = engine_for(ScriptedBackend(["x"]), defaults=PROJECT)
     index, seen = await build_watched(engine, tmp_path)
     assert len(index) == 400
     # A blocked loop would see nothing of the build until it was over; with the build in
@@ -167,7 +160,7 @@ async def test_a_large_file_does_not_stall_the_event_loop(tmp_path: Path) -> Non
     )
     for name in ("a", "b", "c"):
         (tmp_path / f"{name}.py").write_text(big)
-    engine = engine_for(ScriptedBackend(["x"]))
+    engine = engine_for(ScriptedBackend(["x"]), defaults=PROJECT)
     index, seen = await build_watched(engine, tmp_path)
     # No ``ast.parse`` of them here, where it would hold the loop: all three in the
     # child, and the loop went on while the child had them.
@@ -183,7 +176,7 @@ async def test_a_large_file_does_not_stall_the_event_loop(tmp_path: Path) -> Non
 async def test_closing_the_engine_stops_the_build_and_its_child(tmp_path: Path) -> None:
     for i in range(300):
         (tmp_path / f"m{i}.py").write_text(f"def f_{i}(a):\n    return a\n" * 50)
-    engine = engine_for(ScriptedBackend(["x"]))
+    engine = engine_for(ScriptedBackend(["x"]), defaults=PROJECT)
     engine.open_workspace([tmp_path])
     index = engine.workspace
     assert index is not None
@@ -204,17 +197,9 @@ async def test_a_keystroke_keeps_the_prepared_project_context(project: Path) -> 
     keystroke answers with the snippets the window was prepared with (not a short window
     without any project context), and background preparation catches up."""
     from kode.completion.documents import Position
-    from kode.completion.engine import PrefillRate
-    from scripted import CachingBackend, until
 
     backend = CachingBackend(["x"])
-    parsed, problems = parse({"readAhead": False, "snippetTokens": 0, "firstAnswerMs": 1000})
-    assert problems == []
-
-    async def factory(_settings: object) -> CachingBackend:
-        return backend
-
-    engine = CompletionEngine(factory, parsed, prefill_rate=PrefillRate(100.0, fixed=True))  # type: ignore[arg-type]
+    engine = engine_for(backend, rate=100.0, defaults=NO_READ_AHEAD, firstAnswerMs=1000)
     await built(engine, project)
     app = project / "pkg" / "app.py"
     body = "from pkg import geometry\n\n" + "".join(
@@ -258,10 +243,10 @@ async def test_without_a_workspace_the_prompt_is_what_it_was(project: Path) -> N
         engine.documents.close(uri)
         return backend.requests[-1].prompt
 
-    off = engine_for(backend, retrievalTokens=0)
-    none = engine_for(backend)
+    off = engine_for(backend, defaults=PROJECT, retrievalTokens=0)
+    none = engine_for(backend, defaults=PROJECT)
     assert none.workspace is None
-    one_file = engine_for(backend)
+    one_file = engine_for(backend, defaults=PROJECT)
     await built(one_file, alone)
     assert len(one_file.workspace or ()) == 1
     expected = await prompt(off)
@@ -287,11 +272,9 @@ async def test_an_outline_of_constants_leaves_room_for_the_definitions(tmp_path:
     and, fitted to tokens in prompt order, took all of ``retrievalTokens``; the
     definitions of the names used at the cursor, after it, were dropped. Chosen by the
     backend's tokens, both reach the prompt, within the budget."""
-    from scripted import constants_project
-
     app = constants_project(tmp_path)
     backend = DenseBackend(["x"])
-    engine = engine_for(backend, retrievalTokens=256, snippetTokens=0)
+    engine = engine_for(backend, defaults=PROJECT, retrievalTokens=256, snippetTokens=0)
     await built(engine, tmp_path)
     uri = app.as_uri()
     engine.documents.open(uri, app.read_text(), 1, "python")
@@ -321,7 +304,7 @@ async def test_the_index_build_waits_while_the_model_generates(
     for i in range(50):
         (tmp_path / f"m{i}.py").write_text(f"def f_{i}(a):\n    return a\n")
     backend = ScriptedBackend(["x"] * 100_000, delay=0.01)  # until the test cancels it
-    engine = engine_for(backend, multiline="always")
+    engine = engine_for(backend, defaults=PROJECT, multiline="always")
     asked = threading.Event()
     went_on_while_generating: list[bool] = []
     build = WorkspaceIndex.build
@@ -371,7 +354,7 @@ async def test_a_stuck_index_update_holds_up_neither_retrieval_nor_closing(
     for good) ran on the event loop's default executor; a few of them took every
     thread of it, so retrieval waited too, and ``aclose`` (the LSP ``shutdown``) waited
     for them. Updates now run in order on a daemon thread of the index's own."""
-    engine = engine_for(ScriptedBackend(["x"]))
+    engine = engine_for(ScriptedBackend(["x"]), defaults=PROJECT)
     await built(engine, project)
     index = engine.workspace
     assert index is not None

@@ -9,14 +9,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
 import pytest
+from fakes.completion import ScriptedBackend
+from fakes.llama import ENDLESS, ClosingEngine, ToyEngineTarget, request
 from kode.backends.base import FinishReason
 from kode.backends.local import LocalBackend
 from kode.backends.speculative import CostCurve
 from kode.completion.backend_factory import BackendKey, BackendPool
 from kode.completion.settings import DEFAULT, Settings
-from scripted import ScriptedBackend
-from test_local_close import ENDLESS, STEP_S, ClosingEngine
-from test_worker_batch import Target, request
+from test_local_close import STEP_S
 
 
 async def test_the_pool_rebuilds_the_backend_when_and_only_when_its_key_changes() -> None:
@@ -53,7 +53,7 @@ async def test_a_settings_change_does_not_wait_for_the_old_backends_generations(
     every generation of the old one had run to its end; now they are cancelled."""
     engines: list[ClosingEngine] = []
 
-    async def loader(key: BackendKey) -> LocalBackend[Target]:
+    async def loader(key: BackendKey) -> LocalBackend[ToyEngineTarget]:
         engines.append(ClosingEngine(width=2))
         executor = ThreadPoolExecutor(max_workers=1)
         return LocalBackend(engines[-1], executor, curve=CostCurve({1: 1.0}), owns_executor=True)

@@ -8,31 +8,20 @@ import math
 from pathlib import Path
 
 import pytest
+from fakes.projects import SHAPES
 from kode.bench import engine, engine_busy, harness, latency
 from kode.bench.engine import ALONE, BUSY, TWO, Key, paired
-
-SOURCE = """\
-class Circle:
-    def area(self) -> float:
-        return math.pi * self.radius ** 2
-
-
-class Square:
-    def area(self) -> float:
-        return self.side * self.side
-"""
-
 
 # -- latency -------------------------------------------------------------------------------
 
 
 def test_region_scripts_remove_what_is_typed_back() -> None:
-    scripts = latency.region_scripts(Path("shapes.py"), SOURCE, 2, 0, 60)
+    scripts = latency.region_scripts(Path("shapes.py"), SHAPES, 2, 0, 60)
     assert len(scripts) == 2
     for s in scripts:
-        assert s.text[: s.offset] + s.typed + s.text[s.offset :] == SOURCE
+        assert s.text[: s.offset] + s.typed + s.text[s.offset :] == SHAPES
         assert s.typed == s.typed.strip()
-    assert scripts == latency.region_scripts(Path("shapes.py"), SOURCE, 2, 0, 60)
+    assert scripts == latency.region_scripts(Path("shapes.py"), SHAPES, 2, 0, 60)
 
 
 def test_accept_proxy_and_latency_summary() -> None:

@@ -5,20 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fakes.projects import SHAPES
 from kode.bench import quality, sandbox, tasks
 from kode.bench.tasks import EditTask, HumanEvalTask
-
-SOURCE = """\
-class Circle:
-    def area(self) -> float:
-        return math.pi * self.radius ** 2
-
-
-class Square:
-    def area(self) -> float:
-        return self.side * self.side
-"""
-
 
 # -- sampling ----------------------------------------------------------------------------
 
@@ -57,14 +46,14 @@ def test_shared_run_and_identifier_chars() -> None:
 
 
 def test_edit_candidates_cut_at_the_repeated_line() -> None:
-    found = tasks.edit_candidates(SOURCE, name="shapes.py", min_identifier_chars=10)
+    found = tasks.edit_candidates(SHAPES, name="shapes.py", min_identifier_chars=10)
     assert [t.task_id for t in found] == ["shapes.py:7"]
     task = found[0]
     assert task.middle == "def area(self) -> float:"
     assert task.prefix.endswith("\n    ")  # the cut is after the line's indentation
     assert task.suffix.startswith("\n        return self.side")
     assert task.shared == "def area ( self ) - > float :"
-    assert task.prefix + task.middle + task.suffix == SOURCE
+    assert task.prefix + task.middle + task.suffix == SHAPES
 
 
 def test_edit_candidates_keep_a_window() -> None:
@@ -77,7 +66,7 @@ def test_edit_candidates_keep_a_window() -> None:
 
 def test_edit_tasks_are_seeded_and_spread_over_files(tmp_path: Path) -> None:
     for name in ("a.py", "b.py"):
-        (tmp_path / name).write_text(SOURCE + SOURCE)
+        (tmp_path / name).write_text(SHAPES + SHAPES)
     files = sorted(tmp_path.glob("*.py"))
     first = tasks.edit_tasks(files, 4, 7, root=tmp_path)
     assert first == tasks.edit_tasks(files, 4, 7, root=tmp_path)

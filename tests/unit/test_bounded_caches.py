@@ -12,17 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes.timing import SettableClock
 from kode.completion.project import members
 from kode.completion.project.members import Lru, Resolver
 from kode.completion.project.receivers import _CACHE, Receivers
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def unread(name: str) -> frozenset[str] | None:
@@ -118,7 +111,7 @@ def test_member_sets_and_locations_are_bounded(
 
 
 def test_a_module_installed_after_a_miss_is_found(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = SettableClock()
     resolver = Resolver(paths=[str(tmp_path)], clock=clock, compiled=unread)
     assert resolver.module_members("installed_late") is None
     (tmp_path / "installed_late").mkdir()
@@ -144,7 +137,7 @@ def test_a_module_whose_file_is_gone_is_looked_up_again(tmp_path: Path) -> None:
 
 
 def test_an_analysis_that_missed_a_module_is_redone_once_it_is_there(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = SettableClock()
     resolver = Resolver(paths=[str(tmp_path), *sys.path], clock=clock, compiled=unread)
     receivers = Receivers(resolver)
     text = "import arrives_later\n\nx = arrives_later.\n"
@@ -206,7 +199,7 @@ def test_a_compiled_module_loaded_here_is_read_without_a_child() -> None:
 
 def test_a_compiled_module_that_did_not_import_is_asked_again_later() -> None:
     name = _compiled_not_loaded()
-    clock = Clock()
+    clock = SettableClock()
     answers: list[frozenset[str] | None] = [None, frozenset({"late"})]
     resolver = Resolver(clock=clock, compiled=lambda _name: answers.pop(0))
     assert resolver.module_members(name) is None

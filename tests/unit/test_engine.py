@@ -5,20 +5,25 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
 
 import pytest
+from fakes.completion import (
+    URI,
+    ColdCacheBackend,
+    ScriptedBackend,
+    SlowToStopBackend,
+    SteppedBackend,
+    engine_for,
+)
+from fakes.timing import settled, until
 from kode.backends.base import (
     FinishReason,
-    GenerationRequest,
-    TokenChunk,
 )
 from kode.backends.errors import DocumentError, Superseded
 from kode.completion.clock import ManualClock
 from kode.completion.documents import Position, Range
 from kode.completion.engine import CompletionEngine
 from kode.completion.preparation import READ_AHEAD_DELAY_S
-from scripted import URI, ScriptedBackend, ScriptedGeneration, engine_for, settled, until
 
 
 def type_text(engine: CompletionEngine, version: int, at: Position, text: str) -> None:
@@ -115,46 +120,6 @@ async def test_typing_into_a_running_suggestion_keeps_it_running() -> None:
     assert result.text == "lue = compute()"
     assert len(backend.requests) == 1
     assert backend.generations[0].stats.finish_reason is FinishReason.END
-
-
-class SteppedGeneration(ScriptedGeneration):
-    """Yields its next piece each time ``released`` is released (by the test)."""
-
-    def __init__(self, pieces: list[str], released: asyncio.Semaphore) -> None:
-        super().__init__(pieces, 0.0)
-        self._released = released
-
-    async def __aiter__(self) -> AsyncIterator[TokenChunk]:
-        try:
-            for i, piece in enumerate(self._pieces):
-                await self._released.acquire()
-                if self._cancelled.is_set():
-                    break
-                self.stats.completion_tokens += 1
-                yield TokenChunk(piece, (i,))
-            else:
-                self.stats.finish_reason = FinishReason.END
-        finally:
-            if self.stats.finish_reason is None:
-                self.stats.finish_reason = FinishReason.CANCELLED
-            self._done.set()
-
-
-class SteppedBackend(ScriptedBackend):
-    """Its generations yield the next piece each time the test calls ``release``."""
-
-    def __init__(self, pieces: list[str]) -> None:
-        super().__init__(pieces, delay=0.0)
-        self.released = asyncio.Semaphore(0)
-
-    def release(self) -> None:
-        self.released.release()
-
-    async def generate(self, request: GenerationRequest) -> ScriptedGeneration:
-        self.requests.append(request)
-        generation = SteppedGeneration(list(self.pieces), self.released)
-        self.generations.append(generation)
-        return generation
 
 
 async def test_time_budget_returns_what_is_ready_and_keeps_generating() -> None:
@@ -339,17 +304,10 @@ async def test_working_elsewhere_stops_a_suggestion_no_one_waits_for() -> None:
         await engine.aclose()
 
 
-class CachingBackend(ScriptedBackend):
-    """A ``PromptCache`` that has evaluated nothing: the start-up timing runs on it."""
-
-    def cached_prefix(self, prompt: str) -> tuple[int, int]:
-        return 0, self.count_tokens(prompt)
-
-
 async def test_closing_ends_the_start_up_timing_as_cancelled() -> None:
     """The window's shutdown cancels its start-up timing rather than closing the backend
     under it (a shared engine's window then reported a failure to the user, #15)."""
-    backend = CachingBackend(["x"] * 1000, delay=0.05)
+    backend = ColdCacheBackend(["x"] * 1000, delay=0.05)
     engine = engine_for(backend, firstAnswerMs=1000)
     warm = asyncio.ensure_future(engine.warm_up())
     await until(lambda: backend.generations)
@@ -357,29 +315,6 @@ async def test_closing_ends_the_start_up_timing_as_cancelled() -> None:
         await engine.aclose()
         await warm  # ends quietly: no error to tell
     assert backend.requests[0].background and backend.generations[0].cancelled
-
-
-class SlowToStopBackend(ScriptedBackend):
-    """A backend whose generations take until ``stopped`` is set to end once cancelled
-    (a shared engine's round trip and its decode step)."""
-
-    def __init__(self, pieces: list[str]) -> None:
-        super().__init__(pieces, delay=0.01)
-        self.stopped = asyncio.Event()
-        self.events: list[str] = []
-
-    async def generate(self, request: GenerationRequest) -> ScriptedGeneration:
-        self.events.append(f"generate {len(self.requests)}")
-        generation = await super().generate(request)
-        backend = self
-
-        async def cancel() -> None:
-            generation._cancelled.set()
-            await backend.stopped.wait()
-            backend.events.append("stopped")
-
-        generation.cancel = cancel  # type: ignore[method-assign]
-        return generation
 
 
 async def test_a_key_that_contradicts_the_suggestion_does_not_wait_for_it_to_stop() -> None:

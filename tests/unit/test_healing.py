@@ -7,6 +7,7 @@ import doctest
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from fakes.completion import URI, ScriptedBackend, engine_for
 from kode.backends import heal_index as backend_healing
 from kode.backends.base import GenerationRequest
 from kode.backends.heal_index import HealIndex
@@ -14,7 +15,6 @@ from kode.backends.speculative import TokenTree
 from kode.backends.steppers import Prefilled, Probs, heal
 from kode.completion.documents import Position
 from kode.completion.healing import after_heal, heal_text
-from scripted import URI, ScriptedBackend, engine_for  # the engine tests' scripted backend
 
 PIECES = [b"p", b"pro", b"process", b"property", b"ro", b"r", b"o", b"cess", b"<eos>", b"", b"x"]
 P, PRO, PROCESS, PROPERTY, RO, R, OH, CESS, EOS, EMPTY, X = range(len(PIECES))

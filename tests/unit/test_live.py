@@ -6,25 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
-from kode.backends.base import GenerationRequest
+from fakes.completion import URI, GatedBackgroundBackend, ScriptedBackend, engine_for
+from fakes.timing import settled, until
 from kode.completion.documents import Position
-from scripted import URI, ScriptedBackend, ScriptedGeneration, engine_for, settled, until
-
-
-class GatedBackend(ScriptedBackend):
-    """A scripted backend whose background and prefetch generations start only when
-    ``gate`` is set: the moment a request can come in between."""
-
-    def __init__(self, pieces: list[str], delay: float = 0.01) -> None:
-        super().__init__(pieces, delay)
-        self.gate = asyncio.Event()
-        self.waiting = 0
-
-    async def generate(self, request: GenerationRequest) -> ScriptedGeneration:
-        if request.background:
-            self.waiting += 1
-            await self.gate.wait()
-        return await super().generate(request)
 
 
 async def test_a_suggestion_installed_retires_the_one_there() -> None:
@@ -42,7 +26,7 @@ async def test_a_suggestion_installed_retires_the_one_there() -> None:
 
 
 async def test_a_prefetch_that_started_during_a_request_is_stopped_not_installed() -> None:
-    backend = GatedBackend(["a"] * 20)
+    backend = GatedBackgroundBackend(["a"] * 20)
     engine = engine_for(backend, readAhead=False, prefetch=True, multiline="always")
     engine.documents.open(URI, "x = ", 1)
     doc = engine.documents.get(URI)

@@ -8,9 +8,9 @@ import json
 import random
 
 import httpx
+from fakes.timing import until
 from kode.bench import llama_vim
 from kode.bench.llama_vim import Ask, LlamaVim, Ring, ask_at, from_cache, rendered
-from scripted import until
 
 
 def test_ask_sends_256_lines_before_the_line_and_64_after() -> None:

@@ -1,51 +1,27 @@
 """Closing a local backend (#51, bug 5): its running generations are cancelled, not
 waited for to their end, and the close waits a bounded time for them; a generation stuck
 in a model call ends on the worker, which then closes the engine. Over the model-free
-engine of the batch tests."""
+engine (``fakes.llama``)."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from fakes.llama import ENDLESS, ClosingEngine, ToyEngine, ToyEngineTarget, request
 from kode.backends.base import FinishReason
 from kode.backends.errors import BackendClosed
 from kode.backends.local import LocalBackend
 from kode.backends.speculative import CostCurve
-from test_worker_batch import Engine, Target, request
 
 STEP_S = 10.0
-ENDLESS = 10**9  # tokens: a generation that ends only when cancelled
 
 
-class ClosingEngine(Engine):
-    """Says when a model call began and when the backend closed it (worker thread); a
-    context that fits any generation, each step taking a millisecond."""
-
-    n_ctx = 2**40
-
-    def __init__(self, width: int, gate: threading.Event | None = None) -> None:
-        super().__init__(width, gate, delay_s=0.001)
-        self.closed = threading.Event()
-        self.called = threading.Event()  # a model call began
-
-    def call(self, what: str) -> None:
-        self.called.set()
-        super().call(what)
-
-    def step_together(self, steps: Sequence[tuple[Target, int]]) -> list[int]:
-        time.sleep(self.delay_s)
-        return super().step_together(steps)
-
-    def close(self) -> None:
-        self.closed.set()
-
-
-def local(engine: Engine, executor: ThreadPoolExecutor, **options: float) -> LocalBackend[Target]:
+def local(
+    engine: ToyEngine, executor: ThreadPoolExecutor, **options: float
+) -> LocalBackend[ToyEngineTarget]:
     return LocalBackend(engine, executor, curve=CostCurve({1: 1.0}), owns_executor=True, **options)
 
 

@@ -8,23 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from kode.backends.base import GenerationRequest
-from lsp_wire import FailingBackend, FailingGeneration, Wire, did_open, inline, request
+from fakes.completion import LatencyTimedBackend
+from lsp_wire import Wire, did_open, inline, request
 
 QUIET = {"readAhead": False, "prefetch": False}
 URI = "file:///project/circle.py"
-
-
-class TimedBackend(FailingBackend):
-    """Its generations took ``ttft_ms`` to the first token and ``total_ms`` in all."""
-
-    ttft_ms = 100.0
-    total_ms = 1100.0
-
-    async def generate(self, request: GenerationRequest) -> FailingGeneration:
-        generation = await super().generate(request)
-        generation.stats.ttft_ms, generation.stats.total_ms = self.ttft_ms, self.total_ms
-        return generation
 
 
 async def last_completion(wire: Wire, n: int) -> Any:
@@ -33,7 +21,7 @@ async def last_completion(wire: Wire, n: int) -> Any:
 
 
 async def test_the_last_answer_and_its_decode_speed_after_the_first_token() -> None:
-    backend = TimedBackend(chunks=["radius", " *", " radius"] + [" "] * 8)
+    backend = LatencyTimedBackend(chunks=["radius", " *", " radius"] + [" "] * 8)
     async with Wire(backend) as wire:
         await wire.initialize(QUIET)
         assert await last_completion(wire, 1) is None

@@ -8,27 +8,20 @@ import asyncio
 import logging
 
 import pytest
-from kode.backends.base import PREFILL_PROBE, GenerationRequest, PromptCache
+from fakes.completion import (
+    NO_READ_AHEAD,
+    URI,
+    CachingBackend,
+    PrefillTimedBackend,
+    ScriptedBackend,
+    engine_for,
+)
+from fakes.timing import settled, until
+from kode.backends.base import PREFILL_PROBE, PromptCache
 from kode.completion.documents import Position, Range, file_name
-from kode.completion.engine import CompletionEngine, PrefillRate
-from kode.completion.settings import parse
-from scripted import URI, CachingBackend, ScriptedBackend, ScriptedGeneration, settled, until
 
 # 400 lines of four "tokens" each (the scripted backend counts whitespace-separated words).
 DOC = "".join(f"value_{i} = compute ( {i} )\n" for i in range(400))
-
-
-def engine_for(backend: ScriptedBackend, rate: float, **settings: object) -> CompletionEngine:
-    async def factory(_settings: object) -> ScriptedBackend:
-        return backend
-
-    parsed, problems = parse({"snippetTokens": 0, "readAhead": False, **settings})
-    assert problems == []
-    return CompletionEngine(
-        factory,  # type: ignore[arg-type]
-        parsed,
-        prefill_rate=PrefillRate(rate, fixed=True),
-    )
 
 
 def test_the_fake_declares_the_prompt_cache_protocol() -> None:
@@ -39,7 +32,7 @@ def test_the_fake_declares_the_prompt_cache_protocol() -> None:
 async def test_a_slow_prefill_answers_from_a_window_that_fits_the_budget() -> None:
     backend = CachingBackend([" + 1"])
     # 100 tokens/s and 1,000 ms: at most 100 tokens may be evaluated for the answer.
-    engine = engine_for(backend, 100.0, firstAnswerMs=1000)
+    engine = engine_for(backend, rate=100.0, defaults=NO_READ_AHEAD, firstAnswerMs=1000)
     engine.documents.open(URI, DOC, 1)
     result = await engine.complete(URI, Position(390, 10))
     assert result.text
@@ -55,7 +48,7 @@ async def test_a_slow_prefill_answers_from_a_window_that_fits_the_budget() -> No
 
 async def test_a_fast_prefill_uses_the_full_window() -> None:
     backend = CachingBackend([" + 1"])
-    engine = engine_for(backend, 100_000.0, firstAnswerMs=1000)
+    engine = engine_for(backend, rate=100_000.0, defaults=NO_READ_AHEAD, firstAnswerMs=1000)
     engine.documents.open(URI, DOC, 1)
     await engine.complete(URI, Position(390, 10))
     assert len(backend.requests[-1].prompt.split()) > 900
@@ -64,7 +57,7 @@ async def test_a_fast_prefill_uses_the_full_window() -> None:
 
 async def test_budget_off_always_uses_the_full_window() -> None:
     backend = CachingBackend([" + 1"])
-    engine = engine_for(backend, 10.0, firstAnswerMs=0)
+    engine = engine_for(backend, rate=10.0, defaults=NO_READ_AHEAD, firstAnswerMs=0)
     engine.documents.open(URI, DOC, 1)
     await engine.complete(URI, Position(390, 10))
     assert len(backend.requests[-1].prompt.split()) > 900
@@ -72,7 +65,7 @@ async def test_budget_off_always_uses_the_full_window() -> None:
 
 async def test_the_cursor_notification_prepares_a_short_then_the_full_window() -> None:
     backend = CachingBackend(["x"])
-    engine = engine_for(backend, 100.0, firstAnswerMs=1000)
+    engine = engine_for(backend, rate=100.0, defaults=NO_READ_AHEAD, firstAnswerMs=1000)
     engine.documents.open(URI, DOC, 1)
     engine.cursor_moved(URI, Position(390, 10))
     await until(lambda: engine.preparation.prepared >= 2)
@@ -96,7 +89,7 @@ async def test_the_debug_log_says_which_window_in_sizes_only(
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="kode.completion")
     backend = CachingBackend([" + 1"])
-    engine = engine_for(backend, 100.0, firstAnswerMs=1000)
+    engine = engine_for(backend, rate=100.0, defaults=NO_READ_AHEAD, firstAnswerMs=1000)
     engine.documents.open(URI, DOC, 1)
     engine.cursor_moved(URI, Position(390, 10))
     await until(lambda: engine.preparation.prepared >= 2 and not engine.preparation.preparing)
@@ -113,27 +106,13 @@ async def test_the_debug_log_says_which_window_in_sizes_only(
     assert "compute" not in caplog.text and "value_" not in caplog.text  # no code
 
 
-class TimedBackend(CachingBackend):
-    """Every generation reports 200 prompt tokens evaluated in 2 s: 100 tokens/s."""
-
-    async def generate(self, request: GenerationRequest) -> ScriptedGeneration:
-        generation = await super().generate(request)
-        generation.stats.evaluated_prompt_tokens = 200
-        generation.stats.prefill_ms = 2000.0
-        return generation
-
-
 async def test_the_first_place_after_start_up_learns_the_speed_before_its_window() -> None:
     # Seen through `kode -vv lsp`: a cursor announced right after start-up was prepared
     # with the full window (the speed still unknown), and the keystroke 4 s later
     # answered from a new short one, its evaluated work lost.
-    backend = TimedBackend(["x"])
+    backend = PrefillTimedBackend(["x"])
 
-    async def factory(_settings: object) -> TimedBackend:
-        return backend
-
-    parsed, _ = parse({"snippetTokens": 0, "readAhead": False, "firstAnswerMs": 1000})
-    engine = CompletionEngine(factory, parsed)  # type: ignore[arg-type]
+    engine = engine_for(backend, defaults=NO_READ_AHEAD, firstAnswerMs=1000)
     assert engine.rate.value is None
     engine.documents.open(URI, DOC, 1)
     engine.cursor_moved(URI, Position(390, 10))
@@ -149,7 +128,7 @@ async def test_the_first_place_after_start_up_learns_the_speed_before_its_window
 
 async def test_a_request_cancels_background_preparation() -> None:
     backend = CachingBackend(["x"] * 100, delay=0.05)  # preparation that would take 5 s
-    engine = engine_for(backend, 100_000.0, firstAnswerMs=1000)
+    engine = engine_for(backend, rate=100_000.0, defaults=NO_READ_AHEAD, firstAnswerMs=1000)
     engine.documents.open(URI, DOC, 1)
     engine.documents.open("file:///p/other.py", "def f():\n    ", 1)
     engine.cursor_moved(URI, Position(390, 10))
@@ -164,7 +143,7 @@ async def test_a_request_cancels_background_preparation() -> None:
 
 async def test_closing_the_document_stops_its_preparation() -> None:
     backend = CachingBackend(["x"] * 100, delay=0.05)  # preparation that would take 5 s
-    engine = engine_for(backend, 100_000.0, firstAnswerMs=1000)
+    engine = engine_for(backend, rate=100_000.0, defaults=NO_READ_AHEAD, firstAnswerMs=1000)
     engine.documents.open(URI, DOC, 1)
     engine.cursor_moved(URI, Position(390, 10))
     await until(lambda: len(backend.generations) == 1)
@@ -176,7 +155,7 @@ async def test_closing_the_document_stops_its_preparation() -> None:
 
 async def test_a_tab_opened_meanwhile_is_not_read_ahead_over_the_active_file() -> None:
     backend = CachingBackend([" + 1"])
-    engine = engine_for(backend, 100_000.0, readAhead=True)
+    engine = engine_for(backend, rate=100_000.0, defaults=NO_READ_AHEAD, readAhead=True)
     engine.documents.open(URI, DOC, 1)
     await engine.complete(URI, Position(390, 10))  # the user works in URI
     other = "file:///p/tab.py"
@@ -190,7 +169,9 @@ async def test_a_tab_opened_meanwhile_is_not_read_ahead_over_the_active_file() -
 
 async def test_a_resting_cursor_at_the_end_of_a_line_gets_its_suggestion_before_a_key() -> None:
     backend = CachingBackend(["value", "_1", "\n"])
-    engine = engine_for(backend, 100_000.0, firstAnswerMs=1000, multiline="never")
+    engine = engine_for(
+        backend, rate=100_000.0, defaults=NO_READ_AHEAD, firstAnswerMs=1000, multiline="never"
+    )
     engine.documents.open(URI, DOC + "total = ", 1)
     engine.cursor_moved(URI, Position(400, 8))
     await until(lambda: engine.preparation.prefetches == 1)
@@ -208,7 +189,9 @@ async def test_a_resting_cursor_at_the_end_of_a_line_gets_its_suggestion_before_
 
 async def test_the_suggestion_from_a_short_window_is_remade_from_the_full_one() -> None:
     backend = CachingBackend(["value", "_1", "\n"])
-    engine = engine_for(backend, 100.0, firstAnswerMs=1000, multiline="never")
+    engine = engine_for(
+        backend, rate=100.0, defaults=NO_READ_AHEAD, firstAnswerMs=1000, multiline="never"
+    )
     engine.documents.open(URI, DOC + "total = ", 1)
     engine.cursor_moved(URI, Position(400, 8))
     await until(lambda: engine.preparation.prefetches == 2, 10)
@@ -228,7 +211,9 @@ async def test_no_suggestion_is_made_mid_line_or_with_prefetch_off() -> None:
         ({"prefetch": False}, DOC + "total = ", Position(400, 8)),
     ):
         backend = CachingBackend(["value", "\n"])
-        engine = engine_for(backend, 100_000.0, firstAnswerMs=1000, **settings)
+        engine = engine_for(
+            backend, rate=100_000.0, defaults=NO_READ_AHEAD, firstAnswerMs=1000, **settings
+        )
         engine.documents.open(URI, doc, 1)
         engine.cursor_moved(URI, at)
         await until(lambda: engine.preparation.prepared >= 1)  # noqa: B023 - awaited in the loop
@@ -244,7 +229,7 @@ async def test_a_suggestion_made_with_the_selected_item_survives_the_cursors_res
     # cursor. The cursor's rest there must neither stop it nor replace it with one made
     # without the item (Tab then took an older, shorter suggestion in the real editor).
     backend = CachingBackend([" < 0:", "\n", "        return 0\n"], delay=0.05)
-    engine = engine_for(backend, 100_000.0, firstAnswerMs=1000)
+    engine = engine_for(backend, rate=100_000.0, defaults=NO_READ_AHEAD, firstAnswerMs=1000)
     engine.documents.open(URI, DOC + "if n", 1)
     item = (Range(Position(400, 3), Position(400, 4)), "number")
     result = await engine.complete(URI, Position(400, 4), selected=item)

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import itertools
 
+from fakes.completion import NO_READ_AHEAD, URI, CachingBackend, ScriptedGeneration, engine_for
+from fakes.timing import settled, until
 from kode.backends.base import ChunkAssembly, FinishReason, GenerationRequest
 from kode.completion.documents import Position
-from kode.completion.engine import CompletionEngine, PrefillRate
 from kode.completion.reading import Reader, regions
-from kode.completion.settings import parse
-from scripted import URI, CachingBackend, ScriptedGeneration, settled, until
 
 # 400 lines of four "tokens" each (the fake counts whitespace-separated words).
 DOC = "".join(f"value_{i} = compute ( {i} )\n" for i in range(400))
 LINES = set(DOC.splitlines())
+RATE = 100.0  # tokens/s: a reading pause prepares 250 tokens, the full window is ~1,000
 
 
 class AssemblingBackend(CachingBackend):
@@ -47,16 +47,6 @@ class AssemblingBackend(CachingBackend):
     @property
     def chunk_store(self) -> dict[str, int] | None:
         return {"bytes": 0, "tokens": 0, "budgetBytes": 1 << 30}
-
-
-def engine_for(backend: CachingBackend, **settings: object) -> CompletionEngine:
-    async def factory(_settings: object) -> CachingBackend:
-        return backend
-
-    parsed, problems = parse({"snippetTokens": 0, "readAhead": False, **settings})
-    assert problems == []
-    # 100 tokens/s: a reading pause prepares 250 tokens, the full window is ~1,000.
-    return CompletionEngine(factory, parsed, prefill_rate=PrefillRate(100.0, fixed=True))  # type: ignore[arg-type]
 
 
 def test_the_fake_declares_the_chunk_protocol() -> None:
@@ -92,7 +82,9 @@ def test_an_edited_region_is_read_again_and_no_other() -> None:
 
 async def test_the_document_is_read_then_a_jump_prepares_an_assembled_full_window() -> None:
     backend = AssemblingBackend()
-    engine = engine_for(backend, firstAnswerMs=1000, chunkMemoryMb=256)
+    engine = engine_for(
+        backend, rate=RATE, defaults=NO_READ_AHEAD, firstAnswerMs=1000, chunkMemoryMb=256
+    )
     engine.documents.open(URI, DOC, 1)
     engine.cursor_moved(URI, Position(390, 10))
     await until(lambda: engine.preparation.reader.next(URI, DOC) is None)
@@ -116,7 +108,9 @@ async def prepared_after_a_jump(assembly: int) -> list[GenerationRequest]:
     window costing ``assembly`` tokens (the pause: 250, a keystroke's budget: 100): what
     preparation evaluates there, up to the assembled full window."""
     backend = AssemblingBackend(assembly=assembly)
-    engine = engine_for(backend, firstAnswerMs=1000, chunkMemoryMb=256)
+    engine = engine_for(
+        backend, rate=RATE, defaults=NO_READ_AHEAD, firstAnswerMs=1000, chunkMemoryMb=256
+    )
     engine.documents.open(URI, DOC, 1)
     engine.cursor_moved(URI, Position(390, 10))
     await until(lambda: engine.preparation.reader.next(URI, DOC) is None)
@@ -149,7 +143,7 @@ async def test_an_assembly_a_key_at_the_pause_end_would_finish_comes_first() -> 
 
 async def test_no_store_no_reading_and_no_assembly() -> None:
     backend = AssemblingBackend()
-    engine = engine_for(backend, firstAnswerMs=1000)
+    engine = engine_for(backend, rate=RATE, defaults=NO_READ_AHEAD, firstAnswerMs=1000)
     engine.documents.open(URI, DOC, 1)
     engine.cursor_moved(URI, Position(390, 10))
     await until(lambda: engine.preparation.prepared >= 2)
@@ -161,7 +155,9 @@ async def test_no_store_no_reading_and_no_assembly() -> None:
 async def test_a_cursor_move_stops_the_region_being_read_and_prepares_the_new_place() -> None:
     # Reads that would take 20 s: the move must not wait for one.
     backend = AssemblingBackend(read_steps=2000)
-    engine = engine_for(backend, firstAnswerMs=1000, chunkMemoryMb=256)
+    engine = engine_for(
+        backend, rate=RATE, defaults=NO_READ_AHEAD, firstAnswerMs=1000, chunkMemoryMb=256
+    )
     engine.documents.open(URI, DOC, 1)
     engine.cursor_moved(URI, Position(390, 10))
     await until(lambda: backend.reads)

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from fakes.completion import URI, ScriptedBackend, engine_for
 from kode.completion.documents import Position
 from kode.completion.project.members import Resolver
 from kode.completion.project.receivers import Receivers
-from test_engine import URI, ScriptedBackend, engine_for
 from test_healing import HealingBackend
 
 PACKAGE = {

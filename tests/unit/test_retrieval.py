@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from fakes.projects import constants_project, write
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kode.completion.context import Budget, gather
@@ -28,7 +29,6 @@ from kode.completion.project.retrieval import (
 )
 from kode.completion.project.workspace import IndexLimits, WorkspaceIndex
 from kode.completion.templates import Snippet
-from scripted import constants_project, write
 
 GEOMETRY = '''"""Shapes."""
 

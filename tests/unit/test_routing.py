@@ -4,96 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 import pytest
-from kode.backends.base import BackendKind, GenerationRequest, GenerationStats, TokenChunk
+from fakes.serving import FixedGeneration, LocalFactory, ScriptedRemote
+from fakes.timing import SettableClock, until
+from kode.backends.base import BackendKind, GenerationRequest
 from kode.backends.errors import BackendError, RemoteBusyError, RemoteError
 from kode.backends.router import BreakerState, CircuitBreaker, RoutingBackend
-from kode.backends.worker import BackendCounters
-from kode_servers import FakeGeneration, LocalFactory
-from scripted import until
 
 SECRET_PROMPT = "def secret_function_name():"
 REQUEST = GenerationRequest(SECRET_PROMPT, 8)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class ScriptedGeneration:
-    """A remote generation: ``ok``, ``error`` (before any text), ``slow``, ``mid-error``."""
-
-    def __init__(self, behavior: str) -> None:
-        self.behavior = behavior
-        self._stats = GenerationStats()
-        self.cancelled = False
-
-    @property
-    def stats(self) -> GenerationStats:
-        return self._stats
-
-    async def __aiter__(self) -> AsyncIterator[TokenChunk]:
-        if self.behavior == "error":
-            raise RemoteBusyError("sglang answered HTTP 429")
-        if self.behavior == "slow":
-            await asyncio.sleep(30)
-        yield TokenChunk("remote", ())
-        if self.behavior == "mid-error":
-            raise RemoteError("connection reset")
-        yield TokenChunk(" text", ())
-
-    async def cancel(self) -> None:
-        self.cancelled = True
-
-    async def wait(self) -> GenerationStats:
-        return self._stats
-
-
-@dataclass
-class ScriptedRemote:
-    behavior: str = "ok"
-    healthy: bool = True
-    generations: list[ScriptedGeneration] = field(default_factory=list)
-    probes: int = 0
-    closed: bool = False
-    counters: BackendCounters = field(default_factory=BackendCounters)
-
-    @property
-    def name(self) -> str:
-        return "sglang"
-
-    @property
-    def model_name(self) -> str:
-        return "remote-model"
-
-    def count_tokens(self, text: str) -> int:
-        return len(text) // 3 + 1
-
-    async def generate(self, request: GenerationRequest) -> ScriptedGeneration:
-        generation = ScriptedGeneration(self.behavior)
-        self.generations.append(generation)
-        return generation
-
-    async def health(self, timeout_s: float = 1.0) -> bool:
-        self.probes += 1
-        return self.healthy
-
-    async def aclose(self) -> None:
-        self.closed = True
 
 
 def router(
     remote: ScriptedRemote,
     mode: BackendKind = BackendKind.AUTO,
     *,
-    clock: Clock | None = None,
+    clock: SettableClock | None = None,
     budget_ms: int = 200,
 ) -> tuple[RoutingBackend, LocalFactory]:
     factory = LocalFactory()
@@ -104,7 +31,7 @@ def router(
         latency_budget_ms=budget_ms,
         failure_threshold=3,
         cooldown_s=30.0,
-        clock=clock or Clock(),
+        clock=clock or SettableClock(1000.0),
         wall_clock=lambda: 0.0,
     )
     return backend, factory
@@ -118,7 +45,7 @@ async def text_of(generation: object) -> str:
 
 
 def test_breaker_opens_after_threshold_and_cools_down() -> None:
-    clock = Clock()
+    clock = SettableClock(1000.0)
     breaker = CircuitBreaker(3, 30.0, clock=clock, wall_clock=lambda: 0.0)
     breaker.record_failure("a")
     breaker.record_failure("b")
@@ -239,7 +166,7 @@ async def test_leaving_early_cancels_the_remote_generation() -> None:
 
 
 async def test_circuit_open_half_open_closed() -> None:
-    clock = Clock()
+    clock = SettableClock(1000.0)
     remote = ScriptedRemote("error")
     backend, factory = router(remote, clock=clock)
     for _ in range(3):
@@ -282,7 +209,7 @@ async def test_circuit_open_half_open_closed() -> None:
 
 
 async def test_requests_during_a_probe_go_local() -> None:
-    clock = Clock()
+    clock = SettableClock(1000.0)
     remote = ScriptedRemote("error")
     backend, _ = router(remote, clock=clock)
     for _ in range(3):
@@ -317,4 +244,4 @@ async def test_aclose_closes_both() -> None:
 
 def test_fake_generation_is_a_generation() -> None:
     # keeps the helper honest: it is what the router hands back for local routes
-    assert FakeGeneration(["a"]).stats.finish_reason is None
+    assert FixedGeneration(["a"]).stats.finish_reason is None

@@ -1,6 +1,7 @@
-"""What the engine tests over a real Unix socket share: an in-memory backend instead of a
-model (``SlowBackend``), an ``EngineServer`` on the test's loop (``Engine``), a window's
-connection and client, a one-token-per-character vocabulary."""
+"""What the shared engine's tests over a real Unix socket run on: an in-memory backend
+instead of a model (``SlowBackend``, and ``StuckBackend`` whose generations never end),
+an ``EngineServer`` on the test's loop (``InLoopEngine``), a window's connection and
+client, a one-token-per-character vocabulary (``CharVocab``)."""
 
 from __future__ import annotations
 
@@ -91,7 +92,7 @@ class SlowBackend:
         self.closed = True
 
 
-class Engine:
+class InLoopEngine:
     """An ``EngineServer`` on a task of this loop, holding the engine's lock while it runs
     as ``kode engine run`` does (else a window that finds no socket yet starts another)."""
 
@@ -136,7 +137,7 @@ async def text_of(generation: Any) -> str:
     return "".join([chunk.text async for chunk in generation])
 
 
-class Vocab:
+class CharVocab:
     """One token per character."""
 
     def tokenize(self, text: str, *, special: bool = True) -> list[int]:
@@ -158,7 +159,7 @@ def client_window(place: EnginePlace, tmp_path: Path) -> SharedEngineBackend:
     return SharedEngineBackend(
         EngineConfig(tmp_path / "m.gguf"),
         place,
-        Vocab(),
+        CharVocab(),
         idle_s=60,
         fallback=in_process,
         notify=lambda m: None,
@@ -179,7 +180,7 @@ def shared_backend(
     backend = SharedEngineBackend(
         EngineConfig(tmp_path / "m.gguf"),
         place,
-        Vocab(),
+        CharVocab(),
         idle_s=60,
         fallback=in_process,
         notify=notices.append,
