@@ -113,7 +113,7 @@ def test_quality_summary() -> None:
     assert "| m | single | engine | 1/2 (50%) | 1 | 0 | 20 | 14 | 7 | 9 | 1.5 | 1.0 |" in table
 
 
-class _FakeGeneration:
+class _OneLineGeneration:
     def __init__(self) -> None:
         self.stats = GenerationStats(completion_tokens=1)
 
@@ -127,7 +127,7 @@ class _FakeGeneration:
         return self.stats
 
 
-class _FakeBackend:
+class _PromptRecordingBackend:
     """Records the prompts it is asked to continue."""
 
     name = "fake"
@@ -140,9 +140,9 @@ class _FakeBackend:
     def count_tokens(self, text: str) -> int:
         return len(text) // 3 + 1
 
-    async def generate(self, request: GenerationRequest) -> _FakeGeneration:
+    async def generate(self, request: GenerationRequest) -> _OneLineGeneration:
         self.prompts.append(request.prompt)
-        return _FakeGeneration()
+        return _OneLineGeneration()
 
     async def health(self, timeout_s: float = 1.0) -> bool:
         return True
@@ -155,9 +155,9 @@ async def test_raw_mode_sends_the_engines_prompt() -> None:
     from kode.completion.engine import CompletionEngine
     from kode.completion.settings import parse
 
-    backend = _FakeBackend()
+    backend = _PromptRecordingBackend()
 
-    async def factory(_settings: object) -> _FakeBackend:
+    async def factory(_settings: object) -> _PromptRecordingBackend:
         return backend
 
     settings, problems = parse({"maxTokens": 16})

@@ -7,6 +7,7 @@ approximate entries.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import AsyncIterator
 
 import pytest
@@ -32,16 +33,19 @@ class Rectangle:
 
     def perimeter(self) -> float:
         return 2 * (self."""
-SUFFIX = """
+SUFFIX = textwrap.dedent(
+    """\
 
 
-@dataclass
-class Square:
-    side: float
 
-    def area(self) -> float:
-        return self.side * self.side
+    @dataclass
+    class Square:
+        side: float
+
+        def area(self) -> float:
+            return self.side * self.side
 """
+)
 
 
 def prompt(prefix: str) -> str:

@@ -222,7 +222,7 @@ def page(code_server: CodeServer) -> Iterator[Page]:
             browser.close()
 
 
-class Editor:
+class VSCodeEditor:
     """The VS Code window in the browser: keys in, ghost text and files out."""
 
     def __init__(self, page: Page, server: CodeServer) -> None:
@@ -383,11 +383,11 @@ class Editor:
 
 
 @pytest.fixture
-def editor(page: Page, code_server: CodeServer) -> Editor:
-    return Editor(page, code_server)
+def editor(page: Page, code_server: CodeServer) -> VSCodeEditor:
+    return VSCodeEditor(page, code_server)
 
 
-def test_new_indented_line_ghost_text_and_tab(editor: Editor) -> None:
+def test_new_indented_line_ghost_text_and_tab(editor: VSCodeEditor) -> None:
     editor.open("fib.py")
     editor.go_to(2, 100)  # the end of the docstring line
     editor.page.keyboard.press("Enter")  # VS Code indents the new line
@@ -438,7 +438,7 @@ def test_new_indented_line_ghost_text_and_tab(editor: Editor) -> None:
     editor.wait("kode/didMoveCursor sent", editor.cursor_notifications, 30)
 
 
-def test_end_of_line_accept_a_word_then_the_rest(editor: Editor) -> None:
+def test_end_of_line_accept_a_word_then_the_rest(editor: VSCodeEditor) -> None:
     editor.open("circle.py")
     editor.go_to(5, 100)  # `    return math.pi * |`
     editor.type("rad")
@@ -475,7 +475,7 @@ def test_end_of_line_accept_a_word_then_the_rest(editor: Editor) -> None:
     assert line == "    return math.pi * rad" + ghost, (ghost, line)
 
 
-def test_a_word_accepted_with_the_suggest_widget_open(editor: Editor) -> None:
+def test_a_word_accepted_with_the_suggest_widget_open(editor: VSCodeEditor) -> None:
     editor.open("fib2.py")
     editor.go_to(2, 100)
     editor.page.keyboard.press("Enter")
@@ -523,7 +523,7 @@ def test_a_word_accepted_with_the_suggest_widget_open(editor: Editor) -> None:
     editor.wait("the rest saved", lambda: saved(start + word + rest), 30)
 
 
-def test_mid_line_ghost_text(editor: Editor) -> None:
+def test_mid_line_ghost_text(editor: VSCodeEditor) -> None:
     editor.open("calls.py")
     editor.go_to(6, 17)  # `    total = add(|)`
     editor.type("1")
@@ -534,7 +534,7 @@ def test_mid_line_ghost_text(editor: Editor) -> None:
     assert line == "    total = add(1" + ghost + ")", (ghost, line)
 
 
-def test_typing_on_drops_the_suggestion(editor: Editor) -> None:
+def test_typing_on_drops_the_suggestion(editor: VSCodeEditor) -> None:
     editor.open("typing.py")
     editor.go_to(2, 100)
     editor.page.keyboard.press("Enter")

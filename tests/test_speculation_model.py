@@ -12,6 +12,7 @@ of 0.06 logits, with every speculative method agreeing among themselves, so ``NE
 from __future__ import annotations
 
 import asyncio
+import textwrap
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -37,26 +38,29 @@ METHODS = [
     SpeculationMethod.LOOKAHEAD,
     SpeculationMethod.DRAFT,
 ]
-SHAPES = """from dataclasses import dataclass
+SHAPES = textwrap.dedent(
+    """\
+    from dataclasses import dataclass
 
 
-@dataclass
-class Circle:
-    radius: float
+    @dataclass
+    class Circle:
+        radius: float
 
-    def area(self) -> float:
-        return 3.14159 * self.radius * self.radius
+        def area(self) -> float:
+            return 3.14159 * self.radius * self.radius
 
-    def describe(self) -> str:
-        return f"Circle(radius={self.radius}, area={self.area()})"
+        def describe(self) -> str:
+            return f"Circle(radius={self.radius}, area={self.area()})"
 
 
-@dataclass
-class Square:
-    side: float
+    @dataclass
+    class Square:
+        side: float
 
-    def area(self) -> float:
+        def area(self) -> float:
 """
+)
 PROMPTS = [
     f"<|fim_prefix|>{SHAPES}<|fim_suffix|>\n<|fim_middle|>",
     "<|fim_prefix|>def fibonacci(n):\n    <|fim_suffix|>\n\nprint(fibonacci(10))\n<|fim_middle|>",

@@ -16,7 +16,7 @@ from kode.completion.settings import Settings
 from kode.completion.windows import Windows
 
 
-class Counting:
+class TokenCounter:
     def count_tokens(self, text: str) -> int:
         return max(1, len(text) // 4)
 
@@ -24,7 +24,7 @@ class Counting:
 def test_the_windows_forget_documents_no_longer_open() -> None:
     documents = DocumentStore()
     windows = Windows(Settings, documents, PrefillRate())
-    backend = cast(Backend, Counting())
+    backend = cast(Backend, TokenCounter())
     for i in range(10):
         uri = f"file:///w/doc{i}.py"
         documents.open(uri, "x = 1\n" * 20, 1, "python")

@@ -67,7 +67,7 @@ def env(tmp_path: Path) -> dict[str, str]:
     return {"KODE_MODEL_DIR": str(tmp_path / "models")}
 
 
-class Counting(models.Progress):
+class CountingProgress(models.Progress):
     def __init__(self) -> None:
         self.total = 0
 
@@ -78,10 +78,10 @@ class Counting(models.Progress):
 def test_install_assembles_verifies_and_is_idempotent(site: Path, tmp_path: Path) -> None:
     for i, data in enumerate(PARTS, start=1):
         make_part(site, i, data)
-    bars: list[Counting] = []
+    bars: list[CountingProgress] = []
 
     def progress(total: int, desc: str) -> models.Progress:
-        bars.append(Counting())
+        bars.append(CountingProgress())
         return bars[-1]
 
     path = models.install(spec(), progress=progress, environ=env(tmp_path))

@@ -48,7 +48,7 @@ def greedy(f: Target, prefix: Sequence[int], n: int) -> list[int]:
 
 
 @dataclass
-class Cell:
+class KVCell:
     pos: int
     token: int
     seqs: set[int]
@@ -60,11 +60,11 @@ class FakeKV:
     hold its FIRST seq id at positions <= its own (``llama_kv_cache::set_input_kq_mask``)."""
 
     n_seqs: int
-    cells: list[Cell] = field(default_factory=list)
+    cells: list[KVCell] = field(default_factory=list)
 
     def decode(self, rows: Sequence[LookaheadRow], n_past: int, f: Target) -> list[int]:
         """Add the rows as cells; return f(visible prefix) for rows that want logits."""
-        new = [Cell(n_past + r.depth, r.token, set(r.seq_ids)) for r in rows]
+        new = [KVCell(n_past + r.depth, r.token, set(r.seq_ids)) for r in rows]
         self.cells.extend(new)
         out = []
         for row, cell in zip(rows, new, strict=True):
@@ -121,7 +121,7 @@ class Run:
 def run_lookahead(la: Lookahead, f: Target, context: Sequence[int], n_tokens: int) -> Run:
     """Decode n_tokens as a runtime would: plan, decode into the KV cache, update, then
     trim the KV cache with the documented recipe."""
-    kv = FakeKV(la.max_seqs, [Cell(p, t, set(range(la.max_seqs))) for p, t in enumerate(context)])
+    kv = FakeKV(la.max_seqs, [KVCell(p, t, set(range(la.max_seqs))) for p, t in enumerate(context)])
     la.reset(context)
     n_past = len(context)
     root = f(list(context))

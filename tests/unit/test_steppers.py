@@ -28,7 +28,7 @@ def rule(history: Sequence[int]) -> int:
     return (history[-1] + 1) % 5 if n % 7 else (history[-1] * 3 + 2) % VOCAB
 
 
-class FakeTarget:
+class RuleTarget:
     """A ``steppers.Target`` whose greedy choice after any history is ``rule``."""
 
     rng = np.random.default_rng(0)
@@ -78,7 +78,7 @@ class FakeTarget:
         return None
 
 
-def decode(stepper: Stepper, target: FakeTarget, prompt: list[int], n: int) -> list[int]:
+def decode(stepper: Stepper, target: RuleTarget, prompt: list[int], n: int) -> list[int]:
     target.prefill(prompt, lambda: False, 0)
     out = [target.pick(-1)]
     while len(out) < n:
@@ -94,14 +94,14 @@ DEAR = CostCurve({1: 31.8, 2: 53.4, 4: 89.0, 8: 202.8})  # the 1.5B on two cores
 
 
 def plain(n: int) -> list[int]:
-    target = FakeTarget(trees=False)
+    target = RuleTarget(trees=False)
     return decode(PlainStepper(target), target, PROMPT, n)
 
 
 @pytest.mark.parametrize("trees", [True, False])
 @pytest.mark.parametrize("method", [SpeculationMethod.NGRAM, SpeculationMethod.AUTO])
 def test_ngram_equals_plain_and_drafts(trees: bool, method: SpeculationMethod) -> None:
-    target = FakeTarget(trees)
+    target = RuleTarget(trees)
     auto = method is SpeculationMethod.AUTO
     policy = AdaptivePolicy(CHEAP, [SpeculationMethod.NGRAM], prior_accept=0.8)
     stepper = NgramStepper(
@@ -120,9 +120,9 @@ def test_cautious_auto_decodes_plainly() -> None:
     curve; on a curve where drafts pay it drafts."""
     marginal = CostCurve({1: 1.0, 2: 1.5, 4: 2.2, 8: 4.5})  # break-even acceptance ~0.57
 
-    def run(cautious_above: float, auto: bool = True) -> tuple[NgramStepper, FakeTarget]:
+    def run(cautious_above: float, auto: bool = True) -> tuple[NgramStepper, RuleTarget]:
         policy = AdaptivePolicy(marginal, [SpeculationMethod.NGRAM], cautious_above=cautious_above)
-        target = FakeTarget(trees=True)
+        target = RuleTarget(trees=True)
         tracker = CostTracker(marginal.ms_by_rows)
         stepper = NgramStepper(target, NgramDrafter(), policy, allow_plain=auto, tracker=tracker)
         assert decode(stepper, target, PROMPT, 24) == plain(24)
@@ -138,7 +138,7 @@ def test_cautious_auto_decodes_plainly() -> None:
     assert bold.stats.drafted > 0
 
 
-class NoisyTarget(FakeTarget):
+class NoisyTarget(RuleTarget):
     """Batches flip near ties, as llama.cpp's batch kernels may: where the top two are
     within 0.5 logits (every fifth position), a multi-row batch picks the runner-up."""
 
@@ -172,7 +172,7 @@ def test_auto_leaves_near_ties_to_one_row_steps(trees: bool) -> None:
 
 
 def test_auto_keeps_its_cost_curve_current() -> None:
-    target = FakeTarget(trees=True)
+    target = RuleTarget(trees=True)
     tracker = CostTracker(CHEAP.ms_by_rows)
     policy = AdaptivePolicy(CHEAP, [SpeculationMethod.NGRAM], prior_accept=0.8)
     stepper = NgramStepper(target, NgramDrafter(), policy, allow_plain=True, tracker=tracker)
@@ -198,7 +198,7 @@ class ChainDraft:
 
 @pytest.mark.parametrize("trees", [True, False])
 def test_draft_model_equals_plain(trees: bool) -> None:
-    target = FakeTarget(trees)
+    target = RuleTarget(trees)
     stepper = DraftModelStepper(target, ChainDraft(wrong=3), max_draft=4)
     assert decode(stepper, target, PROMPT, 40) == plain(40)
     assert 0 < stepper.stats.accepted < stepper.stats.drafted
