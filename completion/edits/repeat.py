@@ -212,8 +212,8 @@ def propose_repeat(hunks: Sequence[Hunk], uri: str, text: str, cursor: int) -> R
         for edit in _grouped(edits, text, tokens, lines=_on_lines(template)):
             if edit.end >= cursor:
                 ahead.append((edit.start, age, edit))
-            elif age == 0:
-                behind.append(edit)
+            elif age == 0 and edit.kind is not RepeatKind.LINES:
+                behind.append(edit)  # lines are added and removed top to bottom
     if ahead:
         return min(ahead, key=lambda item: item[:2])[2]
     return max(behind, key=lambda e: e.start, default=None)
@@ -438,6 +438,7 @@ class _Pattern:
     texts: tuple[str, ...]  # one more than ``slots``
     slots: tuple[int, ...]
     before_tail: bool = False
+    line_end: bool = False  # the hunk's match ended its line: so must another
 
     def matches(self, text: str, tokens: Sequence[Token]) -> list[tuple[int, int, str]]:
         """Each place the pattern matches and is not in its result's form yet, as the
@@ -448,7 +449,9 @@ class _Pattern:
             if token.text != self.before[0]:
                 continue
             spans = _match(self.before, tokens, closers, i)
-            if spans is not None and _match(self.after, tokens, closers, i) is None:
+            if spans is None or (self.line_end and not _ends_line(text, tokens[spans[-1][1] - 1])):
+                continue
+            if _match(self.after, tokens, closers, i) is None:
                 found.append(self._edit(text, tokens, spans))
         return found
 
@@ -534,7 +537,14 @@ def _pattern(before: str, after: str, uri: str = "") -> _Pattern | None:
         trail = _common_suffix(space[lead:], texts[-1])
         texts[-1] = texts[-1][: len(texts[-1]) - trail]
         before_tail = bool(lead) and not trail
-    return _Pattern(eb, ea, head, tail, mode, tuple(texts), tuple(slots), before_tail)
+    line_end = b[hi - 1].text not in _CLOSERS and _ends_line(before, b[hi - 1])
+    return _Pattern(eb, ea, head, tail, mode, tuple(texts), tuple(slots), before_tail, line_end)
+
+
+def _ends_line(text: str, token: Token) -> bool:
+    """Whether ``token`` is the last of its line in ``text``."""
+    rest = text[token.end : token.end + 200].lstrip(" \t")
+    return not rest or rest[0] in "\r\n"
 
 
 def _extent(b: Sequence[Token], closers: Sequence[int], head: int, end: int) -> tuple[int, int]:
@@ -546,6 +556,8 @@ def _extent(b: Sequence[Token], closers: Sequence[int], head: int, end: int) -> 
             lo = o - 1
             if lo > 0 and b[lo - 1].text in _MEMBER:
                 lo -= 1
+                if lo > 0 and b[lo - 1].text in _OWN:
+                    lo -= 1  # the receiver: ``self.send(`` is not ``self.state.send(``
             return lo, closers[o] + 1
     lo = max(head - 1, 0)
     return lo, (end + 1 if end == head and end < len(b) else end)

@@ -415,3 +415,34 @@ def test_uses_on_adjacent_lines_are_one_edit_where_the_hunk_was_made_so() -> Non
     )
     edit = session.propose()
     assert session.applied(edit) == source.replace("helpers", "termui")
+
+
+def test_an_argument_added_to_a_call_on_self_follows_self_calls_only() -> None:
+    source = (
+        "        await self.send_data(stream_id, data)\n"
+        "        self.state.send_data(stream_id, data)\n"
+        "        await self.send_data(other, data)\n"
+    )
+    session = Session(source)
+    session.edit("send_data(stream_id, data)", "send_data(stream_id, data, timeout)")
+    assert session.applied(session.propose()).splitlines()[1:] == [
+        "        self.state.send_data(stream_id, data)",
+        "        await self.send_data(other, data, timeout)",
+    ]
+
+
+def test_a_change_at_the_end_of_a_line_repeats_at_the_end_of_a_line() -> None:
+    source = "[a]\ndeps = sphinx\ncommands = sphinx-build -W\n[b]\ndeps = sphinx\n"
+    session = Session(source, "file:///w/tox.ini")
+    session.edit("deps = sphinx", "deps = -r docs/requirements.txt")
+    edit = session.propose()
+    assert session.applied(edit).endswith(
+        "commands = sphinx-build -W\n[b]\ndeps = -r docs/requirements.txt\n"
+    )
+
+
+def test_an_inserted_line_is_not_proposed_above_the_cursor() -> None:
+    source = "    x = f(a)\n\n    x = f(b)\n\n    x = f(a)\n"
+    session = Session(source)
+    session.edit("x = f(a)\n", "x = f(a)\n    log(x, 1)\n", at="f(b)")
+    assert session.propose() is None  # the other ``x = f(a)`` is above: lines go top down
