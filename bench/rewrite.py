@@ -12,11 +12,14 @@ the machine lands on every way alike), the prompt's KV entries reused after the 
     nolearn  the same without applying a learned edit ahead (``CopyDrafter(learn=False)``)
 
 Printed per region and way: decode tokens/s (tokens after the first, over the time after
-the prompt), the ratio to plain, whether the output equals plain's token for token (at a
-first difference, plain's top-2 logit gap there, a near tie or not), whether it is the
-expected rewrite, the batches after the prompt's, drafted and accepted tokens, the verify
-batches cut at a near tie, and the load average (``os.getloadavg``, 1 minute) next to
-every figure. Run it alone on a quiet machine.
+the prompt), the ratio to plain, the ratio the same batches would give on issue 49's quiet
+curve (``EDIT_CURVE_MS``: on a machine shared with other work one-row steps suffer more
+than batched rows, so measured ratios there run above a quiet machine's), whether the
+output equals plain's token for token (at a first difference, plain's top-2 logit gap
+there, a near tie or not), whether it is the expected rewrite, the batches after the
+prompt's, drafted and accepted tokens, the verify batches cut at a near tie, and the load
+average (``os.getloadavg``, 1 minute) next to every figure. Run it alone on a quiet
+machine.
 """
 
 from __future__ import annotations
@@ -29,7 +32,10 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kode.backends.speculative import CostCurve
 
 CHAT = (
     "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
@@ -135,9 +141,11 @@ def main(argv: list[str] | None = None) -> int:
             curve = calibrate(ctx, sizes=sizes, reps=2)
         costs = {n: round(curve.cost(n) * curve.ms_by_rows[1], 1) for n in sizes}
         print(f"batch cost ms ({args.curve}): {costs}  load {load()}", flush=True)
+        quiet = CostCurve(EDIT_CURVE_MS)
         header = (
-            f"{'region':34} {'way':8} {'tok':>4} {'tok/s':>6} {'ratio':>6} {'same':>5} "
-            f"{'exact':>5} {'batches':>7} {'drafted':>7} {'accepted':>8} {'ties':>4} {'load':>5}"
+            f"{'region':34} {'way':8} {'tok':>4} {'tok/s':>6} {'ratio':>6} {'quiet':>6} "
+            f"{'same':>5} {'exact':>5} {'batches':>7} {'drafted':>7} {'accepted':>8} "
+            f"{'ties':>4} {'load':>5}"
         )
         print(header, flush=True)
         for r, region in enumerate(REGIONS[: args.regions]):
@@ -163,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                     before,
                 )
             plain = done["plain"][0]
+            plain_quiet = quiet_ms(quiet, plain.batches)
             for way in WAYS:
                 out, before = done[way]
                 diff = first_difference(out.tokens, plain.tokens)
@@ -178,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
                     "ratio": round(out.tokens_per_s / plain.tokens_per_s, 2)
                     if plain.tokens_per_s
                     else None,
+                    "quiet_ms": round(quiet_ms(quiet, out.batches), 1),
+                    "quiet_ratio": round(plain_quiet / quiet_ms(quiet, out.batches), 2),
                     "same": diff is None,
                     "first_difference": diff,
                     "plain_top2_gap_there": gap,
@@ -195,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
                 same = "yes" if diff is None else f"@{diff}"
                 print(
                     f"{region.name:34} {way:8} {len(out.tokens):4} {row['tokens_per_s']:6.1f} "
-                    f"{row['ratio'] or 0:6.2f} {same:>5} {'yes' if row['exact'] else 'no':>5} "
+                    f"{row['ratio'] or 0:6.2f} {row['quiet_ratio']:6.2f} {same:>5} "
+                    f"{'yes' if row['exact'] else 'no':>5} "
                     f"{row['batches']:7} {spec.drafted:7} {spec.accepted:8} "
                     f"{spec.near_ties:4} {before:5.2f}",
                     flush=True,
@@ -213,8 +225,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def quiet_ms(curve: CostCurve, batches: Sequence[int]) -> float:
+    """What ``batches`` (rows each) would take on ``curve``, in ms."""
+    return sum(curve.cost(rows) for rows in batches) * curve.ms_by_rows[1]
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per way: total tokens over total decode time (tokens/s), and its ratio to plain's."""
+    """Per way: total tokens over total decode time (tokens/s), its ratio to plain's, and
+    the ratio of the batches' times on the quiet curve."""
     out: dict[str, Any] = {}
     for way in WAYS:
         mine = [r for r in rows if r["way"] == way]
@@ -233,9 +251,11 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             else None,
         }
     base = out["plain"]["tokens_per_s"]
+    quiet = {way: sum(r["quiet_ms"] for r in rows if r["way"] == way) for way in WAYS}
     for way in WAYS:
         speed = out[way]["tokens_per_s"]
         out[way]["ratio"] = round(speed / base, 2) if base and speed else None
+        out[way]["quiet_ratio"] = round(quiet["plain"] / quiet[way], 2) if quiet[way] else None
     return out
 
 

@@ -56,6 +56,7 @@ class EditStepper:
         self.target, self.drafter, self.sizer = target, drafter, sizer
         self.start, self.max_tokens, self.guard_ties = start, max_tokens, guard_ties
         self.stats = SpeculationStats(method=SpeculationMethod.NGRAM)
+        self.batches: list[int] = []  # rows of each target batch, in order
         self._plain = PlainStepper(target)
 
     def step(self, root: int) -> list[int]:
@@ -66,9 +67,10 @@ class EditStepper:
         k = self.sizer.size(proposal, limit)
         stats.steps += 1
         if k == 0:
-            return self._plain.step(root)
+            return self._plain_step(root)
         tree = build_tree(root, [proposal.tokens[:k]], max_rows=k + 1)
         target.evaluate(tree)
+        self.batches.append(tree.n_rows)
         result = verify(tree, LazyPicks(tree.n_rows, target.pick))
         accepted = len(result.accepted_tokens)
         self.sizer.observe(proposal.match, k, accepted)
@@ -81,12 +83,16 @@ class EditStepper:
         stats.near_ties += 1
         if tie == 0:  # the root's own pick is a near tie: evaluate the root alone
             target.commit(tree, -1, 0)
-            return self._plain.step(root)
+            return self._plain_step(root)
         # Keep what the rows before the tie decided; the tie's row is evaluated alone
         # next step (its token is the next root).
         target.commit(tree, tie - 1, 0)
         stats.accepted += tie - 1
         return list(result.accepted_tokens[:tie])
+
+    def _plain_step(self, root: int) -> list[int]:
+        self.batches.append(1)
+        return self._plain.step(root)
 
     def _near_tie(self, accepted: int) -> int | None:
         """The first row of the accepted path (a chain: rows 0..accepted) whose pick is a
@@ -102,13 +108,14 @@ class EditStepper:
 class Rewrite:
     """What ``decode_rewrite`` made: the tokens (a stop token excluded; the token that
     completed a stop text included), their text (cut before a stop text), why it ended,
-    what speculation did and the times (``decode_ms``: after the first token, which the
-    prompt's evaluation gives)."""
+    what speculation did, the rows of each batch after the prompt's, and the times
+    (``decode_ms``: after the first token, which the prompt's evaluation gives)."""
 
     tokens: list[int] = field(default_factory=list)
     text: str = ""
     finish: FinishReason = FinishReason.LENGTH
     speculation: SpeculationStats = field(default_factory=SpeculationStats)
+    batches: list[int] = field(default_factory=list)
     prefill_ms: float = 0.0
     decode_ms: float = 0.0
 
@@ -160,7 +167,7 @@ def decode_rewrite(
         max_tokens=max_tokens,
         guard_ties=guard_ties,
     )
-    out.speculation = stepper.stats
+    out.speculation, out.batches = stepper.stats, stepper.batches
     text = codecs.getincrementaldecoder("utf-8")(errors="replace")
     pending = [target.pick(-1)]
     try:

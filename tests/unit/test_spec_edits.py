@@ -282,6 +282,7 @@ def test_drafted_rewrite_equals_plain_and_is_cheaper(seed: int, learn: bool) -> 
     target = FakeTarget(rewriting(expected))
     drafted = run(target, region, learn=learn)
     assert drafted.tokens == plain.tokens and drafted.text == plain.text
+    assert drafted.batches == target.batches and plain.batches == plain_target.batches
     spec = drafted.speculation
     assert spec.accepted > len(expected) // 2
     assert (spec.accepted + spec.steps) / spec.steps > 4  # mean tokens per batch
