@@ -7,6 +7,7 @@
 import * as vscode from "vscode";
 
 import { BACKENDS, type Backend } from "./common/settings";
+import { runDoctorCommand } from "./doctor";
 import { KodeServer } from "./server";
 import * as settings from "./settings";
 import { StatusBar } from "./statusBar";
@@ -77,6 +78,7 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
     vscode.commands.registerCommand("kode.showOutput", () => {
       output.show();
     }),
+    vscode.commands.registerCommand("kode.doctor", () => runDoctorCommand(output)),
     vscode.commands.registerCommand("kode.dismiss", () => kode.dismiss()),
     vscode.commands.registerCommand("kode.closeSuggestWidget", () => kode.closeSuggestWidget()),
     vscode.commands.registerCommand("kode.acceptNextWord", () => kode.acceptNextWord()),

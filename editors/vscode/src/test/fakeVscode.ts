@@ -274,6 +274,10 @@ export const recorded = {
   folderSettings: {} as Record<string, unknown>,
   statusItems: [] as StatusItem[],
   errors: [] as string[],
+  /** showInformationMessage's messages. */
+  infos: [] as string[],
+  /** Progress notifications: their titles, then each message reported. */
+  progress: [] as string[],
   executed: [] as string[],
   commands: new Map<string, (...args: unknown[]) => unknown>(),
   inlineProviders: [] as {
@@ -459,11 +463,19 @@ const api = {
       recorded.errors.push(message);
       return Promise.resolve(undefined);
     },
-    showInformationMessage: () => Promise.resolve(undefined),
+    showInformationMessage: (message: string) => {
+      recorded.infos.push(message);
+      return Promise.resolve(undefined);
+    },
     showQuickPick: () => Promise.resolve(undefined),
     showTextDocument: () => Promise.resolve(undefined),
-    withProgress: (_options: unknown, task: (progress: unknown, token: unknown) => unknown) =>
-      Promise.resolve(task({ report: () => undefined }, new CancellationTokenSource().token)),
+    withProgress: (options: { title?: string }, task: (progress: unknown, token: unknown) => unknown) => {
+      recorded.progress.push(options.title ?? "");
+      const report = (value: { message?: string }): void => {
+        recorded.progress.push(value.message ?? "");
+      };
+      return Promise.resolve(task({ report }, new CancellationTokenSource().token));
+    },
   },
   languages: new Proxy(languages, {
     // Any other register*Provider: accepted and ignored (the server offers none).
