@@ -44,6 +44,8 @@ from kode.completion.edits.history import Hunk
 MIN_TOKENS = 3
 # Rule 2: more lines inserted than this are new code, not an edit to repeat.
 MAX_INSERTED = 2
+# Rule 3: a line of fewer tokens than this is too plain to change wherever it stands.
+MIN_SAME_TOKENS = 2
 _TOKEN = re.compile(r"\w+|\S")
 _WORD = re.compile(r"\w")
 _LINE = re.compile(r"[^\n]*\n|[^\n]+")
@@ -74,6 +76,63 @@ def line_repeats(hunk: Hunk, text: str) -> list[tuple[int, int, str]] | None:
     if _meaningful([below]):
         return _insertions(inserted, below, lines, after_anchor=False)
     return []
+
+
+def same_lines(hunk: Hunk, text: str) -> list[tuple[int, int, str]]:
+    """Rule 3: where ``hunk`` changed one line in its place, each other line of ``text``
+    the same as that line was (indentation aside), changed the same way (its own
+    indentation kept), as edits ``(start, end, new text)`` of the characters that differ.
+
+    >>> same_lines(_hunk("    ))", "    ), param, ctx)"), "x(\\n  ))\\n")
+    [(6, 6, ', param, ctx')]
+    >>> same_lines(_hunk("    ],", "    },"), "x = [\\n  ],\\n")
+    []
+    """
+    if "\n" in hunk.before or "\n" in hunk.after:
+        return []
+    old, new = hunk.before, hunk.after
+    indent = _indent(old)
+    if not new.startswith(indent) or len(_TOKEN.findall(old)) < MIN_SAME_TOKENS:
+        return []
+    added = [t for t in _TOKEN.findall(new) if _WORD.match(t)]
+    for t in _TOKEN.findall(old):
+        if t in added:
+            added.remove(t)
+    if not _meaningful([old]) and len(added) < 2:
+        return []  # ``],`` -> ``},``, ``return True`` -> ``return``: too plain
+    key, rest = old.strip(), new[len(indent) :]
+    found: list[tuple[int, int, str]] = []
+    at = 0
+    for line in _LINE.findall(text):
+        body = line.rstrip("\r\n")
+        if body.strip() == key:
+            there = _indent(body)
+            start, old_body, new_body = at + len(there), body[len(there) :], rest
+            head = _common_prefix(old_body, new_body)
+            tail = _common_suffix(old_body[head:], new_body[head:])
+            found.append(
+                (start + head, start + len(old_body) - tail, new_body[head : len(new_body) - tail])
+            )
+        at += len(line)
+    return found
+
+
+def _hunk(before: str, after: str) -> Hunk:
+    return Hunk("file:///a.py", 0, 0, before, after, (), (), 1, 0.0, 0.0)
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def _common_suffix(a: str, b: str) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
+        n += 1
+    return n
 
 
 def _deletions(deleted: list[str], lines: list[str]) -> list[tuple[int, int, str]]:

@@ -59,7 +59,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from kode.completion.edits.history import Hunk
-from kode.completion.edits.lines import line_repeats
+from kode.completion.edits.lines import line_repeats, same_lines
 
 # How many hunks back a rename is confirmed, and an undone edit looked for.
 RECENT = 8
@@ -202,7 +202,7 @@ def propose_repeat(hunks: Sequence[Hunk], uri: str, text: str, cursor: int) -> R
     behind: list[RepeatEdit] = []
     for age, template in enumerate(templates):
         others = [h for h in templates if h is not template]
-        found = _repeats(template, others, text, tokens, same=template.uri == uri)
+        found = _repeats(template, others, text, tokens, same=template.uri == uri, last=not age)
         edits = [
             e
             for e in found
@@ -220,7 +220,13 @@ def propose_repeat(hunks: Sequence[Hunk], uri: str, text: str, cursor: int) -> R
 
 
 def _repeats(
-    template: Hunk, others: Sequence[Hunk], text: str, tokens: Sequence[Token], *, same: bool
+    template: Hunk,
+    others: Sequence[Hunk],
+    text: str,
+    tokens: Sequence[Token],
+    *,
+    same: bool,
+    last: bool,
 ) -> list[RepeatEdit]:
     """Each place where ``template`` repeats (lines inserted or deleted: ``lines``; else
     rule 1, else rule 2), not yet grouped."""
@@ -235,16 +241,19 @@ def _repeats(
             for i, t in enumerate(tokens)
             if t.kind is Kind.NAME
             and t.text == old
-            and (member is None or _is_member(tokens, i) == member)
-            and (not receiver or (i > 1 and tokens[i - 2].text == receiver))
+            and (
+                (
+                    (member is None or _is_member(tokens, i) == member)
+                    and (not receiver or (i > 1 and tokens[i - 2].text == receiver))
+                )
+                or (member is False and _stored(tokens, i))
+            )
         ]
     pattern = _pattern(template.before, template.after, template.uri)
-    if pattern is None:
-        return []
-    return [
-        RepeatEdit(start, end, replacement, RepeatKind.SUBSTITUTION)
-        for start, end, replacement in pattern.matches(text, tokens)
-    ]
+    found = [] if pattern is None else pattern.matches(text, tokens)
+    if not found and last:  # too plain a pattern, or none: the same line elsewhere
+        found = same_lines(template, text)
+    return [RepeatEdit(start, end, new, RepeatKind.SUBSTITUTION) for start, end, new in found]
 
 
 def _grouped(
@@ -397,6 +406,18 @@ def _line_head(tokens: Sequence[Token], i: int, text: str) -> str:
     return next(t for t in tokens if t.start > line_start).text
 
 
+def _stored(tokens: Sequence[Token], i: int) -> bool:
+    """Whether ``tokens[i]`` is the attribute of ``self.x = x`` (a parameter stored under
+    its own name: renaming the one renames the other)."""
+    return (
+        1 < i < len(tokens) - 2
+        and tokens[i - 1].text in _MEMBER
+        and tokens[i - 2].text in _OWN
+        and tokens[i + 1].text == "="
+        and tokens[i + 2].text == tokens[i].text
+    )
+
+
 def _is_member(tokens: Sequence[Token], i: int) -> bool:
     return i > 0 and tokens[i - 1].text in _MEMBER
 
@@ -439,6 +460,9 @@ class _Pattern:
     slots: tuple[int, ...]
     before_tail: bool = False
     line_end: bool = False  # the hunk's match ended its line: so must another
+    # Where it adds lines: the line breaks of the text it replaced (a match must have as
+    # many: the layout it rewrites is the hunk's); else -1.
+    breaks: int = -1
 
     def matches(self, text: str, tokens: Sequence[Token]) -> list[tuple[int, int, str]]:
         """Each place the pattern matches and is not in its result's form yet, as the
@@ -452,7 +476,9 @@ class _Pattern:
             if spans is None or (self.line_end and not _ends_line(text, tokens[spans[-1][1] - 1])):
                 continue
             if _match(self.after, tokens, closers, i) is None:
-                found.append(self._edit(text, tokens, spans))
+                edit = self._edit(text, tokens, spans)
+                if self.breaks < 0 or _breaks(text[edit[0] : edit[1]]) == self.breaks:
+                    found.append(edit)
         return found
 
     def _edit(
@@ -512,7 +538,8 @@ def _pattern(before: str, after: str, uri: str = "") -> _Pattern | None:
     a_start, a_end = gap(after, a, spans_a)
     b_start, b_end = gap(before, b, spans_b)
     replaced = spans_b[len(eb) - tail - 1][1] - spans_b[head][0] if head < len(eb) - tail else 0
-    if _breaks(after[a_start:a_end]) > _breaks(before[b_start:b_end]) and replaced < MIN_REWRITE:
+    adds = _breaks(after[a_start:a_end]) > _breaks(before[b_start:b_end])
+    if adds and replaced < MIN_REWRITE:
         return None  # lines added after a token or two: new code, not an edit to repeat
     if head < len(eb) - tail and head < len(ea) - tail:
         mode = _Mode.REPLACE
@@ -538,7 +565,10 @@ def _pattern(before: str, after: str, uri: str = "") -> _Pattern | None:
         texts[-1] = texts[-1][: len(texts[-1]) - trail]
         before_tail = bool(lead) and not trail
     line_end = b[hi - 1].text not in _CLOSERS and _ends_line(before, b[hi - 1])
-    return _Pattern(eb, ea, head, tail, mode, tuple(texts), tuple(slots), before_tail, line_end)
+    breaks = _breaks(before[b_start:b_end]) if adds else -1
+    return _Pattern(
+        eb, ea, head, tail, mode, tuple(texts), tuple(slots), before_tail, line_end, breaks
+    )
 
 
 def _ends_line(text: str, token: Token) -> bool:

@@ -446,3 +446,43 @@ def test_an_inserted_line_is_not_proposed_above_the_cursor() -> None:
     session = Session(source)
     session.edit("x = f(a)\n", "x = f(a)\n    log(x, 1)\n", at="f(b)")
     assert session.propose() is None  # the other ``x = f(a)`` is above: lines go top down
+
+
+def test_the_same_line_elsewhere_changes_the_same_way() -> None:
+    source = "    raise Fail(f(\n        x\n    ))\n\n    raise Fail(g(\n        y\n        ))\n"
+    session = Session(source)
+    session.edit("    ))", "    ), param, ctx)")
+    edit = session.propose()
+    assert session.applied(edit).endswith("        y\n        ), param, ctx)\n")
+    session = Session('    "pool.request",\n    x = 1\n    "pool.request",\n')
+    session.edit('"pool.request"', '"pool.handle_request"')
+    assert session.applied(session.propose()).endswith('    "pool.handle_request",\n')
+
+
+def test_a_plain_line_changed_is_no_pattern() -> None:
+    session = Session("a = [\n    1,\n],\nb = [\n    2,\n],\n")
+    session.edit("],", "},")
+    assert session.propose() is None
+    session = Session("    return True\nx = 1\n    return True\n")
+    session.edit("return True", "return")
+    assert session.propose() is None
+
+
+def test_lines_added_in_a_rewrite_repeat_only_where_the_layout_is_the_same() -> None:
+    source = (
+        "    context = make_context(cert=(pem_file, key_file))\n"
+        "    context = make_context(\n        cert=(pem_file, other_key_file)\n    )\n"
+    )
+    session = Session(source)
+    session.edit(
+        "make_context(cert=(pem_file, key_file))",
+        "Context()\n    context.load_chain(pem_file, key_file)",
+    )
+    assert session.propose() is None  # written over two lines there: not guessed
+
+
+def test_a_parameter_renamed_renames_its_stored_attribute() -> None:
+    session = Session("def f(\n    protocol: str,\n):\n    self.protocol = protocol\n")
+    session.edit("protocol", "http_version")
+    edit = session.propose()
+    assert session.applied(edit).endswith("    self.http_version = http_version\n")
