@@ -379,7 +379,124 @@ test(":checkhealth kode reports the server, backend and model", function()
   ok(report:match("server executable: /[^\n]*kode"), "no executable in:\n" .. report)
   ok(report:match("backend: llama%.cpp"), "no backend in:\n" .. report)
   ok(report:match("model: qwen2%.5%-coder%-0%.5b"), "no model in:\n" .. report)
-  ok(not report:match("ERROR"), "errors in:\n" .. report)
+  -- The doctor's section: this machine's facts (a busy machine warns), each check a line.
+  local plugin, doctor = report:match("^(.-)\nkode doctor[^\n]*\n(.*)$")
+  ok(plugin and doctor, "no kode doctor section in:\n" .. report)
+  ok(not plugin:match("ERROR"), "errors in:\n" .. report)
+  ok(doctor:match("doctor %-%-json %-%-skip%-model"), "not run with --skip-model:\n" .. report)
+  ok(doctor:match("OK[^\n]*python: Python 3%."), "no python check in:\n" .. report)
+  ok(doctor:match("model small: "), "no model check in:\n" .. report)
+  ok(not doctor:match("kode doctor failed"), "the doctor failed:\n" .. report)
+end)
+
+local DOCTOR_JSON = vim.json.encode({
+  { name = "python", status = "OK", detail = "Python 3.11.7; Kode 0.1.0", fix = vim.NIL },
+  { name = "machine load", status = "WARN", detail = "load 2.6 on 2 core(s)", fix = "close what keeps it busy" },
+  { name = "model small", status = "FAIL", detail = "part 2 of 3 missing", fix = "kode models install small" },
+})
+
+test("kode doctor's JSON becomes the report: OK, WARN, FAIL and malformed output", function()
+  local r = lua([[
+    local doctor = require("kode.doctor")
+    local health = require("kode.health")
+    local shown = {}
+    local saved = { ok = vim.health.ok, warn = vim.health.warn, error = vim.health.error }
+    for level in pairs(saved) do
+      vim.health[level] = function(msg, advice) shown[#shown + 1] = { level, msg, advice } end
+    end
+    local full = doctor.report({ code = 1, stdout = ..., stderr = "" })
+    local malformed = doctor.report({ code = 1, stdout = "[{", stderr = "kode doctor: Python\nTraceback\nImportError: x\n" }, "kode doctor --json")
+    pcall(health.show, full)
+    pcall(health.show, malformed)
+    for level, fn in pairs(saved) do vim.health[level] = fn end
+    return {
+      cmd = doctor.command({ "/venv/bin/kode", "lsp" }, false),
+      cmd_python = doctor.command({ "python", "-m", "kode", "lsp", "--verbose" }, true),
+      full = full,
+      malformed = malformed,
+      ok_only = doctor.report({ code = 0, stdout = '[{"name": "python", "status": "OK", "detail": "d", "fix": null}]' }),
+      empty = doctor.report({ code = 0, stdout = "" }).error,
+      not_list = doctor.report({ code = 0, stdout = "{}" }).error,
+      bad_status = doctor.report({ code = 0, stdout = '[{"name": "x", "status": "BAD", "detail": "d"}]' }).error,
+      timed_out = doctor.report({ code = 124, signal = 15, stdout = "" }).error,
+      old = doctor.report({ code = 2, stdout = "", stderr = "invalid choice: 'doctor' (choose from 'lsp')" }).error,
+      shown = shown,
+      levels = vim.log.levels,
+    }
+  ]], DOCTOR_JSON)
+  eq(r.cmd, { "/venv/bin/kode", "doctor", "--json", "--skip-model" }, "the health check's command")
+  eq(r.cmd_python, { "python", "-m", "kode", "doctor", "--json" }, ":KodeDoctor's command")
+  eq(r.full.lines, {
+    "OK    python: Python 3.11.7; Kode 0.1.0",
+    "WARN  machine load: load 2.6 on 2 core(s)",
+    "      fix: close what keeps it busy",
+    "FAIL  model small: part 2 of 3 missing",
+    "      fix: kode models install small",
+    "Kode setup: 1 problem (model small); 1 warning (machine load)",
+  }, "the lines")
+  eq(r.full.level, r.levels.ERROR, "a FAIL's level")
+  eq(r.ok_only.summary, "Kode setup: all 1 check OK", "all OK")
+  eq(r.ok_only.level, r.levels.INFO, "all OK's level")
+  eq(r.malformed.error, "its output is not JSON (exit status 1)", "malformed output")
+  eq(r.malformed.lines, {
+    "kode doctor --json: its output is not JSON (exit status 1)",
+    "  kode doctor: Python",
+    "  Traceback",
+    "  ImportError: x",
+  }, "malformed output's lines")
+  eq(r.empty, "it printed no report (exit status 0)", "no output")
+  eq(r.not_list, "its output is not a list of checks (exit status 0)", "an object")
+  eq(r.bad_status, "check 1 of its output is not {name, status: OK|WARN|FAIL, detail, fix} (exit status 0)", "a bad status")
+  eq(r.timed_out, "it printed no report (timed out)", "a timeout")
+  ok(r.old:match("older than `kode doctor`"), "an old kode: " .. r.old)
+  eq(r.shown, {
+    { "ok", "python: Python 3.11.7; Kode 0.1.0" },
+    { "warn", "machine load: load 2.6 on 2 core(s)", { "close what keeps it busy" } },
+    { "error", "model small: part 2 of 3 missing", { "kode models install small" } },
+    { "error", "kode doctor failed: its output is not JSON (exit status 1)", { "  kode doctor: Python", "  Traceback", "  ImportError: x" } },
+  }, "what :checkhealth shows")
+end)
+
+test(":KodeDoctor runs the full check in the background and notifies the result", function()
+  local script = tmp .. "/fake-kode"
+  vim.fn.writefile({
+    "#!/bin/sh",
+    'echo "$*" > ' .. tmp .. "/fake-kode.args",
+    "cat <<'EOF'",
+    DOCTOR_JSON,
+    "EOF",
+    "exit 1",
+  }, script)
+  vim.fn.setfperm(script, "rwxr-xr-x")
+  lua([[
+    _G.kode_notes = {}
+    _G.kode_notify = vim.notify
+    vim.notify = function(msg, level) table.insert(_G.kode_notes, { msg = msg, level = level }) end
+    local config = require("kode.config").options
+    _G.kode_cmd = config.cmd
+    config.cmd = { ..., "lsp" }
+    vim.cmd("KodeDoctor")
+  ]], script)
+  local ok_, err = pcall(function()
+    local notes = wait("the doctor's result", 10000, function()
+      local list = lua("return _G.kode_notes")
+      return list and #list >= 2 and list
+    end)
+    ok(notes[1].msg:match("timing a tiny completion"), "no start message: " .. vim.inspect(notes))
+    eq(notes[2].level, 4, "the result's level (ERROR)")
+    ok(notes[2].msg:match("^OK    python: Python 3%.11%.7"), "no lines: " .. notes[2].msg)
+    ok(notes[2].msg:match("\n      fix: kode models install small\n"), "no fix: " .. notes[2].msg)
+    ok(notes[2].msg:match("Kode setup: 1 problem %(model small%); 1 warning %(machine load%)$"), notes[2].msg)
+    eq(vim.fn.readfile(tmp .. "/fake-kode.args"), { "doctor --json" }, "the arguments (no --skip-model)")
+    lua([[require("kode.config").options.cmd = { "/nonexistent/kode", "lsp" }; vim.cmd("KodeDoctor")]])
+    local last = lua("return _G.kode_notes[#_G.kode_notes]")
+    ok(last.msg:match("server executable was not found: /nonexistent/kode"), "missing server: " .. last.msg)
+  end)
+  lua([[
+    vim.notify = _G.kode_notify
+    require("kode.config").options.cmd = _G.kode_cmd
+  ]])
+  assert(ok_, err)
 end)
 
 local passed, failed = 0, 0

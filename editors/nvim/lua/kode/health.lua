@@ -34,6 +34,37 @@ local function report_stats(client)
   end
 end
 
+--- `kode doctor --json --skip-model`: each check as ok/warn/error, its fix as advice.
+---@param cmd string[]
+local function report_doctor(cmd)
+  local doctor = require("kode.doctor")
+  local argv = doctor.command(cmd, false)
+  health.start("kode doctor")
+  health.info(("%s (the timed completion: :KodeDoctor)"):format(table.concat(argv, " ")))
+  local report = doctor.run_sync(argv, doctor.HEALTH_TIMEOUT_MS)
+  M.show(report)
+end
+
+--- A doctor report through vim.health (also used by the tests).
+---@param report kode.DoctorReport
+function M.show(report)
+  if report.error then
+    local advice = vim.list_slice(report.lines, 2)
+    return health.error("kode doctor failed: " .. report.error, #advice > 0 and advice or nil)
+  end
+  for _, check in ipairs(report.checks) do
+    local msg = ("%s: %s"):format(check.name, check.detail)
+    local advice = check.fix and { check.fix } or nil
+    if check.status == "OK" then
+      health.ok(msg)
+    elseif check.status == "WARN" then
+      health.warn(msg, advice)
+    else
+      health.error(msg, advice)
+    end
+  end
+end
+
 function M.check()
   health.start("kode")
   if vim.fn.has("nvim-0.11") == 0 then
@@ -44,7 +75,8 @@ function M.check()
   health.ok(("Neovim %s; suggestions drawn by %s"):format(tostring(vim.version()), mode))
 
   local exe = config.cmd[1]
-  if vim.fn.executable(exe) == 1 then
+  local found = vim.fn.executable(exe) == 1
+  if found then
     health.ok(("server executable: %s"):format(vim.fn.exepath(exe)))
   else
     health.error(("server executable not found: %s"):format(exe), {
@@ -54,18 +86,20 @@ function M.check()
   end
 
   if not vim.lsp.is_enabled("kode") then
-    return health.warn('the "kode" LSP config is not enabled: call require("kode").setup()')
-  end
-  local clients = vim.lsp.get_clients({ name = "kode" })
-  if #clients == 0 then
-    return health.info("no kode server running: open a file to start one, then run :checkhealth kode again")
-  end
-  for _, client in ipairs(clients) do
-    health.ok(("server running (client %d)"):format(client.id))
-    if not (client.server_capabilities and client.server_capabilities.inlineCompletionProvider) then
-      health.error("the server does not offer textDocument/inlineCompletion")
+    health.warn('the "kode" LSP config is not enabled: call require("kode").setup()')
+  elseif #vim.lsp.get_clients({ name = "kode" }) == 0 then
+    health.info("no kode server running: open a file to start one, then run :checkhealth kode again")
+  else
+    for _, client in ipairs(vim.lsp.get_clients({ name = "kode" })) do
+      health.ok(("server running (client %d)"):format(client.id))
+      if not (client.server_capabilities and client.server_capabilities.inlineCompletionProvider) then
+        health.error("the server does not offer textDocument/inlineCompletion")
+      end
+      report_stats(client)
     end
-    report_stats(client)
+  end
+  if found then
+    report_doctor(config.cmd)
   end
 end
 

@@ -26,6 +26,9 @@ function M.setup(opts)
     end,
     desc = "Kode: enable | disable | toggle | status",
   })
+  vim.api.nvim_create_user_command("KodeDoctor", function()
+    M.doctor()
+  end, { desc = "Kode: check the setup and time a tiny completion (kode doctor)" })
 end
 
 local function completion()
@@ -51,6 +54,11 @@ end
 --- "kode: llama.cpp qwen2.5-coder-0.5b-instruct 830ms 41tok/s", for statuslines.
 function M.statusline()
   return require("kode.status").line(completion().stats, completion().is_enabled())
+end
+
+--- `kode doctor` with the timed completion, in the background; the result via vim.notify.
+function M.doctor()
+  require("kode.doctor").run()
 end
 
 function M.status()
