@@ -1,33 +1,46 @@
-"""The next edit where it repeats the last one, found without a model.
+"""The next edit where it repeats a recent one, found without a model.
 
 People repeat edits: they rename a name, then fix its other uses; they add an argument to
-one call, then to the next. Where the last hunk of the history is such an edit, the next
-one is found by matching tokens (issue 49, item 2: "propose it without the model"). Two
-kinds, tried in this order:
+one call, then to the next. Where a recent hunk of the history is such an edit, the next
+one is found by matching tokens (issue 49, item 2: "propose it without the model"). Each
+recent hunk of the last one's document is a template, the last one first; for each, the
+first kind that applies:
 
+0. **Lines.** The hunk only inserted or only deleted whole lines: ``lines.line_repeats``.
 1. **Rename.** Every token the hunk changed is one name replaced by another, the same
    pair each time (``n`` -> ``count``), and the edit looks like a rename rather than a
    fix of one use: the new name is new to the document (and neither name begins the
    other: ``coun`` may be ``count`` half typed), or the edit is at a binding
-   (``count =``, ``def f(count)``, ``let count``), or an earlier recent hunk made the
-   same rename. Proposed: the old name at another use, a whole name (renaming ``n``
-   leaves ``number`` alone), a member only where the edited one was one (``obj.n`` is
-   not the local ``n``), never inside a string.
+   (``count =``, ``def f(count)``, ``let count``; not an import line: ``import typing``
+   -> ``import json`` replaced a module), or another recent hunk made the same rename.
+   Proposed: the old name at another use, a whole name (renaming ``n`` leaves ``number``
+   alone), a member only where the edited one was one (``obj.n`` is not the local
+   ``n``; ``self.n`` follows ``self`` only; both where both were renamed, and
+   ``self.n = n`` follows its parameter), never in a string or a comment.
 2. **Substitution.** The tokens the hunk changed, with their context, become a pattern.
-   A change inside a call's brackets takes the whole call (``foo(a)`` -> ``foo(a, b)``);
-   any other takes one token of context before it (and one after, for an insertion).
+   A change inside a call's brackets takes the whole call (``foo(a)`` -> ``foo(a, b)``;
+   ``self.`` before it too: ``self.state.foo(`` is another call); any other takes one
+   token of context before it (and one after, for an insertion), and where it ended its
+   line, matches only where one ends a line (``deps = sphinx`` is not ``sphinx-build``).
    A bracket's contents found unchanged in the result are a hole that matches any
    contents: the whole list where it was kept whole (so the added argument is appended
-   to ``foo(x, y)`` too), else one argument. Proposed: the pattern's next match, with
-   the holes' text carried over; a match already in the result's form is skipped.
+   to ``foo(x, y)`` too), else one argument. Spaces the hunk replaced (``a b`` ->
+   ``a-b``) are replaced too. Lines added after a token or two of context are new code,
+   no pattern; lines added in a rewrite repeat where the replaced text has the hunk's
+   layout. Proposed: the pattern's next match, with the holes' text carried over; a
+   match already in the result's form is skipped. Where the last hunk has no pattern or
+   no match: the same line elsewhere changed the same way (``lines.same_lines``).
 
-For both: the nearest place after the cursor (one holding the cursor counts), else the
-nearest before it; never the span the last hunk changed; never an edit that undoes a
-recent hunk (its changed tokens that hunk's, reversed); nothing after an undo (the last
-hunk reverses the one before it; a redo also reads as one). Nothing, rather than
-something wrong, when the hunk is not one rename or one pattern, when the pattern is
-too generic (under two fixed tokens, or no name, number or string among them), or when
-the history does not match the text. Offsets are code points into the text given.
+Where: the nearest place after the cursor (one holding the cursor counts), from any
+template, the newer first at one place; else, for a rename of the last hunk, the nearest
+before it. The places of one statement are one edit (``a(n, n)`` -> ``a(m, m)``), and
+those on adjacent lines too where the hunk was made so. Never a span a recent hunk
+changed; never an edit that undoes a recent hunk (its changed tokens that hunk's,
+reversed); nothing after an undo (the last hunk reverses the one before it; a redo also
+reads as one). Nothing, rather than something wrong, when no template repeats, when a
+pattern is too generic (under two fixed tokens, or no name, number or string among
+them), or when the history does not match the text. Offsets are code points into the
+text given.
 
     >>> from kode.completion.edits.history import EditHistory
     >>> history = EditHistory()
@@ -212,8 +225,8 @@ def propose_repeat(hunks: Sequence[Hunk], uri: str, text: str, cursor: int) -> R
         for edit in _grouped(edits, text, tokens, lines=_on_lines(template)):
             if edit.end >= cursor:
                 ahead.append((edit.start, age, edit))
-            elif age == 0 and edit.kind is not RepeatKind.LINES:
-                behind.append(edit)  # lines are added and removed top to bottom
+            elif age == 0 and edit.kind is RepeatKind.RENAME:
+                behind.append(edit)  # a rename reaches every use, above too
     if ahead:
         return min(ahead, key=lambda item: item[:2])[2]
     return max(behind, key=lambda e: e.start, default=None)
@@ -564,6 +577,8 @@ def _pattern(before: str, after: str, uri: str = "") -> _Pattern | None:
         trail = _common_suffix(space[lead:], texts[-1])
         texts[-1] = texts[-1][: len(texts[-1]) - trail]
         before_tail = bool(lead) and not trail
+        if space and not lead and not trail:  # the spaces replaced (a b -> a-b): all of it
+            mode = _Mode.DELETE
     line_end = b[hi - 1].text not in _CLOSERS and _ends_line(before, b[hi - 1])
     breaks = _breaks(before[b_start:b_end]) if adds else -1
     return _Pattern(

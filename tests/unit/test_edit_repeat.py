@@ -486,3 +486,15 @@ def test_a_parameter_renamed_renames_its_stored_attribute() -> None:
     session.edit("protocol", "http_version")
     edit = session.propose()
     assert session.applied(edit).endswith("    self.http_version = http_version\n")
+
+
+def test_spaces_replaced_in_the_hunk_are_replaced_where_it_repeats() -> None:
+    session = Session("A serious business.\n\nAll serious  business.\n", "file:///w/a.md")
+    session.edit("serious business", "serious-business")
+    assert session.applied(session.propose()).endswith("All serious-business.\n")
+
+
+def test_a_substitution_is_not_proposed_above_the_cursor() -> None:
+    session = Session("x = f(a)\ny = 2\nz = f(b)\n")
+    session.edit("f(b)", "f(b, c)")
+    assert session.propose() is None  # ``f(a)`` is above, where the person has been
