@@ -83,6 +83,8 @@ MAX_PATTERN = 48
 MIN_REWRITE = 4
 # Repeats on adjacent lines are proposed as one edit of at most this many lines.
 GROUP_LINES = 4
+# A hunk of at most this many changes apart is tried change by change.
+MAX_CHANGES = 3
 # A hole spans at most this many tokens (one call's arguments, not a file).
 MAX_HOLE = 200
 
@@ -264,9 +266,44 @@ def _repeats(
         ]
     pattern = _pattern(template.before, template.after, template.uri)
     found = [] if pattern is None else pattern.matches(text, tokens)
+    if not found:
+        found = _each_change(template, text, tokens)
     if not found and last:  # too plain a pattern, or none: the same line elsewhere
         found = same_lines(template, text)
     return [RepeatEdit(start, end, new, RepeatKind.SUBSTITUTION) for start, end, new in found]
+
+
+def _each_change(hunk: Hunk, text: str, tokens: Sequence[Token]) -> list[tuple[int, int, str]]:
+    """Where a hunk of two or three changes apart (``Dict`` -> ``MutableMapping`` and
+    ``Coroutine[...]`` -> ``Awaitable[...]`` on one line) has no pattern as a whole: each
+    change as its own pattern, proposed only where all of them match in one statement
+    (one of them alone is a part of the edit, and often not one to make)."""
+    b, a = tokenize(hunk.before, hunk.uri), tokenize(hunk.after, hunk.uri)
+    matcher = difflib.SequenceMatcher(None, [t.text for t in b], [t.text for t in a], False)
+    changes = [op for op in matcher.get_opcodes() if op[0] != "equal"]
+    if not 2 <= len(changes) <= MAX_CHANGES:
+        return []
+    parts: list[list[tuple[int, int, str]]] = []
+    for _, i1, i2, j1, j2 in changes:
+        start = b[i1 - 1].end if i1 > 0 else 0
+        end = b[i2 - 1].end if i2 > i1 else start
+        new = hunk.after[a[j1 - 1].end if j1 > 0 else 0 : a[j2 - 1].end] if j2 > j1 else ""
+        if i2 > i1 and j2 > j1:  # a replacement: from the first token replaced, not the space
+            start, new = b[i1].start, hunk.after[a[j1].start : a[j2 - 1].end]
+        pattern = _pattern(hunk.before, hunk.before[:start] + new + hunk.before[end:], hunk.uri)
+        if pattern is None:
+            return []
+        parts.append(pattern.matches(text, tokens))
+    edits = [
+        RepeatEdit(start, end, new, RepeatKind.SUBSTITUTION)
+        for part in parts
+        for start, end, new in part
+    ]
+    return [
+        (group.start, group.end, group.text)
+        for group in _grouped(edits, text, tokens)
+        if all(any(group.start <= s and e <= group.end for s, e, _ in part) for part in parts)
+    ]
 
 
 def _grouped(

@@ -498,3 +498,22 @@ def test_a_substitution_is_not_proposed_above_the_cursor() -> None:
     session = Session("x = f(a)\ny = 2\nz = f(b)\n")
     session.edit("f(b)", "f(b, c)")
     assert session.propose() is None  # ``f(a)`` is above, where the person has been
+
+
+def test_a_hunk_of_two_changes_repeats_where_both_match_in_one_statement() -> None:
+    source = (
+        "A = Callable[\n    [typing.Dict[str, Any]], typing.Coroutine[None, None, None]\n]\n"
+        "B = Callable[\n    [typing.Dict[str, Any], Recv], typing.Coroutine[None, None, None]\n]\n"
+        "C = typing.Dict[str, Any]\n"
+    )
+    session = Session(source)
+    session.edit(
+        "[typing.Dict[str, Any]], typing.Coroutine[None, None, None]",
+        "[typing.MutableMapping[str, Any]], typing.Awaitable[None]",
+    )
+    edit = session.propose()
+    assert session.applied(edit).splitlines()[4:] == [
+        "    [typing.MutableMapping[str, Any], Recv], typing.Awaitable[None]",
+        "]",
+        "C = typing.Dict[str, Any]",  # one of the two changes alone: not proposed
+    ]
