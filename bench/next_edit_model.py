@@ -19,6 +19,9 @@ applied, the cursor at the end of hunk ``k``'s change, the real next edit hunk `
    - ``cursor``: the file's lines above the region (up to ``CONTEXT`` lines, as a plain
      ``{path}`` block), the edits as one unified diff (``-U0`` hunks with their headers),
      the region now with ``CURSOR`` at the cursor (``current/``).
+   - ``chat``: the instruct model's chat turns (``<|im_start|>``): the edits as a unified
+     diff and the region with ``CURSOR``, asking for the region with the next edit
+     made; the answer opens a code block, which ends it.
 
 2. Greedy decoding with the region's current text as the draft (``backends/llama/
    rewrite.py``'s ``decode_rewrite``: lossless speculative decoding; here on a
@@ -78,7 +81,18 @@ HELD_OUT = ("attrs", "typer", "rich")  # never read here
 FILE_SEP = "<|file_sep|>"
 FENCE = "```"  # the instruct model's habit: it closes the region as a code block
 CURSOR = "<|user_cursor|>"  # plain text to the tokenizer: not one of Qwen's tokens
-VARIANTS = ("sweep", "cursor")
+VARIANTS = ("sweep", "cursor", "chat")
+CHAT = (
+    "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+    "assistant.<|im_end|>\n<|im_start|>user\n{ask}<|im_end|>\n<|im_start|>assistant\n"
+    "```{lang}\n"
+)
+CHAT_ASK = (
+    "I am editing {path}. These are my latest edits, oldest first:\n```diff\n{diff}```\n"
+    "This is the code around my cursor ({cursor} marks it):\n```\n{region}```\n"
+    "Guess the one edit I will make next in this code. Reply with this code, that edit "
+    "made and the marker taken out, and nothing else."
+)
 ABOVE, BELOW = 5, 5
 HISTORY = 4  # recent hunks in the prompt
 CONTEXT = 20  # lines above the region in the ``cursor`` variant
@@ -171,6 +185,14 @@ def build_prompt(
         blocks.append((f"{path}.diff", unified(path, recent)))
         at = region.cursor - region.start
         blocks.append((f"current/{path}", _lines([now[:at] + CURSOR + now[at:]])))
+    elif variant == "chat":
+        at = region.cursor - region.start
+        lang = "python" if path.endswith((".py", ".pyi")) else ""
+        ask = CHAT_ASK.format(
+            path=path, diff=unified(path, recent), cursor=CURSOR,
+            region=_lines([now[:at] + CURSOR + now[at:]]),
+        )  # fmt: skip
+        return CHAT.format(ask=ask, lang=lang)
     else:
         raise ValueError(f"unknown variant {variant!r}")
     head = "".join(f"{FILE_SEP}{name}\n{body}" for name, body in blocks)

@@ -102,3 +102,14 @@ def test_changed_and_confidence_of_the_changed_tokens() -> None:
     low, mean = confidence(pieces, logprobs, 2, 6) or (0.0, 0.0)
     assert low == -1.5 and abs(mean - (-0.02 - 0.3 - 1.5) / 3) < 1e-9  # " =", " 1", "2"
     assert confidence([], [], 0, 1) is None
+
+
+def test_chat_prompt_opens_the_answer_as_a_code_block() -> None:
+    first, second = _cut()
+    doc = second.before
+    region = region_at(doc, first.cursor)
+    prompt = build_prompt("chat", "geo.py", doc, region, [first], OLD)
+    assert prompt.startswith("<|im_start|>system\n")
+    assert "```diff\n--- a/geo.py\n+++ b/geo.py\n@@ -1,1 +1,1 @@\n" in prompt
+    assert f"def area(width{CURSOR}, h):\n" in prompt
+    assert prompt.endswith("<|im_start|>assistant\n```python\n")
