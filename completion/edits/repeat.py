@@ -67,7 +67,7 @@ import difflib
 import enum
 import keyword
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -85,6 +85,8 @@ MIN_REWRITE = 4
 GROUP_LINES = 4
 # A hunk of at most this many changes apart is tried change by change.
 MAX_CHANGES = 3
+# Places kept on each side of the cursor (the filters and the grouping look at no more).
+WINDOW = 64
 # A hole spans at most this many tokens (one call's arguments, not a file).
 MAX_HOLE = 200
 
@@ -95,6 +97,9 @@ class Kind(enum.Enum):
     STRING = "string"
     COMMENT = "comment"
     SYMBOL = "symbol"
+
+
+_KINDS: dict[str | None, Kind] = {kind.value: kind for kind in Kind}
 
 
 class Token(NamedTuple):
@@ -177,7 +182,8 @@ def tokenize(text: str, uri: str = "") -> list[Token]:
     ['x', '=', '1', '# uses x']
     """
     lexer = _LEXERS[comment_style(uri)]
-    return [Token(m.group(), m.start(), m.end(), Kind(m.lastgroup)) for m in lexer.finditer(text)]
+    kinds = _KINDS
+    return [Token(m.group(), m.start(), m.end(), kinds[m.lastgroup]) for m in lexer.finditer(text)]
 
 
 def comment_style(uri: str) -> str:
@@ -215,16 +221,35 @@ def propose_repeat(hunks: Sequence[Hunk], uri: str, text: str, cursor: int) -> R
     }
     ahead: list[tuple[int, int, RepeatEdit]] = []
     behind: list[RepeatEdit] = []
+    memo: _Memo = {}  # a pattern's matches: recent hunks often make the same edit
+    window = _lines_back(text, cursor, GROUP_LINES)
+    depths: list[int] = []
+    undoes: dict[tuple[str, str], bool] = {}
+
+    def undoing(old: str, new: str) -> bool:
+        if (old, new) not in undoes:
+            undoes[old, new] = _core(old, new, uri) in reversals
+        return undoes[old, new]
+
     for age, template in enumerate(templates):
         others = [h for h in templates if h is not template]
-        found = _repeats(template, others, text, tokens, same=template.uri == uri, last=not age)
-        edits = [
-            e
-            for e in found
-            if not any(e.start <= z_end and e.end >= z_start for z_start, z_end in zones)
-            and _core(text[e.start : e.end], e.text, uri) not in reversals
-        ]
-        for edit in _grouped(edits, text, tokens, lines=_on_lines(template)):
+        found = _repeats(
+            template, others, text, tokens, memo, same=template.uri == uri, last=not age
+        )
+
+        def kept(e: RepeatEdit) -> bool:
+            return not any(
+                e.start <= z_end and e.end >= z_start for z_start, z_end in zones
+            ) and not undoing(text[e.start : e.end], e.text)
+
+        # Only the places near the cursor, and the nearest before it, can be proposed: the
+        # filters and the grouping look at those (a file may hold thousands of matches).
+        found.sort(key=lambda e: (e.start, e.end))
+        split = bisect.bisect_left([e.start for e in found], window)
+        edits = [*_first(reversed(found[:split]), kept)][::-1] + _first(found[split:], kept)
+        if edits and not depths:
+            depths = _depths(tokens)
+        for edit in _grouped(edits, text, tokens, lines=_on_lines(template), depths=depths):
             if edit.end >= cursor:
                 ahead.append((edit.start, age, edit))
             elif age == 0 and edit.kind is RepeatKind.RENAME:
@@ -234,11 +259,33 @@ def propose_repeat(hunks: Sequence[Hunk], uri: str, text: str, cursor: int) -> R
     return max(behind, key=lambda e: e.start, default=None)
 
 
+def _first(edits: Iterable[RepeatEdit], keep: Callable[[RepeatEdit], bool]) -> list[RepeatEdit]:
+    """The first ``WINDOW`` of ``edits`` that ``keep`` keeps."""
+    out: list[RepeatEdit] = []
+    for edit in edits:
+        if keep(edit):
+            out.append(edit)
+            if len(out) >= WINDOW:
+                break
+    return out
+
+
+def _lines_back(text: str, at: int, count: int) -> int:
+    """Where the line ``count`` lines above the one holding offset ``at`` begins."""
+    start = text.rfind("\n", 0, at)
+    for _ in range(count):
+        if start < 0:
+            break
+        start = text.rfind("\n", 0, start)
+    return start + 1
+
+
 def _repeats(
     template: Hunk,
     others: Sequence[Hunk],
     text: str,
     tokens: Sequence[Token],
+    memo: _Memo,
     *,
     same: bool,
     last: bool,
@@ -265,15 +312,25 @@ def _repeats(
             )
         ]
     pattern = _pattern(template.before, template.after, template.uri)
-    found = [] if pattern is None else pattern.matches(text, tokens)
+    found = [] if pattern is None else _matches(pattern, text, tokens, memo)
     if not found:
-        found = _each_change(template, text, tokens)
+        found = _each_change(template, text, tokens, memo)
     if not found and last:  # too plain a pattern, or none: the same line elsewhere
         found = same_lines(template, text)
     return [RepeatEdit(start, end, new, RepeatKind.SUBSTITUTION) for start, end, new in found]
 
 
-def _each_change(hunk: Hunk, text: str, tokens: Sequence[Token]) -> list[tuple[int, int, str]]:
+def _matches(
+    pattern: _Pattern, text: str, tokens: Sequence[Token], memo: _Memo
+) -> list[tuple[int, int, str]]:
+    if pattern not in memo:
+        memo[pattern] = pattern.matches(text, tokens)
+    return memo[pattern]
+
+
+def _each_change(
+    hunk: Hunk, text: str, tokens: Sequence[Token], memo: _Memo
+) -> list[tuple[int, int, str]]:
     """Where a hunk of two or three changes apart (``Dict`` -> ``MutableMapping`` and
     ``Coroutine[...]`` -> ``Awaitable[...]`` on one line) has no pattern as a whole: each
     change as its own pattern, proposed only where all of them match in one statement
@@ -293,7 +350,7 @@ def _each_change(hunk: Hunk, text: str, tokens: Sequence[Token]) -> list[tuple[i
         pattern = _pattern(hunk.before, hunk.before[:start] + new + hunk.before[end:], hunk.uri)
         if pattern is None:
             return []
-        parts.append(pattern.matches(text, tokens))
+        parts.append(_matches(pattern, text, tokens, memo))
     edits = [
         RepeatEdit(start, end, new, RepeatKind.SUBSTITUTION)
         for part in parts
@@ -307,7 +364,12 @@ def _each_change(hunk: Hunk, text: str, tokens: Sequence[Token]) -> list[tuple[i
 
 
 def _grouped(
-    edits: Sequence[RepeatEdit], text: str, tokens: Sequence[Token], *, lines: bool = False
+    edits: Sequence[RepeatEdit],
+    text: str,
+    tokens: Sequence[Token],
+    *,
+    lines: bool = False,
+    depths: Sequence[int] = (),
 ) -> list[RepeatEdit]:
     """The edits, those of one statement made one: on one line, or on the lines of one
     bracketed expression (``lines``: on adjacent lines, as the hunk repeated was made),
@@ -321,10 +383,11 @@ def _grouped(
     """
     out: list[RepeatEdit] = []
     first_line = 0
-    depths: list[int] = []
     starts = [t.start for t in tokens]
+    line, counted = 0, 0
     for edit in sorted(edits, key=lambda e: (e.start, e.end)):
-        line = text.count("\n", 0, edit.start)
+        line += text.count("\n", counted, edit.start)
+        counted = edit.start
         if out:
             prev = out[-1]
             if edit.start < prev.end:
@@ -552,6 +615,9 @@ class _Pattern:
             return head_end, tail_start, new
         at = tail_start if self.before_tail else head_end
         return at, at, new
+
+
+_Memo = dict[_Pattern, list[tuple[int, int, str]]]
 
 
 def _pattern(before: str, after: str, uri: str = "") -> _Pattern | None:

@@ -517,3 +517,14 @@ def test_a_hunk_of_two_changes_repeats_where_both_match_in_one_statement() -> No
         "]",
         "C = typing.Dict[str, Any]",  # one of the two changes alone: not proposed
     ]
+
+
+def test_thousands_of_places_the_nearest_after_the_cursor_and_before_it() -> None:
+    body = "".join(f"    x{i} = g(ctx)\n" for i in range(3000))
+    session = Session("def run(ctx):\n" + body)
+    session.edit("ctx", "context", at="run(")
+    cursor = session.text.index("x2500 =")
+    edit = session.propose(cursor=cursor)
+    assert edit is not None and session.line_of(edit) == 2501
+    edit = session.propose(cursor=len(session.text))  # nothing after: the last use
+    assert edit is not None and session.line_of(edit) == 3000
