@@ -279,7 +279,11 @@ class GitReader:
             return None
 
     def sequences(self, commit: str, max_hunks: int) -> Iterator[FileSequence]:
-        for path, headers in parse_diff(self.diff(commit)).items():
+        try:
+            diff = self.diff(commit)
+        except subprocess.CalledProcessError:
+            return  # its parent is not in this copy (a snapshot cut below it): no case
+        for path, headers in parse_diff(diff).items():
             if len(headers) < 2 or not path.endswith(EXTENSIONS):
                 continue
             old = self.text(f"{commit}^", path)
