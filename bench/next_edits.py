@@ -68,6 +68,7 @@ from kode.bench.next_edit_cases import (
 )
 from kode.completion.clock import ManualClock
 from kode.completion.documents import Range
+from kode.completion.edits.history import common_prefix, common_suffix
 from kode.completion.engine import CompletionEngine
 from kode.completion.settings import Settings, parse
 
@@ -126,8 +127,8 @@ def steps(old_text: str, hunks: Sequence[Hunk]) -> list[Step]:
         line = hunk.start + shift
         region = _line_offset(text, line)
         old, new = "".join(hunk.old), "".join(hunk.new)
-        head = _common_prefix(old, new)
-        tail = _common_suffix(old[head:], new[head:])
+        head = common_prefix(old, new)
+        tail = common_suffix(old[head:], new[head:])
         start, end = region + head, region + len(old) - tail
         piece = new[head : len(new) - tail]
         after = text[:start] + piece + text[end:]
@@ -531,17 +532,3 @@ def _line_offset(text: str, line: int) -> int:
             return len(text)
         at = found + 1
     return at
-
-
-def _common_prefix(a: str, b: str) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
-
-
-def _common_suffix(a: str, b: str) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
-        n += 1
-    return n

@@ -321,8 +321,8 @@ def diff_changes(old: str, new: str) -> list[tuple[int, int, str]]:
     >>> diff_changes("x(1)\\nkeep\\ny(2)\\n", "x(1, 9)\\nkeep\\ny(2, 9)\\n")
     [(3, 3, ', 9'), (16, 16, ', 9')]
     """
-    head = _common_prefix(old, new)
-    tail = _common_suffix(old[head:], new[head:])
+    head = common_prefix(old, new)
+    tail = common_suffix(old[head:], new[head:])
     old_mid, new_mid = old[head : len(old) - tail], new[head : len(new) - tail]
     if not old_mid and not new_mid:
         return []
@@ -339,8 +339,8 @@ def diff_changes(old: str, new: str) -> list[tuple[int, int, str]]:
         if tag == "equal":
             continue
         piece, text = old_mid[starts[i1] : starts[i2]], "".join(b[j1:j2])
-        lead = _common_prefix(piece, text)
-        trail = _common_suffix(piece[lead:], text[lead:])
+        lead = common_prefix(piece, text)
+        trail = common_suffix(piece[lead:], text[lead:])
         start = shift + starts[i1] + lead
         replacement = text[lead : len(text) - trail]
         changes.append((start, start + len(piece) - lead - trail, replacement))
@@ -407,7 +407,7 @@ def _moved(hunk: Hunk, before: str, start: int, end: int, delta: int, lines: int
     return hunk
 
 
-def _common_prefix(a: str, b: str) -> int:
+def common_prefix(a: str, b: str) -> int:
     """Length of the common prefix (binary search over slices: C-speed comparisons)."""
     lo, hi = 0, min(len(a), len(b))
     while lo < hi:
@@ -419,7 +419,8 @@ def _common_prefix(a: str, b: str) -> int:
     return lo
 
 
-def _common_suffix(a: str, b: str) -> int:
+def common_suffix(a: str, b: str) -> int:
+    """Length of the common suffix (as ``common_prefix``)."""
     lo, hi = 0, min(len(a), len(b))
     while lo < hi:
         mid = (lo + hi + 1) // 2

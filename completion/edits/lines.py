@@ -38,7 +38,7 @@ from __future__ import annotations
 import difflib
 import re
 
-from kode.completion.edits.history import Hunk
+from kode.completion.edits.history import Hunk, common_prefix, common_suffix
 
 # Rule 1: a line (or lines) with fewer tokens than this, or no word among them, is plain.
 MIN_TOKENS = 3
@@ -108,8 +108,8 @@ def same_lines(hunk: Hunk, text: str) -> list[tuple[int, int, str]]:
         if body.strip() == key:
             there = _indent(body)
             start, old_body, new_body = at + len(there), body[len(there) :], rest
-            head = _common_prefix(old_body, new_body)
-            tail = _common_suffix(old_body[head:], new_body[head:])
+            head = common_prefix(old_body, new_body)
+            tail = common_suffix(old_body[head:], new_body[head:])
             found.append(
                 (start + head, start + len(old_body) - tail, new_body[head : len(new_body) - tail])
             )
@@ -119,20 +119,6 @@ def same_lines(hunk: Hunk, text: str) -> list[tuple[int, int, str]]:
 
 def _hunk(before: str, after: str) -> Hunk:
     return Hunk("file:///a.py", 0, 0, before, after, (), (), 1, 0.0, 0.0)
-
-
-def _common_prefix(a: str, b: str) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
-
-
-def _common_suffix(a: str, b: str) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
-        n += 1
-    return n
 
 
 def _deletions(deleted: list[str], lines: list[str]) -> list[tuple[int, int, str]]:

@@ -71,7 +71,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from kode.completion.edits.history import Hunk
+from kode.completion.edits.history import Hunk, common_prefix, common_suffix
 from kode.completion.edits.lines import line_repeats, same_lines
 
 # How many hunks back a rename is confirmed, and an undone edit looked for.
@@ -675,9 +675,9 @@ def _pattern(before: str, after: str, uri: str = "") -> _Pattern | None:
     before_tail = False
     if mode is _Mode.INSERT:  # less the spaces the gap already had
         space = before[b_start:b_end]
-        lead = _common_prefix(space, texts[0])
+        lead = common_prefix(space, texts[0])
         texts[0] = texts[0][lead:]
-        trail = _common_suffix(space[lead:], texts[-1])
+        trail = common_suffix(space[lead:], texts[-1])
         texts[-1] = texts[-1][: len(texts[-1]) - trail]
         before_tail = bool(lead) and not trail
         if space and not lead and not trail:  # the spaces replaced (a b -> a-b): all of it
@@ -865,27 +865,13 @@ def _core(before: str, after: str, uri: str = "") -> tuple[tuple[str, ...], tupl
 
 def _changed_span(hunk: Hunk) -> tuple[int, int]:
     """The characters the hunk changed, as a span of the document now."""
-    head = _common_prefix(hunk.before, hunk.after)
-    tail = _common_suffix(hunk.before[head:], hunk.after[head:])
+    head = common_prefix(hunk.before, hunk.after)
+    tail = common_suffix(hunk.before[head:], hunk.after[head:])
     return hunk.start + head, hunk.end - tail
 
 
 def _breaks(text: str) -> int:
     return text.count("\n") + text.count("\r") - text.count("\r\n")
-
-
-def _common_prefix(a: str, b: str) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
-
-
-def _common_suffix(a: str, b: str) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
-        n += 1
-    return n
 
 
 def _nearest(edits: Sequence[RepeatEdit], cursor: int) -> RepeatEdit | None:
