@@ -11,15 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import numpy as np
 import pytest
 from kode.backends import models
-from kode.backends.base import FinishReason, Sampling
+from kode.backends.base import FinishReason
 from kode.backends.llama.rewrite import rewrite
 from kode.backends.llama.runtime import LlamaContext, LlamaModel
-from kode.backends.llama.target import LlamaTarget, Sampler
-from kode.backends.speculative import CostCurve, build_tree
+from kode.backends.speculative import CostCurve
 from kode.backends.speculative.edits import EDIT_CURVE_MS
+from kode.bench.rewrite import top2_gap
 
 pytestmark = [pytest.mark.model]
 
@@ -58,23 +57,6 @@ def ctx() -> Iterator[LlamaContext]:
     model.close()
 
 
-def top2_gap(ctx: LlamaContext, tokens: list[int]) -> float:
-    """Plain decoding's top-2 logit gap where it picked the last of ``tokens``."""
-    target = LlamaTarget(ctx, Sampler(Sampling()))
-    try:
-        target.prefill(ctx.model.tokenize(PROMPT), lambda: False, 0)
-        logits = ctx.logits(-1)
-        for token in tokens[:-1]:
-            tree = build_tree(token, [], max_rows=1)
-            target.evaluate(tree)
-            target.commit(tree, 0, 0)
-            logits = ctx.logits(0)
-        top2 = np.partition(logits, -2)[-2:]
-        return float(abs(top2[1] - top2[0]))
-    finally:
-        target.release()
-
-
 def test_drafted_rewrite_equals_plain_greedy(ctx: LlamaContext) -> None:
     plain = rewrite(ctx, PROMPT, "", CURVE, max_tokens=200, stop_texts=("```",))
     drafted = rewrite(ctx, PROMPT, DRAFT, CURVE, max_tokens=200, stop_texts=("```",))
@@ -91,7 +73,7 @@ def test_drafted_rewrite_equals_plain_greedy(ctx: LlamaContext) -> None:
             min(len(drafted.tokens), len(plain.tokens)),
         )
         assert first < min(len(drafted.tokens), len(plain.tokens)), "one is a prefix"
-        gap = top2_gap(ctx, plain.tokens[: first + 1])
+        gap = top2_gap(ctx, PROMPT, plain.tokens[: first + 1])
         assert gap < NEAR_TIE, (first, gap)
         print(f"near-tie divergence at token {first} (gap {gap:.3f})")
     else:
