@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 from fakes.shared_engine import (
     STEP_S,
-    CharVocab,
     InLoopEngine,
     SlowBackend,
     SlowGeneration,
@@ -26,7 +25,6 @@ from fakes.shared_engine import (
     text_of,
 )
 from kode.backends.base import (
-    Backend,
     ChunkAssembly,
     FinishReason,
     GenerationRequest,
@@ -34,7 +32,6 @@ from kode.backends.base import (
     PromptCache,
     TokenHealing,
 )
-from kode.backends.daemon.client import SharedEngineBackend
 from kode.backends.daemon.engine_backend import MAX_RESTARTS
 from kode.backends.daemon.paths import EngineConfig, EnginePlace
 from kode.backends.errors import BackendClosed
@@ -52,21 +49,8 @@ async def test_the_client_restarts_a_dead_engine_once_then_falls_back(
         loop.call_soon_threadsafe(lambda: engines.append(InLoopEngine(p, SlowBackend(delay=0.01))))
         return 0  # no process to watch
 
-    fallback = SlowBackend(delay=0.01)
-
-    async def in_process() -> Backend:
-        return fallback
-
-    backend = SharedEngineBackend(
-        EngineConfig(tmp_path / "m.gguf"),
-        place,
-        CharVocab(),
-        idle_s=60,
-        fallback=in_process,
-        notify=notices.append,
-        timeout_s=STEP_S,
-    )
-    backend.engine.spawn = spawn
+    backend, fallback = shared_backend(place, tmp_path, [], notices)
+    backend.engine.spawn = spawn  # engines that run, in this loop
     try:
         await asyncio.wait_for(backend.start(), STEP_S)
         assert len(engines) == 1 and backend.engine_info["kind"] == "shared"
