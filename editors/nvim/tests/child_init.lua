@@ -16,7 +16,15 @@ vim.keymap.set("i", "<C-l>", "PREV")
 
 _G.kode_events = {}
 vim.api.nvim_create_autocmd("User", {
-  pattern = { "KodeRequest", "KodeResponse", "KodePartial", "KodeCancel" },
+  pattern = {
+    "KodeRequest",
+    "KodeResponse",
+    "KodePartial",
+    "KodeCancel",
+    "KodeNextEditRequest",
+    "KodeNextEditResponse",
+    "KodeNextEditCancel",
+  },
   callback = function(args)
     table.insert(_G.kode_events, { event = args.match, data = args.data })
   end,
@@ -142,3 +150,6 @@ function T.set_settings(settings)
   options.settings.partialCompletions = true
   require("kode.lsp").notify_settings(options.settings)
 end
+
+-- The next-edit tests' in-process server (a fake "kode"; see fake_server.lua).
+_G.F = dofile(root .. "/tests/fake_server.lua")

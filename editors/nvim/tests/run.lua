@@ -499,18 +499,377 @@ test(":KodeDoctor runs the full check in the background and notifies the result"
   assert(ok_, err)
 end)
 
+-- Next edits (kode.next_edit) against fake_server.lua: a fake "kode" in the child whose
+-- `kode/inlineEdit` answers wait for the test, so that every order of events is chosen
+-- here, not by a model's speed. A rename at one use (`n` -> `count`) and its next use.
+local SHAPES = {
+  "def scale(n, k):",
+  "    total = n * k",
+  "    return total + n",
+}
+
+--- A scratch buffer of `lines` with the fake client attached, next edits on.
+local function fake_open(name, lines)
+  lua("F.open(...)", tmp .. "/" .. name, lines)
+  wait("the fake kode client", 10000, function()
+    return lua("return F.ready()")
+  end)
+  lua("require('kode.config').options.settings.nextEdits = true")
+end
+
+--- Run `fn` with next edits on, and leave them off (as the other tests expect) either way.
+local function with_next_edits(fn)
+  local ok_, err = pcall(fn)
+  pcall(feed, "<Esc>")
+  lua([[
+    require("kode.config").options.settings.nextEdits = nil
+    require("kode.config").options.next_edit_debounce_ms = require("kode.config").defaults().next_edit_debounce_ms
+    vim.o.eventignore = ""
+    package.loaded.cmp = nil
+    require("kode.next_edit").dismiss()
+  ]])
+  assert(ok_, err)
+end
+
+--- The `n`-th `kode/inlineEdit` request, once it was sent.
+local function edit_request(n)
+  return wait(("kode/inlineEdit request %d"):format(n), 5000, function()
+    local list = lua("return F.edit_requests()")
+    return #list >= n and list[n]
+  end)
+end
+
+local function drawn()
+  return lua("return F.drawn()")
+end
+
+local function line(row)
+  return lua("return vim.api.nvim_buf_get_lines(0, ..., ... + 1, true)[1]", row - 1)
+end
+
+local function version()
+  return lua("return vim.lsp.util.buf_versions[vim.api.nvim_get_current_buf()]")
+end
+
+--- The next use's edit (`n` -> `count` on line 2) for document version `v`, answered to
+--- request `id` (default: the latest held); waits for it to be drawn.
+local function answer_next_use(v, id)
+  ok(
+    lua("return F.answer({ F.edit(...) }, select(7, ...))", v, 1, 12, 1, 13, "count", id),
+    "no request held: " .. vim.inspect(lua("return { F.requests, F.cancelled, _G.kode_events }"))
+  )
+  return wait("the next edit drawn", 5000, function()
+    local d = drawn()
+    return d.struck and d.insert and d
+  end)
+end
+
+--- Rename at the first use in Normal mode (`ciw`), back to Normal mode; wait for the ask.
+local function rename_first_use()
+  feed("<Esc>gg0fnciwcount<Esc>")
+  local req = edit_request(1)
+  eq(line(1), "def scale(count, k):", "the rename")
+  return req
+end
+
+test("next edit: shown after an edit and a pause; <Tab> jumps, <Tab> applies, u undoes it", function()
+  with_next_edits(function()
+    fake_open("shapes.py", SHAPES)
+    local req = rename_first_use()
+    eq(req.params.textDocument.version, version(), "the document version asked about")
+    eq(req.params.textDocument.uri, lua("return vim.uri_from_bufnr(0)"), "the document")
+    eq(req.params.position, { line = 0, character = 14 }, "the cursor sent")
+    local d = answer_next_use(req.params.textDocument.version)
+    eq(d.struck, { row = 1, col = 12, end_row = 1, end_col = 13 }, "what goes, struck through")
+    eq(d.insert, { row = 1, col = 13, text = "count", hl = "KodeNextEditInsert" }, "what comes")
+    ok(lua("return require('kode').statusline()"):match("next edit: line 2$"), "no hint in the status line")
+
+    feed("<Tab>")
+    wait("the jump", 5000, function()
+      local b = buffer()
+      return b.row == 1 and b.col == 12
+    end)
+    eq(line(2), "    total = n * k", "the text after the jump")
+    ok(drawn().struck, "the next edit went away on the jump")
+    feed("<Tab>")
+    wait("the edit applied", 5000, function()
+      return line(2) == "    total = count * k"
+    end)
+    eq(drawn(), { struck = false, insert = false }, "the next edit after it was applied")
+    local b = buffer()
+    eq({ b.row, b.col, b.mode }, { 1, 16, "n" }, "the cursor after applying: on the last character")
+    -- The change asks again: the next place after this one.
+    local again = edit_request(2)
+    eq(again.params.textDocument.version, version(), "the version asked about after applying")
+
+    feed("u")
+    wait("the undo", 5000, function()
+      return line(2) == "    total = n * k"
+    end)
+    eq(line(1), "def scale(count, k):", "one undo step took the rename too")
+  end)
+end)
+
+test("next edit: in Insert mode <Tab> jumps (no completion asked there), applies, undone alone", function()
+  with_next_edits(function()
+    fake_open("insert.py", SHAPES)
+    feed("<Esc>gg0fnciwcount") -- stays in Insert mode: asked after the pause
+    local req = edit_request(1)
+    eq(req.params.position, { line = 0, character = 15 }, "the cursor sent from Insert mode")
+    answer_next_use(req.params.textDocument.version)
+    -- A completion at the place the jump goes to would hide the edit (the completion wins).
+    lua("F.ghost = 'GHOST'")
+    local from = mark()
+    feed("<Tab>")
+    wait("the jump", 5000, function()
+      local b = buffer()
+      return b.row == 1 and b.col == 12 and b.mode == "i"
+    end)
+    sleep(200) -- a completion would be asked 30 ms after the cursor came to rest
+    ok(not find_event(from, "KodeRequest"), "a completion was asked where the jump went")
+    ok(drawn().struck, "the next edit went away on the jump")
+    feed("<Tab>")
+    wait("the edit applied", 5000, function()
+      return line(2) == "    total = count * k"
+    end)
+    local b = buffer()
+    eq({ b.row, b.col, b.mode }, { 1, 17, "i" }, "the cursor after applying: after the new text")
+    lua("F.ghost = nil")
+    feed("<Esc>u")
+    wait("the undo", 5000, function()
+      return line(2) == "    total = n * k"
+    end)
+    eq(line(1), "def scale(count, k):", "the rename typed before was undone with the edit")
+  end)
+end)
+
+test("next edit: an answer for a document version the buffer has left is dropped", function()
+  with_next_edits(function()
+    fake_open("stale.py", SHAPES)
+    local req = rename_first_use()
+    -- The buffer moves on before the answer, with the change handler kept out of the
+    -- way (it would cancel the request): this checks the version test itself.
+    lua("vim.o.eventignore = 'TextChanged,TextChangedI'")
+    lua("vim.api.nvim_buf_set_lines(0, 3, 3, false, { '# more' })")
+    local from = mark()
+    -- Its edit names no version: only the request's own tells that it is stale.
+    ok(lua([[
+      local edit = F.edit(0, 1, 12, 1, 13, "count")
+      edit.textDocument.version = nil
+      return F.answer({ edit })
+    ]]), "not held")
+    local reply = wait("the answer", 5000, function()
+      return find_event(from, "KodeNextEditResponse", { id = req.id })
+    end)
+    eq(reply.status, "stale", "answer status")
+    eq(drawn(), { struck = false, insert = false }, "drawn from a stale answer")
+    lua("vim.o.eventignore = ''")
+
+    -- Asked for the current version, answered with an edit made for an older one.
+    lua("vim.cmd('KodeNextEdit')")
+    local manual = edit_request(2)
+    eq(manual.params.textDocument.version, version(), ":KodeNextEdit's version")
+    from = mark()
+    lua("F.answer({ F.edit(...) })", version() - 1, 1, 12, 1, 13, "count")
+    reply = wait("the answer", 5000, function()
+      return find_event(from, "KodeNextEditResponse", { id = manual.id })
+    end)
+    eq(reply.status, "stale", "an edit for an older version")
+    eq(drawn(), { struck = false, insert = false }, "drawn from an edit for an older version")
+
+    -- The same edit for the current version shows.
+    lua("vim.cmd('KodeNextEdit')")
+    answer_next_use(edit_request(3).params.textDocument.version)
+  end)
+end)
+
+test("next edit: <Tab> is the menu's or the snippet's when one wants it", function()
+  with_next_edits(function()
+    fake_open("menu.py", SHAPES)
+    local req = rename_first_use()
+    answer_next_use(req.params.textDocument.version)
+    feed("3GA")
+    wait("Insert mode", 5000, function()
+      return buffer().mode == "i"
+    end)
+    ok(drawn().struck, "entering Insert mode hid the next edit")
+
+    -- Each time <Tab> must do what it did before Kode (insert 4 spaces), not jump.
+    local function tab_falls_back(what)
+      local before = line(3)
+      feed("<Tab>")
+      wait("<Tab> to insert spaces with " .. what, 5000, function()
+        return line(3) == before .. "    "
+      end)
+      eq(buffer().row, 2, "the cursor jumped with " .. what)
+      eq(line(2), "    total = n * k", "the edit applied with " .. what)
+    end
+    local function show_again()
+      lua("vim.cmd('KodeNextEdit')")
+      local n = #lua("return F.edit_requests()")
+      answer_next_use(version(), edit_request(n).id)
+    end
+
+    -- The built-in popup menu.
+    lua([[
+      vim.o.completeopt = "menu,menuone,noinsert,noselect"
+      vim.fn.complete(vim.fn.col("."), { "alpha", "beta" })
+    ]])
+    wait("the popup menu", 5000, function()
+      return lua("return vim.fn.pumvisible()") == 1
+    end)
+    ok(drawn().struck, "the next edit went away when the menu opened")
+    tab_falls_back("the popup menu")
+
+    -- nvim-cmp's menu (its `visible()`).
+    show_again()
+    lua("package.loaded.cmp = { visible = function() return true end }")
+    tab_falls_back("nvim-cmp's menu")
+    lua("package.loaded.cmp = nil")
+
+    -- A snippet with a place to jump to: <Tab> jumps there (Neovim's own <Tab> mapping).
+    -- Typing over the first placeholder leaves Select mode for Insert mode in it.
+    lua("vim.snippet.expand('f(${1:a}, ${2:b})')")
+    feed("x")
+    wait("Insert mode in the snippet", 5000, function()
+      return buffer().mode == "i" and line(3):match("f%(x, b%)$")
+    end)
+    show_again()
+    feed("<Tab>")
+    wait("the snippet's jump", 5000, function()
+      return lua("return vim.api.nvim_get_mode().mode") == "s"
+    end)
+    eq(line(2), "    total = n * k", "the edit applied in a snippet")
+    feed("<Esc>")
+    lua("vim.snippet.stop()")
+
+    -- With none of them, <Tab> jumps.
+    feed("<Esc>3GA")
+    wait("Insert mode", 5000, function()
+      return buffer().mode == "i"
+    end)
+    show_again()
+    feed("<Tab>")
+    wait("the jump", 5000, function()
+      local b = buffer()
+      return b.row == 1 and b.col == 12
+    end)
+  end)
+end)
+
+test("next edit: any edit and <Esc> in Normal mode dismiss it; leaving Insert mode does not", function()
+  with_next_edits(function()
+    fake_open("dismiss.py", SHAPES)
+    local req = rename_first_use()
+    answer_next_use(req.params.textDocument.version)
+    local function show_again()
+      lua("vim.cmd('KodeNextEdit')")
+      local n = #lua("return F.edit_requests()")
+      answer_next_use(version(), edit_request(n).id)
+    end
+    local function gone(what)
+      wait("the next edit to go after " .. what, 5000, function()
+        return not drawn().struck
+      end)
+      eq(lua("return require('kode.next_edit').shown()"), nil, "shown() after " .. what)
+    end
+
+    -- An edit in Normal mode: it goes at once, and the pause after it asks again.
+    local n = #lua("return F.edit_requests()")
+    feed("3G$x")
+    gone("x")
+    edit_request(n + 1)
+
+    show_again()
+    feed("<Esc>")
+    gone("<Esc> in Normal mode")
+
+    show_again()
+    feed("A")
+    wait("Insert mode", 5000, function()
+      return buffer().mode == "i"
+    end)
+    feed("<Esc>")
+    wait("Normal mode", 5000, function()
+      return buffer().mode == "n"
+    end)
+    sleep(100) -- the scheduled dismissal, if <Esc> in Insert mode made one
+    ok(drawn().struck, "leaving Insert mode dismissed the next edit")
+    feed("<Esc>")
+    gone("the second <Esc>")
+
+    show_again()
+    feed("A")
+    feed("z")
+    gone("typing")
+    feed("<Esc>")
+  end)
+end)
+
+test("next edit: an edit cancels the request in flight; its late answer is dropped", function()
+  with_next_edits(function()
+    fake_open("cancel.py", SHAPES)
+    local req = rename_first_use()
+    lua("F.late = true") -- the answer crosses the cancel
+    -- A long pause: the cancel must come with the edit, not with the next request.
+    lua("require('kode.config').options.next_edit_debounce_ms = 1500")
+    local from = mark()
+    feed("3G$x")
+    wait("$/cancelRequest for the request", 5000, function()
+      return vim.tbl_contains(lua("return F.cancelled"), req.id)
+    end)
+    eq(#lua("return F.edit_requests()"), 1, "requests when the first was cancelled")
+    ok(find_event(from, "KodeNextEditCancel", { id = req.id }), "no KodeNextEditCancel")
+    lua("F.answer({ F.edit(...) }, select(7, ...))", req.params.textDocument.version, 1, 12, 1, 13, "count", req.id)
+    local again = edit_request(2) -- after the pause
+    eq(again.params.textDocument.version, version(), "the new request's version")
+    ok(not find_event(from, "KodeNextEditResponse", { id = req.id }), "the cancelled request's answer was taken")
+    eq(drawn(), { struck = false, insert = false }, "drawn from a cancelled request")
+    answer_next_use(again.params.textDocument.version, again.id)
+  end)
+end)
+
+test("next edit: hidden while a completion's ghost text shows, back when it goes", function()
+  with_next_edits(function()
+    fake_open("ghost.py", SHAPES)
+    local req = rename_first_use()
+    answer_next_use(req.params.textDocument.version)
+    lua("F.ghost = 'GHOST'")
+    feed("3GA")
+    wait("the ghost text", 5000, function()
+      return ghost() and ghost().text == "GHOST"
+    end)
+    eq(drawn(), { struck = false, insert = false }, "the next edit beside the ghost text")
+    lua("F.ghost = nil")
+    feed("<C-]>")
+    wait("the next edit back", 5000, function()
+      return drawn().struck
+    end)
+    eq(ghost(), nil, "ghost text after <C-]>")
+    feed("<Tab>")
+    wait("the jump", 5000, function()
+      local b = buffer()
+      return b.row == 1 and b.col == 12
+    end)
+  end)
+end)
+
+-- KODE_NVIM_TESTS: a Lua pattern; only the tests whose names match it run.
+local only = vim.env.KODE_NVIM_TESTS
 local passed, failed = 0, 0
 for i, t in ipairs(tests) do
-  local started = now_ms()
-  local success, err = xpcall(t.fn, debug.traceback)
-  local took = ("(%.1f s)"):format((now_ms() - started) / 1000)
-  if success then
-    passed = passed + 1
-    io.stdout:write(("ok %d - %s %s\n"):format(i, t.name, took))
-  else
-    failed = failed + 1
-    io.stdout:write(("not ok %d - %s %s\n  %s\n"):format(i, t.name, took, tostring(err):gsub("\n", "\n  ")))
-    pcall(feed, "<Esc>")
+  if not only or only == "" or t.name:match(only) then
+    local started = now_ms()
+    local success, err = xpcall(t.fn, debug.traceback)
+    local took = ("(%.1f s)"):format((now_ms() - started) / 1000)
+    if success then
+      passed = passed + 1
+      io.stdout:write(("ok %d - %s %s\n"):format(i, t.name, took))
+    else
+      failed = failed + 1
+      io.stdout:write(("not ok %d - %s %s\n  %s\n"):format(i, t.name, took, tostring(err):gsub("\n", "\n  ")))
+      pcall(feed, "<Esc>")
+    end
   end
 end
 

@@ -7,7 +7,8 @@
 ---
 --- Events for statuslines and tests: `User KodeRequest` (data: id, buf),
 --- `User KodeResponse` (data: id, status = shown|empty|stale|error), `User KodePartial`
---- (data: id, text), `User KodeCancel` (data: id).
+--- (data: id, text), `User KodeCancel` (data: id), `User KodeGhost` (data: buf, shown:
+--- the ghost text was drawn or went away; kode.next_edit hides behind it).
 local config = require("kode.config")
 local ghost = require("kode.ghost")
 
@@ -41,6 +42,8 @@ local state = {
   ---@type kode.Suggestion?
   suggestion = nil,
   timer = nil, ---@type uv.uv_timer_t?
+  ---@type { buf: integer, tick: integer, row: integer, col: integer }?
+  hold = nil, -- ask nothing while the cursor stays here in unchanged text (M.hold)
 }
 
 local function emit(pattern, data)
@@ -94,9 +97,11 @@ end
 
 --- Hide the suggestion (the request keeps running; see `dismiss`).
 function M.clear()
-  if state.suggestion then
-    ghost.clear(state.suggestion.buf)
+  local s = state.suggestion
+  if s then
+    ghost.clear(s.buf)
     state.suggestion = nil
+    emit("KodeGhost", { buf = s.buf, shown = false })
   end
 end
 
@@ -140,6 +145,7 @@ local function show(buf, row, col, text, partial)
     text = text,
     partial = partial,
   }
+  emit("KodeGhost", { buf = buf, shown = true })
 end
 
 --- The text to draw at the cursor for one completion item, or nil if it does not fit.
@@ -272,8 +278,21 @@ function M.request()
   return true
 end
 
+--- Ask nothing at the cursor until it moves or the text changes: it was put there to
+--- show something else (kode.next_edit jumped to a next edit).
+function M.hold()
+  M.dismiss()
+  local row, col = cursor()
+  local buf = vim.api.nvim_get_current_buf()
+  state.hold = { buf = buf, tick = vim.b[buf].changedtick, row = row, col = col }
+end
+
 --- A keystroke or cursor move in Insert mode.
 function M.on_change()
+  if state.hold and still_current(state.hold) then
+    return
+  end
+  state.hold = nil
   if state.suggestion and still_current(state.suggestion) then
     return -- the suggestion was just drawn or partly accepted: nothing moved under it
   end

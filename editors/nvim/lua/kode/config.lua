@@ -5,6 +5,8 @@
 ---@field accept_line string|false Accept up to the end of the suggestion's current line.
 ---@field accept_word string|false Accept the next word.
 ---@field dismiss string|false Hide the suggestion and cancel its request.
+---@field next_edit string|false Normal and Insert mode, while a next edit shows (and no
+---  suggestion, completion menu or snippet jump wants the key): jump to it, then apply it.
 
 ---@class kode.Config
 ---@field cmd string[] The server command (`kode lsp`); use a full path if `kode` is not on PATH.
@@ -17,6 +19,9 @@
 ---  own ghost text; nil: when available. The built-in UI does not show streamed partials.
 ---@field keys kode.Keys
 ---@field hl_group string Highlight group of the ghost text (linked to `Comment` by default).
+---@field next_edits? boolean Show next edits (`kode/inlineEdit`): sets `settings.nextEdits`
+---  unless that is set; nil: as `settings.nextEdits` (off by default).
+---@field next_edit_debounce_ms integer Ask for the next edit this long after the last change.
 local defaults = {
   cmd = { "kode", "lsp" },
   settings = {},
@@ -29,8 +34,11 @@ local defaults = {
     accept_line = "<C-l>",
     accept_word = "<C-Right>",
     dismiss = "<C-]>",
+    next_edit = "<Tab>",
   },
   hl_group = "KodeGhostText",
+  next_edits = nil,
+  next_edit_debounce_ms = 250,
 }
 
 local M = {}
@@ -49,6 +57,10 @@ function M.setup(opts)
   -- Kode's own ghost text grows with the streamed text; the built-in UI cannot.
   if o.settings.partialCompletions == nil then
     o.settings.partialCompletions = not o.builtin
+  end
+  -- Next edits: the plugin's option is the server's setting (kode.next_edit reads it).
+  if o.settings.nextEdits == nil and o.next_edits ~= nil then
+    o.settings.nextEdits = o.next_edits
   end
   return o
 end

@@ -73,6 +73,13 @@ function M.check()
   local config = require("kode.config").options
   local mode = config.builtin and "vim.lsp.inline_completion (built-in)" or "Kode's ghost text"
   health.ok(("Neovim %s; suggestions drawn by %s"):format(tostring(vim.version()), mode))
+  if config.settings.nextEdits == true then
+    health.ok(("next edits: on (%s jumps to one, then applies it; :KodeNextEdit asks now)"):format(
+      config.keys.next_edit or "no key"
+    ))
+  else
+    health.info('next edits: off (turn them on with require("kode").setup({ next_edits = true }))')
+  end
 
   local exe = config.cmd[1]
   local found = vim.fn.executable(exe) == 1

@@ -12,6 +12,11 @@ function M.setup(opts)
   vim.api.nvim_set_hl(0, "KodeGhostText", { link = "Comment", default = true })
   require("kode.lsp").setup(o)
   require("kode.keys").setup(o)
+  -- Next edits (kode.next_edit): highlight groups, autocommands, :KodeNextEdit.
+  require("kode.next_edit").setup()
+  vim.api.nvim_create_user_command("KodeNextEdit", function()
+    require("kode.next_edit").ask()
+  end, { desc = "Kode: ask for the next edit now (kode/inlineEdit)" })
   local actions = { "enable", "disable", "toggle", "status" }
   vim.api.nvim_create_user_command("Kode", function(cmd)
     local action = cmd.fargs[1] or "status"
@@ -53,7 +58,9 @@ end
 
 --- "kode: llama.cpp qwen2.5-coder-0.5b-instruct 830ms 41tok/s", for statuslines.
 function M.statusline()
-  return require("kode.status").line(completion().stats, completion().is_enabled())
+  local line = require("kode.status").line(completion().stats, completion().is_enabled())
+  local hint = require("kode.next_edit").hint()
+  return hint and (line .. " · " .. hint) or line
 end
 
 --- `kode doctor` with the timed completion, in the background; the result via vim.notify.
