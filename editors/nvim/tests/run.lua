@@ -379,6 +379,7 @@ test(":checkhealth kode reports the server, backend and model", function()
   ok(report:match("server executable: /[^\n]*kode"), "no executable in:\n" .. report)
   ok(report:match("backend: llama%.cpp"), "no backend in:\n" .. report)
   ok(report:match("model: qwen2%.5%-coder%-0%.5b"), "no model in:\n" .. report)
+  ok(report:match("next edits: off"), "no next-edit line in:\n" .. report)
   -- The doctor's section: this machine's facts (a busy machine warns), each check a line.
   local plugin, doctor = report:match("^(.-)\nkode doctor[^\n]*\n(.*)$")
   ok(plugin and doctor, "no kode doctor section in:\n" .. report)

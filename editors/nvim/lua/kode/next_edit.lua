@@ -386,6 +386,9 @@ local function jump(e)
     vim.cmd("normal! m'") -- <C-o> comes back
   end
   vim.api.nvim_win_set_cursor(0, { e.srow + 1, e.scol })
+  if not insert then
+    vim.cmd("normal! zv") -- open a fold it is in
+  end
   local row, col = cursor()
   e.landed = { row, col }
   if insert then
