@@ -4,7 +4,7 @@ People repeat edits: they rename a name, then fix its other uses; they add an ar
 one call, then to the next. Where a recent hunk of the history is such an edit, the next
 one is found by matching tokens (issue 49, item 2: "propose it without the model"). Each
 recent hunk of the last one's document is a template, the last one first; for each, the
-first kind that applies:
+first rule that applies:
 
 0. **Lines.** The hunk only inserted or only deleted whole lines: ``lines.line_repeats``.
 1. **Rename.** Every token the hunk changed is one name replaced by another, the same
@@ -28,8 +28,14 @@ first kind that applies:
    ``a-b``) are replaced too. Lines added after a token or two of context are new code,
    no pattern; lines added in a rewrite repeat where the replaced text has the hunk's
    layout. Proposed: the pattern's next match, with the holes' text carried over; a
-   match already in the result's form is skipped. Where the last hunk has no pattern or
-   no match: the same line elsewhere changed the same way (``lines.same_lines``).
+   match already in the result's form is skipped. Where that pattern matches nowhere,
+   narrower context is tried (``_Context``: the replaced tokens alone, then the one
+   token after them), only where the replaced tokens name something alone.
+3. **Words.** A hunk that changed only strings or comments: the words changed inside
+   them, with their neighbours (``words.inner_repeats``).
+
+Where the last hunk has none of these, or no match: the same line elsewhere changed the
+same way (``lines.same_lines``).
 
 Where: the nearest place after the cursor (one holding the cursor counts), from any
 template, the newer first at one place; else, for a rename of the last hunk, the nearest
@@ -66,13 +72,14 @@ import bisect
 import difflib
 import enum
 import keyword
-import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from kode.completion.edits.history import Hunk, common_prefix, common_suffix
 from kode.completion.edits.lines import line_repeats, same_lines
+from kode.completion.edits.tokens import Kind, Token, tokenize
+from kode.completion.edits.words import inner_repeats
 
 # How many hunks back a rename is confirmed, and an undone edit looked for.
 RECENT = 8
@@ -91,28 +98,11 @@ WINDOW = 64
 MAX_HOLE = 200
 
 
-class Kind(enum.Enum):
-    NAME = "name"
-    NUMBER = "number"
-    STRING = "string"
-    COMMENT = "comment"
-    SYMBOL = "symbol"
-
-
-_KINDS: dict[str | None, Kind] = {kind.value: kind for kind in Kind}
-
-
-class Token(NamedTuple):
-    text: str
-    start: int
-    end: int
-    kind: Kind
-
-
 class RepeatKind(enum.Enum):
     RENAME = "rename"
     SUBSTITUTION = "substitution"
     LINES = "lines"
+    WORDS = "words"  # a change inside strings or comments (``words.inner_repeats``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,30 +115,6 @@ class RepeatEdit:
     kind: RepeatKind
 
 
-# Strings first (a name inside one is no use of it), then comments (a name there is none
-# either; a comment is one token), names (any language's letters), numbers, the operators
-# whose characters belong together, any other character.
-_STRING = r"""\"\"\"[\s\S]*?\"\"\"|'''[\s\S]*?'''|"(?:\\.|[^"\\\r\n])*"|'(?:\\.|[^'\\\r\n])*'"""
-_REST = r"""
-  | (?P<name>[^\W\d]\w*)
-  | (?P<number>\d[\w.]*)
-  | (?P<symbol>==|!=|<=|>=|->|=>|::|:=|\?\.|\*\*|//|&&|\|\||<<|>>|[-+*/%&|^]=|\S)
-"""
-_COMMENTS = {
-    "": "",
-    "#": r"| (?P<comment>\#[^\r\n]*)",
-    "//": r"| (?P<comment>//[^\r\n]*|/\*[\s\S]*?\*/)",
-}
-_LEXERS = {
-    style: re.compile(f"(?P<string>{_STRING}) {comment} {_REST}", re.VERBOSE)
-    for style, comment in _COMMENTS.items()
-}
-# Comment syntax by a document's extension (none where unknown: Markdown's ``#`` heads a
-# title, not a comment).
-_HASH = (".py", ".pyi", ".pyx", ".sh", ".bash", ".toml", ".cfg", ".ini", ".yml", ".yaml",
-         ".rb", ".pl", ".r", ".cmake", ".conf", ".tf")  # fmt: skip
-_SLASH = (".js", ".jsx", ".ts", ".tsx", ".mjs", ".c", ".h", ".cc", ".cpp", ".hpp", ".java",
-          ".go", ".rs", ".cs", ".kt", ".swift", ".scala", ".dart", ".php", ".zig")  # fmt: skip
 _PAIRS = {"(": ")", "[": "]", "{": "}"}
 _CLOSERS = frozenset(_PAIRS.values())
 _MEMBER = frozenset({".", "->", "::", "?."})
@@ -170,30 +136,6 @@ _ASSIGN = frozenset({"=", ":="})
 _IMPORTS = frozenset({"import", "from"})
 # A member of these is the object's own: ``self.n`` renamed is no rename of ``other.n``.
 _OWN = frozenset({"self", "this", "cls"})
-
-
-def tokenize(text: str, uri: str = "") -> list[Token]:
-    """The tokens of ``text``, whitespace left out; a comment, where the extension of
-    ``uri`` says how one is written, is one token.
-
-    >>> [t.text for t in tokenize('größe = f(x, "a b") + 1.5')]
-    ['größe', '=', 'f', '(', 'x', ',', '"a b"', ')', '+', '1.5']
-    >>> [t.text for t in tokenize("x = 1  # uses x", "file:///a.py")]
-    ['x', '=', '1', '# uses x']
-    """
-    lexer = _LEXERS[comment_style(uri)]
-    kinds = _KINDS
-    return [Token(m.group(), m.start(), m.end(), kinds[m.lastgroup]) for m in lexer.finditer(text)]
-
-
-def comment_style(uri: str) -> str:
-    """How a comment begins in document ``uri``: ``#``, ``//`` (or ``/*``), or "" (unknown)."""
-    name = uri.rsplit("/", 1)[-1].lower()
-    if name.endswith(_HASH):
-        return "#"
-    if name.endswith(_SLASH):
-        return "//"
-    return ""
 
 
 def propose_repeat(hunks: Sequence[Hunk], uri: str, text: str, cursor: int) -> RepeatEdit | None:
@@ -249,7 +191,9 @@ def propose_repeat(hunks: Sequence[Hunk], uri: str, text: str, cursor: int) -> R
         edits = [*_first(reversed(found[:split]), kept)][::-1] + _first(found[split:], kept)
         if edits and not depths:
             depths = _depths(tokens)
-        for edit in _grouped(edits, text, tokens, lines=_on_lines(template), depths=depths):
+        # a change inside comments joins the next line's only (each line is a comment)
+        lines = _on_lines(template) or any(e.kind is RepeatKind.WORDS for e in edits)
+        for edit in _grouped(edits, text, tokens, lines=lines, depths=depths):
             if edit.end >= cursor:
                 ahead.append((edit.start, age, edit))
             elif age == 0 and edit.kind is RepeatKind.RENAME:
@@ -311,8 +255,14 @@ def _repeats(
                 or (member is False and _stored(tokens, i))
             )
         ]
-    pattern = _pattern(template.before, template.after, template.uri)
-    found = [] if pattern is None else _matches(pattern, text, tokens, memo)
+    found = []
+    for context in _Context:
+        pattern = _pattern(template.before, template.after, template.uri, context)
+        found = [] if pattern is None else _matches(pattern, text, tokens, memo)
+        if found:
+            break
+    if not found and (inner := inner_repeats(template, text, tokens)):
+        return [RepeatEdit(start, end, new, RepeatKind.WORDS) for start, end, new in inner]
     if not found:
         found = _each_change(template, text, tokens, memo)
     if not found and last:  # too plain a pattern, or none: the same line elsewhere
@@ -620,14 +570,47 @@ class _Pattern:
 _Memo = dict[_Pattern, list[tuple[int, int, str]]]
 
 
-def _pattern(before: str, after: str, uri: str = "") -> _Pattern | None:
+class _Context(enum.Enum):
+    """What a pattern takes around the tokens a hunk changed, tried in this order until
+    one matches: ``AROUND``, the innermost call holding them, else one token before (and
+    one after, for an insertion); ``NONE``, nothing (``value: typing.AnyStr`` ->
+    ``value: StrOrBytes`` in a signature repeats in another signature, and at each
+    ``typing.AnyStr`` of ``Tuple[typing.AnyStr, typing.AnyStr]``); ``AFTER``, the one token
+    after them (``= await fetch`` -> ``= fetch`` repeats at ``await fetch`` with no ``=``
+    before it). The last two only where the tokens replaced or deleted name something
+    alone: two or more of them with a name among them, or a deleted name."""
+
+    AROUND = "around"
+    NONE = "none"
+    AFTER = "after"
+
+
+def _pattern(
+    before: str, after: str, uri: str = "", context: _Context = _Context.AROUND
+) -> _Pattern | None:
     """Rule 2's pattern of the edit ``before`` -> ``after``, or None if it has none."""
     b, a = tokenize(before, uri), tokenize(after, uri)
     same_head, same_tail = _trim([t.text for t in b], [t.text for t in a])
     if same_head == len(b) == len(a):
         return None
     closers = _closers(b)
-    lo, hi = _extent(b, closers, same_head, len(b) - same_tail)
+    end = len(b) - same_tail
+    if context is _Context.AROUND:
+        lo, hi = _extent(b, closers, same_head, end)
+    else:
+        taken = b[same_head:end]  # the tokens replaced or deleted
+        inserted = len(a) - same_tail - same_head
+        named = any(t.kind is Kind.NAME for t in taken)
+        if not named or not (len(taken) >= 2 or (inserted == 0 and context is _Context.AFTER)):
+            return None
+        if context is _Context.AFTER:
+            if end >= len(b):
+                return None
+            lo, hi = same_head, end + 1
+        elif inserted <= 0:
+            return None
+        else:
+            lo, hi = same_head, end
     hi_a = hi + len(a) - len(b)
     if not lo < hi <= lo + MAX_PATTERN:
         return None

@@ -6,7 +6,8 @@ import doctest
 
 from kode.completion.edits import repeat
 from kode.completion.edits.history import EditHistory
-from kode.completion.edits.repeat import RepeatEdit, RepeatKind, propose_repeat, tokenize
+from kode.completion.edits.repeat import RepeatEdit, RepeatKind, propose_repeat
+from kode.completion.edits.tokens import tokenize
 
 URI = "file:///w/a.py"
 
