@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -126,11 +127,15 @@ def test_vscode_package(vscode: Path, tmp_path: Path) -> None:
     _run([_npm(), "run", "package", "--", "-o", str(vsix)], vscode, STEP_TIMEOUT)
     with zipfile.ZipFile(vsix) as archive:
         names = set(archive.namelist())
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     for needed in (
         "extension/package.json",
         "extension/out/extension.js",
         "extension/out/common/streaming.js",
         "extension/node_modules/vscode-languageclient/package.json",
+        # What "Install the Kode Server" installs: the installer and Kode's wheel.
+        "extension/dist/install/kode_install.py",
+        f"extension/dist/kode-{version}-py3-none-any.whl",
     ):
         assert needed in names, f"{needed} missing from the .vsix"
     assert not any(name.startswith("extension/src/") for name in names), "sources packaged"

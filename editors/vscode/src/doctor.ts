@@ -1,5 +1,5 @@
 /**
- * The `kode.doctor` command: runs `<kode.serverPath> doctor --json` (the setup checks and
+ * The `kode.doctor` command: runs `<the server> doctor --json` (the setup checks and
  * a timed tiny completion) under a cancellable progress notification, writes each check
  * with its fix to the Kode output and sums it up in a notification.
  */
@@ -9,20 +9,10 @@ import * as os from "node:os";
 import * as vscode from "vscode";
 
 import { doctorReport, runDoctor, type Level } from "./common/doctor";
-import { notFoundMessage, resolveExecutable } from "./common/executable";
-import * as settings from "./settings";
+import { resolveExecutable } from "./common/executable";
+import type { ServerSource } from "./server";
 
 const SHOW_OUTPUT = "Show Output";
-const OPEN_SETTINGS = "Open Settings";
-
-function reportNotFound(command: string, output: vscode.LogOutputChannel): void {
-  output.error(notFoundMessage(command));
-  void vscode.window.showErrorMessage(notFoundMessage(command), OPEN_SETTINGS).then((choice) => {
-    if (choice) {
-      void vscode.commands.executeCommand("workbench.action.openSettings", "kode.serverPath");
-    }
-  });
-}
 
 function notify(severity: Level, message: string): Thenable<string | undefined> {
   if (severity === "error") {
@@ -34,13 +24,19 @@ function notify(severity: Level, message: string): Thenable<string | undefined> 
   return vscode.window.showInformationMessage(message, SHOW_OUTPUT);
 }
 
-/** Runs the check and shows its result; resolves once the notification is up. */
-export async function runDoctorCommand(output: vscode.LogOutputChannel): Promise<void> {
-  const command = settings.serverPath();
+/**
+ * Runs the check with the server `source` names and shows its result; resolves once the
+ * notification is up. A missing server is the source's to report (with its install offer).
+ */
+export async function runDoctorCommand(
+  output: vscode.LogOutputChannel,
+  source: Pick<ServerSource, "command" | "notFound">,
+): Promise<void> {
+  const { command } = source.command();
   const cwd = vscode.workspace.workspaceFolders?.[0]?.uri.fsPath ?? os.homedir();
   const executable = resolveExecutable(command, process.env, cwd);
   if (executable === undefined) {
-    reportNotFound(command, output);
+    source.notFound(command);
     return;
   }
   output.info(`${executable} doctor --json: checking the setup and timing a tiny completion`);
@@ -67,7 +63,7 @@ export async function runDoctorCommand(output: vscode.LogOutputChannel): Promise
     },
   );
   if (run.error?.code === "ENOENT") {
-    reportNotFound(command, output);
+    source.notFound(command);
     return;
   }
   const report = doctorReport(run, executable);

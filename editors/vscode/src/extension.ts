@@ -8,7 +8,8 @@ import * as vscode from "vscode";
 
 import { BACKENDS, type Backend } from "./common/settings";
 import { runDoctorCommand } from "./doctor";
-import { KodeServer } from "./server";
+import { ServerInstaller } from "./install";
+import { KodeServer, type ServerSource } from "./server";
 import * as settings from "./settings";
 import { StatusBar } from "./statusBar";
 
@@ -35,15 +36,26 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
     }, 250);
   };
 
-  const kode = new KodeServer(output, {
-    stateChanged: (state) => {
-      status.update({ state });
-      if (state === "running") {
-        refreshStats();
-      }
+  // Installed from here, the server is started at once: no reload.
+  const installer: ServerInstaller = new ServerInstaller(context, output, () => kode.restart());
+  const source: ServerSource = {
+    command: () => installer.command(),
+    notFound: (command: string) => void installer.notFound(command),
+    started: (executable: string, version: string | undefined) => void installer.started(executable, version),
+  };
+  const kode: KodeServer = new KodeServer(
+    output,
+    {
+      stateChanged: (state) => {
+        status.update({ state });
+        if (state === "running") {
+          refreshStats();
+        }
+      },
+      completed: refreshStats,
     },
-    completed: refreshStats,
-  });
+    source,
+  );
   server = kode;
 
   const setEnabled = async (enabled: boolean): Promise<void> => {
@@ -78,7 +90,8 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
     vscode.commands.registerCommand("kode.showOutput", () => {
       output.show();
     }),
-    vscode.commands.registerCommand("kode.doctor", () => runDoctorCommand(output)),
+    vscode.commands.registerCommand("kode.doctor", () => runDoctorCommand(output, source)),
+    vscode.commands.registerCommand("kode.installServer", () => installer.install()),
     vscode.commands.registerCommand("kode.dismiss", () => kode.dismiss()),
     vscode.commands.registerCommand("kode.closeSuggestWidget", () => kode.closeSuggestWidget()),
     vscode.commands.registerCommand("kode.acceptNextWord", () => kode.acceptNextWord()),

@@ -18,7 +18,7 @@ import {
   StreamMessageWriter,
 } from "vscode-languageclient/node";
 
-import { notFoundMessage, resolveExecutable } from "./common/executable";
+import { resolveExecutable } from "./common/executable";
 import {
   CURSOR_METHOD,
   isPartialParams,
@@ -47,6 +47,16 @@ export interface ServerEvents {
   completed(): void;
 }
 
+/** Which server to start, and what to do when it is missing or has started. */
+export interface ServerSource {
+  /** The command (a name on PATH or a path) and where it comes from, for the log. */
+  command(): { command: string; origin: string };
+  /** It was not found (the message says so). */
+  notFound(command: string): void;
+  /** It started and reported its version (`serverInfo`). */
+  started(executable: string, version: string | undefined): void;
+}
+
 export class KodeServer implements vscode.Disposable {
   private client: LanguageClient | undefined;
   private child: cp.ChildProcess | undefined;
@@ -57,6 +67,7 @@ export class KodeServer implements vscode.Disposable {
   constructor(
     private readonly output: vscode.LogOutputChannel,
     private readonly events: ServerEvents,
+    private readonly source: ServerSource,
   ) {
     this.streaming = new StreamingCompletions<InlineResult, vscode.CancellationToken>({
       createSource: () => new vscode.CancellationTokenSource(),
@@ -127,18 +138,13 @@ export class KodeServer implements vscode.Disposable {
     if (this.client) {
       return;
     }
-    const command = settings.serverPath();
+    const { command, origin } = this.source.command();
     const cwd = vscode.workspace.workspaceFolders?.[0]?.uri.fsPath ?? os.homedir();
     const executable = resolveExecutable(command, process.env, cwd);
-    this.output.info(`kode.serverPath ${JSON.stringify(command)} from ${settings.serverPathOrigin()}`);
+    this.output.info(`server ${JSON.stringify(command)}: ${origin}`);
     if (executable === undefined) {
-      this.output.error(notFoundMessage(command));
       this.events.stateChanged("failed");
-      void vscode.window.showErrorMessage(notFoundMessage(command), "Open Settings").then((choice) => {
-        if (choice) {
-          void vscode.commands.executeCommand("workbench.action.openSettings", "kode.serverPath");
-        }
-      });
+      this.source.notFound(command);
       return;
     }
     const clientOptions: LanguageClientOptions = {
@@ -172,6 +178,7 @@ export class KodeServer implements vscode.Disposable {
     this.events.stateChanged("starting");
     try {
       await client.start();
+      this.source.started(executable, client.initializeResult?.serverInfo?.version);
     } catch (error) {
       this.output.error(`could not start ${executable} lsp: ${String(error)}`);
       this.events.stateChanged("failed");

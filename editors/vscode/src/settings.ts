@@ -27,6 +27,12 @@ export function serverPath(): string {
   return section().get<string>("serverPath", "kode");
 }
 
+/** `kode.serverPath` where the user set it (any scope), else undefined (the default). */
+export function configuredServerPath(): string | undefined {
+  const info = section().inspect<string>("serverPath");
+  return info?.workspaceFolderValue ?? info?.workspaceValue ?? info?.globalValue;
+}
+
 /** Where the effective `kode.serverPath` comes from, for the log (see README: code-server). */
 export function serverPathOrigin(): string {
   const info = section().inspect<string>("serverPath");

@@ -69,11 +69,14 @@ export function resolveExecutable(
   return undefined;
 }
 
-export function notFoundMessage(command: string): string {
+export function notFoundMessage(command: string, canInstall = false): string {
+  const install = canInstall
+    ? `Install it here ("Install the Kode Server": a Python 3.11+ and a C/C++ compiler, ` +
+      `about 3.5 GB and, on 2 cores, 10 minutes, most of them building llama.cpp for this CPU), or `
+    : `Install Kode into a Python environment (pip install <path to the kode repository>), then `;
   return (
-    `Kode: the language server "${command}" was not found. ` +
-    `Install Kode into a Python environment (pip install <path to the kode repository>), ` +
-    `then set "kode.serverPath" to its kode executable (e.g. /path/to/.venv/bin/kode) ` +
+    `Kode: the language server "${command}" was not found. ${install}` +
+    `set "kode.serverPath" to its kode executable (e.g. /path/to/.venv/bin/kode) ` +
     `or put that directory on PATH.`
   );
 }

@@ -178,11 +178,16 @@ describe("runDoctor and the kode.doctor command", { skip: process.platform === "
     install();
     // eslint-disable-next-line @typescript-eslint/no-require-imports -- after install(): doctor.js requires "vscode"
     const { runDoctorCommand } = require("../doctor") as typeof import("../doctor");
+    // eslint-disable-next-line @typescript-eslint/no-require-imports -- after install(): install.js requires "vscode"
+    const { ServerInstaller } = require("../install") as typeof import("../install");
     const output = vscode.window.createOutputChannel("Kode") as unknown as {
       lines: string[];
     } & Parameters<typeof runDoctorCommand>[0];
+    const context = { globalStorageUri: vscode.Uri.file(dir), extensionPath: dir, extension: { packageJSON: { version: "0.1.0" } } };
+    const installer = new ServerInstaller(context as never, output, () => Promise.resolve());
+    const source = { command: () => installer.command(), notFound: (command: string) => void installer.notFound(command) };
     recorded.userSettings["kode.serverPath"] = fake;
-    await runDoctorCommand(output);
+    await runDoctorCommand(output, source);
     assert.deepEqual(recorded.progress, ["Kode: checking the setup (kode doctor)", "Python and Kode", "the default models"]);
     assert.deepEqual(output.lines.slice(1), [
       "[info] OK    python: Python 3.11.7 (/venv/bin/python); Kode 0.1.0",
@@ -199,7 +204,7 @@ describe("runDoctor and the kode.doctor command", { skip: process.platform === "
 
     recorded.errors.length = 0;
     recorded.userSettings["kode.serverPath"] = "/nonexistent/bin/kode";
-    await runDoctorCommand(output);
+    await runDoctorCommand(output, source);
     assert.equal(recorded.errors.length, 1);
     assert.match(recorded.errors[0] ?? "", /"\/nonexistent\/bin\/kode" was not found.*kode\.serverPath/);
   });

@@ -289,6 +289,8 @@ export const recorded = {
   onHide: undefined as (() => void) | undefined,
   /** Called for `hideSuggestWidget` (VS Code's suggest widget closes). */
   onHideSuggestWidget: undefined as (() => void) | undefined,
+  /** The button a message's reader presses (undefined: the message is closed). */
+  choose: undefined as ((message: string, buttons: string[]) => string | undefined) | undefined,
 };
 
 const emitters = {
@@ -455,17 +457,17 @@ const api = {
       return item;
     },
     setStatusBarMessage: () => disposable(),
-    showErrorMessage: (message: string) => {
+    showErrorMessage: (message: string, ...buttons: string[]) => {
       recorded.errors.push(message);
-      return Promise.resolve(undefined);
+      return Promise.resolve(recorded.choose?.(message, buttons));
     },
-    showWarningMessage: (message: string) => {
+    showWarningMessage: (message: string, ...buttons: string[]) => {
       recorded.errors.push(message);
-      return Promise.resolve(undefined);
+      return Promise.resolve(recorded.choose?.(message, buttons));
     },
-    showInformationMessage: (message: string) => {
+    showInformationMessage: (message: string, ...buttons: string[]) => {
       recorded.infos.push(message);
-      return Promise.resolve(undefined);
+      return Promise.resolve(recorded.choose?.(message, buttons));
     },
     showQuickPick: () => Promise.resolve(undefined),
     showTextDocument: () => Promise.resolve(undefined),
