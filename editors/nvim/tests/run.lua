@@ -369,14 +369,15 @@ test("keys do what they did before when no suggestion shows", function()
   assert(ok_, err)
 end)
 
-test(":checkhealth kode reports the server, backend and model", function()
+test(":checkhealth kode reports the server, its version, backend and model", function()
   local report = lua([[
     vim.cmd("checkhealth kode")
     local text = table.concat(vim.api.nvim_buf_get_lines(0, 0, -1, false), "\n")
     vim.cmd("bwipeout!")
     return text
   ]])
-  ok(report:match("server executable: /[^\n]*kode"), "no executable in:\n" .. report)
+  ok(report:match("server: /[^\n]*kode %(cmd in setup%(%)%)"), "no executable in:\n" .. report)
+  ok(report:match("server running %(client %d+%): kode %d+%.%d+%.%d+"), "no version in:\n" .. report)
   ok(report:match("backend: llama%.cpp"), "no backend in:\n" .. report)
   ok(report:match("model: qwen2%.5%-coder%-0%.5b"), "no model in:\n" .. report)
   ok(report:match("next edits: off"), "no next-edit line in:\n" .. report)
@@ -855,8 +856,145 @@ test("next edit: hidden while a completion's ghost text shows, back when it goes
   end)
 end)
 
+test("the installer's lines become one notification per step", function()
+  local r = lua([[
+    local install = require("kode.install")
+    local function shown(event)
+      local text, level = install.message(event)
+      return { text or vim.NIL, level or vim.NIL }
+    end
+    return {
+      repository = install.repository(),
+      parsed = install.parse('{"event": "skip", "step": "venv", "index": 1, "total": 5}'),
+      not_json = install.parse("Collecting pip") or vim.NIL,
+      step = shown({ event = "step", index = 3, total = 5, title = "Building llama.cpp for this CPU (minutes)" }),
+      skip = shown({ event = "skip", index = 1, total = 5, title = "Making the environment" }),
+      progress = shown({ event = "progress", step = "llama", message = "[1/9] ggml.c" }),
+      done = shown({ event = "done", version = "0.1.0", seconds = 372.4, kode = "/d/current/bin/kode" }),
+      error = shown({ event = "error", message = "no C and no C++ compiler on PATH", fix = "sudo apt install build-essential", log = "/d/install.log" }),
+      cancelled = shown({ event = "cancelled" }),
+    }
+  ]])
+  ok(vim.uv.fs_stat(r.repository .. "/editors/install/kode_install.py"), "not the repository: " .. r.repository)
+  eq(r.parsed.event, "skip", "a parsed line")
+  eq(r.not_json, vim.NIL, "pip's output is no event")
+  eq(r.step, { "Kode install 3/5: Building llama.cpp for this CPU (minutes)", vim.log.levels.INFO }, "a step")
+  eq(r.skip, { "Kode install 1/5: Making the environment (done already)", vim.log.levels.INFO }, "a skipped step")
+  eq(r.progress, { vim.NIL, vim.NIL }, "progress lines are the log's")
+  eq(r.done, { "Kode: the server is installed (Kode 0.1.0, in 6 min 12 s): /d/current/bin/kode", vim.log.levels.INFO }, "done")
+  eq(r.error, {
+    "Kode: the server could not be installed: no C and no C++ compiler on PATH\nTo fix it: sudo apt install build-essential\nThe log: /d/install.log",
+    vim.log.levels.ERROR,
+  }, "an error")
+  eq(r.cancelled[2], vim.log.levels.WARN, "cancelled")
+end)
+
+--- Runs :KodeInstall's installer with the fake steps (tests/fakes/install_steps.py) in the
+--- child and waits for its end; returns the notifications and the last event.
+local function fake_install(env, while_running)
+  lua([[
+    local env = ...
+    _G.kode_notes = {}
+    _G.kode_notify = _G.kode_notify or vim.notify
+    vim.notify = function(msg, level) table.insert(_G.kode_notes, { msg = msg, level = level }) end
+    for name, value in pairs(env) do vim.env[name] = value ~= "" and value or nil end
+    local install = require("kode.install")
+    _G.kode_install_done = nil
+    install.run({
+      script = install.repository() .. "/tests/fakes/install_steps.py",
+      on_done = function(event) _G.kode_install_done = event end,
+    })
+  ]], env)
+  local ok_, err = pcall(function()
+    if while_running then
+      while_running()
+    end
+    wait("the install's end", STEP_MS, function()
+      return lua("return _G.kode_install_done")
+    end)
+  end)
+  local result = lua([[
+    vim.notify = _G.kode_notify
+    return { notes = _G.kode_notes, last = _G.kode_install_done }
+  ]])
+  assert(ok_, err)
+  return result
+end
+
+local function texts(notes)
+  return vim.tbl_map(function(note)
+    return note.msg
+  end, notes)
+end
+
+test(":KodeInstall notifies each step, can be cancelled, then goes on and completes", function()
+  local target = lua("return require('kode.install').target()")
+  local cancelled = fake_install({ KODE_TEST_BLOCK = "1", KODE_TEST_SERVER = vim.env.KODE_BIN or "" }, function()
+    wait("the blocking step", STEP_MS, function()
+      return vim.tbl_contains(texts(lua("return _G.kode_notes")), "Kode install 3/5: Blocking")
+    end)
+    lua([[vim.cmd("KodeInstall cancel")]])
+  end)
+  eq(cancelled.last.event, "cancelled", "the last line")
+  local shown = texts(cancelled.notes)
+  ok(shown[1]:match("^Kode: installing the server %(Kode 0%.1%.0%) into " .. vim.pesc(target) .. "; the log: "), shown[1])
+  eq(vim.list_slice(shown, 2), {
+    "Kode install 1/5: Making the environment",
+    "Kode install 2/5: Fetching",
+    "Kode install 3/5: Blocking",
+    "Kode: the install was cancelled; :KodeInstall goes on where it stopped.",
+  }, "the notifications")
+  ok(lua("return require('kode.install').installed()") == nil, "a cancelled install is used")
+
+  local done = fake_install({ KODE_TEST_BLOCK = "" })
+  eq(done.last.event, "done", "the last line")
+  shown = texts(done.notes)
+  eq(vim.list_slice(shown, 2, 6), {
+    "Kode install 1/5: Making the environment (done already)",
+    "Kode install 2/5: Fetching (done already)",
+    "Kode install 3/5: Blocking",
+    "Kode install 4/5: Failing",
+    "Kode install 5/5: Finishing",
+  }, "the resumed install")
+  ok(shown[7]:match("^Kode: the server is installed %(Kode 0%.1%.0, in %d+ s%): " .. vim.pesc(target) .. "/current/bin/kode$"), shown[7])
+  eq(lua("return require('kode.install').installed()"), target .. "/current/bin/kode", "the installed server")
+  eq(lua("return require('kode.config').options.cmd[1]"), vim.env.KODE_BIN or "kode", "a configured cmd stays")
+end)
+
+test("without cmd, the plugin starts the installed server", function()
+  local r = lua([[
+    local config, install = require("kode.config"), require("kode.install")
+    local kept = { cmd = config.options.cmd, configured = config.cmd_configured }
+    _G.kode_kept = kept
+    config.cmd_configured = false
+    install.use(install.installed())
+    return { cmd = vim.lsp.config.kode.cmd, command = install.command() }
+  ]])
+  local installed = lua("return require('kode.install').installed()")
+  eq(r.cmd, { installed, "lsp" }, "the LSP config's cmd")
+  eq(r.command, { installed, "lsp" }, "the command without cmd")
+  local ok_, err = pcall(wait, "the installed server to start", STEP_MS, function()
+    return lua([[
+      for _, client in ipairs(vim.lsp.get_clients({ name = "kode" })) do
+        if client.initialized and client.config.cmd[1] == require("kode.install").installed() then
+          return true
+        end
+      end
+      return false
+    ]])
+  end)
+  lua([[
+    local config, kept = require("kode.config"), _G.kode_kept
+    config.cmd_configured = kept.configured
+    config.options.cmd = kept.cmd
+    vim.lsp.config("kode", { cmd = kept.cmd })
+  ]])
+  assert(ok_, err)
+end)
+
 -- KODE_NVIM_TESTS: a Lua pattern; only the tests whose names match it run.
 local only = vim.env.KODE_NVIM_TESTS
+
 local passed, failed = 0, 0
 for i, t in ipairs(tests) do
   if not only or only == "" or t.name:match(only) then

@@ -9,7 +9,8 @@
 ---  suggestion, completion menu or snippet jump wants the key): jump to it, then apply it.
 
 ---@class kode.Config
----@field cmd string[] The server command (`kode lsp`); use a full path if `kode` is not on PATH.
+---@field cmd? string[] The server command (`kode lsp`); nil: the server :KodeInstall installed,
+---  else `kode` on PATH.
 ---@field settings table<string, any> Server settings (camelCase), sent as `initializationOptions`;
 ---  see editors/README.md. Unset keys take the server's defaults.
 ---@field filetypes? string[] Attach to these filetypes only; nil: every buffer backed by a file.
@@ -23,7 +24,7 @@
 ---  unless that is set; nil: as `settings.nextEdits` (off by default).
 ---@field next_edit_debounce_ms integer Ask for the next edit this long after the last change.
 local defaults = {
-  cmd = { "kode", "lsp" },
+  cmd = nil,
   settings = {},
   filetypes = nil,
   root_markers = nil,
@@ -46,11 +47,16 @@ local M = {}
 ---@type kode.Config
 M.options = vim.deepcopy(defaults)
 
+--- Whether `cmd` was given to setup() (else it is chosen, and :KodeInstall may change it).
+M.cmd_configured = false
+
 ---@param opts? kode.Config|table
 ---@return kode.Config
 function M.setup(opts)
   M.options = vim.tbl_deep_extend("force", vim.deepcopy(defaults), opts or {})
   local o = M.options
+  M.cmd_configured = o.cmd ~= nil
+  o.cmd = o.cmd or require("kode.install").command()
   if o.builtin == nil then
     o.builtin = vim.lsp.inline_completion ~= nil
   end

@@ -204,7 +204,7 @@ function M.run(cmd)
   if running then
     return vim.notify("Kode: kode doctor is already running", vim.log.levels.WARN)
   end
-  local argv = M.command(cmd or require("kode.config").options.cmd, true)
+  local argv = M.command(cmd or require("kode.config").options.cmd or require("kode.install").command(), true)
   if vim.fn.executable(argv[1]) ~= 1 then
     return vim.notify(
       ("Kode: the server executable was not found: %s (see :checkhealth kode)"):format(argv[1]),

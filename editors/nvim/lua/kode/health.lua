@@ -81,14 +81,24 @@ function M.check()
     health.info('next edits: off (turn them on with require("kode").setup({ next_edits = true }))')
   end
 
-  local exe = config.cmd[1]
+  local install = require("kode.install")
+  local cmd = config.cmd or install.command()
+  local exe = cmd[1]
   local found = vim.fn.executable(exe) == 1
+  local origin = require("kode.config").cmd_configured and "cmd in setup()"
+    or exe == install.installed() and ("installed by :KodeInstall in %s"):format(install.target())
+    or "on PATH"
   if found then
-    health.ok(("server executable: %s"):format(vim.fn.exepath(exe)))
+    health.ok(("server: %s (%s)"):format(vim.fn.exepath(exe), origin))
   else
     health.error(("server executable not found: %s"):format(exe), {
-      "Install Kode into a Python environment and put its bin directory on PATH,",
-      'or set the full path: require("kode").setup({ cmd = { "/path/to/.venv/bin/kode", "lsp" } })',
+      ":KodeInstall installs it (a Python 3.11+ and a C/C++ compiler; 3.5 GB; minutes: it builds llama.cpp)",
+      'or install Kode yourself: require("kode").setup({ cmd = { "/path/to/.venv/bin/kode", "lsp" } })',
+    })
+  end
+  if not install.installed() and vim.uv.fs_stat(install.target() .. "/envs") then
+    health.warn(("an install in %s is not complete"):format(install.target()), {
+      (":KodeInstall goes on where it stopped (its log: %s/install.log)"):format(install.target()),
     })
   end
 
@@ -98,7 +108,8 @@ function M.check()
     health.info("no kode server running: open a file to start one, then run :checkhealth kode again")
   else
     for _, client in ipairs(vim.lsp.get_clients({ name = "kode" })) do
-      health.ok(("server running (client %d)"):format(client.id))
+      local info = client.server_info or {}
+      health.ok(("server running (client %d): %s %s"):format(client.id, info.name or "?", info.version or "?"))
       if not (client.server_capabilities and client.server_capabilities.inlineCompletionProvider) then
         health.error("the server does not offer textDocument/inlineCompletion")
       end
@@ -106,7 +117,7 @@ function M.check()
     end
   end
   if found then
-    report_doctor(config.cmd)
+    report_doctor(cmd)
   end
 end
 

@@ -2,6 +2,8 @@
 ---
 ---   require("kode").setup({ cmd = { "/path/to/.venv/bin/kode", "lsp" } })
 ---
+--- Without `cmd`: the server :KodeInstall installed, else `kode` on PATH.
+---
 --- Neovim >= 0.12 shows suggestions with `vim.lsp.inline_completion`; on 0.11 Kode draws
 --- them itself (kode.completion), including text streamed while it is generated.
 local M = {}
@@ -34,6 +36,18 @@ function M.setup(opts)
   vim.api.nvim_create_user_command("KodeDoctor", function()
     M.doctor()
   end, { desc = "Kode: check the setup and time a tiny completion (kode doctor)" })
+  vim.api.nvim_create_user_command("KodeInstall", function(cmd)
+    if cmd.fargs[1] == "cancel" then
+      return require("kode.install").cancel()
+    end
+    require("kode.install").run()
+  end, {
+    nargs = "?",
+    complete = function()
+      return { "cancel" }
+    end,
+    desc = "Kode: install (or update, or go on with) the server under stdpath('data'); cancel stops it",
+  })
 end
 
 local function completion()

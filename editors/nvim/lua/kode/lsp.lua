@@ -26,7 +26,16 @@ function M.setup(o)
       end,
     },
   })
-  vim.lsp.enable(M.NAME)
+  if vim.fn.executable(o.cmd[1]) == 1 then
+    vim.lsp.enable(M.NAME)
+  else
+    -- Starting it would fail in every buffer; :KodeInstall enables it once installed.
+    local how = require("kode.config").cmd_configured and "" or ":KodeInstall installs it, or "
+    vim.notify(
+      ("Kode: the server %s was not found: %sset cmd (see :checkhealth kode)"):format(o.cmd[1], how),
+      vim.log.levels.WARN
+    )
+  end
   if o.builtin then
     vim.api.nvim_create_autocmd("LspAttach", {
       group = vim.api.nvim_create_augroup("kode.lsp", { clear = true }),
