@@ -97,12 +97,20 @@ function M.cancel()
   end
 end
 
+--- Statuslines show M.hint(): redraw them when it changes.
+local function set_drawn(drawn)
+  if state.drawn ~= drawn then
+    state.drawn = drawn
+    vim.cmd.redrawstatus()
+  end
+end
+
 local function erase()
   local e = state.edit
   if e and vim.api.nvim_buf_is_valid(e.buf) then
     vim.api.nvim_buf_clear_namespace(e.buf, M.ns, 0, -1)
   end
-  state.drawn = false
+  set_drawn(false)
 end
 
 --- Hide the next edit (its request, if any, goes on).
@@ -157,7 +165,7 @@ function M.render()
   if opts.virt_text or opts.virt_lines then
     vim.api.nvim_buf_set_extmark(e.buf, M.ns, e.erow, e.ecol, opts)
   end
-  state.drawn = true
+  set_drawn(true)
 end
 
 --- The next edit drawn in the current buffer, or nil.
