@@ -945,6 +945,14 @@ test(":KodeInstall notifies each step, can be cancelled, then goes on and comple
     "Kode: the install was cancelled; :KodeInstall goes on where it stopped.",
   }, "the notifications")
   ok(lua("return require('kode.install').installed()") == nil, "a cancelled install is used")
+  local report = lua([[
+    vim.cmd("checkhealth kode")
+    local text = table.concat(vim.api.nvim_buf_get_lines(0, 0, -1, false), "\n")
+    vim.cmd("bwipeout!")
+    return text
+  ]])
+  ok(report:match("an install in " .. vim.pesc(target) .. " is not complete"), "checkhealth:\n" .. report)
+  ok(report:match(":KodeInstall goes on where it stopped"), "checkhealth's advice:\n" .. report)
 
   local done = fake_install({ KODE_TEST_BLOCK = "" })
   eq(done.last.event, "done", "the last line")
