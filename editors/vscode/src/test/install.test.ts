@@ -15,6 +15,7 @@ import { after, before, describe, it } from "node:test";
 
 import { resolveExecutable } from "../common/executable";
 import {
+  findBundle,
   findPython,
   type InstallEvent,
   installedKode,
@@ -106,6 +107,31 @@ describe("the installer's lines", () => {
     assert.equal(serverCommand("/my/kode", "/installed/kode"), "/my/kode");
     assert.equal(serverCommand(undefined, "/installed/kode"), "/installed/kode");
     assert.equal(serverCommand(undefined, undefined), "kode");
+  });
+});
+
+describe("what the extension installs", () => {
+  it("is the wheel and installer in dist/, else the repository it was built in", () => {
+    const root = temp("kode-bundle-");
+    try {
+      const extension = path.join(root, "editors", "vscode");
+      fs.mkdirSync(path.join(extension, "dist", "install"), { recursive: true });
+      assert.equal(findBundle(extension), undefined, "nothing to install");
+      fs.mkdirSync(path.join(root, "editors", "install"));
+      fs.writeFileSync(path.join(root, "editors", "install", "kode_install.py"), "");
+      fs.writeFileSync(path.join(root, "pyproject.toml"), "");
+      const repository = { script: path.join(root, "editors", "install", "kode_install.py"), source: root };
+      assert.deepEqual(findBundle(extension), repository, "run from a clone: the repository");
+      fs.writeFileSync(path.join(extension, "dist", "kode-0.1.0-py3-none-any.whl"), "");
+      assert.deepEqual(findBundle(extension), repository, "a wheel without the installer");
+      fs.writeFileSync(path.join(extension, "dist", "install", "kode_install.py"), "");
+      assert.deepEqual(findBundle(extension), {
+        script: path.join(extension, "dist", "install", "kode_install.py"),
+        source: path.join(extension, "dist", "kode-0.1.0-py3-none-any.whl"),
+      });
+    } finally {
+      fs.rmSync(root, { recursive: true, force: true });
+    }
   });
 });
 
