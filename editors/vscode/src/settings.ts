@@ -22,12 +22,11 @@ export function serverSettings(): ServerSettings {
   return toServerSettings((key) => userValue(config.inspect(key)));
 }
 
-/** The server command (`kode.serverPath`), without the `lsp` argument. */
-export function serverPath(): string {
-  return section().get<string>("serverPath", "kode");
-}
-
-/** `kode.serverPath` where the user set it (any scope), else undefined (the default). */
+/**
+ * The server command (`kode.serverPath`, without the `lsp` argument) where the user set
+ * it (any scope); undefined when not set (the installed server or `kode` on PATH, see
+ * common/install.ts `serverCommand`).
+ */
 export function configuredServerPath(): string | undefined {
   const info = section().inspect<string>("serverPath");
   return info?.workspaceFolderValue ?? info?.workspaceValue ?? info?.globalValue;

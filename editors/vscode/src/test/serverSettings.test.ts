@@ -73,11 +73,14 @@ describe("serverSettings", () => {
   it("still reads the extension's own settings with their defaults", () => {
     assert.equal(settings.isEnabled(), true);
     assert.equal(settings.backend(), "local");
-    assert.equal(settings.serverPath(), "kode");
+    assert.equal(settings.configuredServerPath(), undefined);
     recorded.userSettings["kode.enabled"] = false;
     recorded.workspaceSettings["kode.backend"] = "remote";
     assert.equal(settings.isEnabled(), false);
     assert.equal(settings.backend(), "remote");
+    recorded.folderSettings["kode.serverPath"] = "/opt/kode/bin/kode";
+    assert.equal(settings.configuredServerPath(), "/opt/kode/bin/kode");
+    delete recorded.folderSettings["kode.serverPath"];
     // Sent because the user set them.
     assert.deepEqual(settings.serverSettings(), { ...CLIENT_DEFAULTS, enabled: false, backend: "remote" });
   });
