@@ -658,14 +658,14 @@ def _install_kode(plan: Plan, report: Report) -> None:
     plan.runner.run(
         plan.pip("install", "--no-cache-dir", f"{source.path}[{EXTRAS}]"), on_line, "pip install"
     )
-    if not source.is_wheel:
-        # pip keeps an installed Kode of the same version; a folder's files change without
-        # it. Kode's own files again, its requirements being in place.
-        report(fraction=0.95, message="installing Kode's files from the source folder")
-        plan.runner.run(
-            plan.pip("install", "--no-cache-dir", "--no-deps", "--force-reinstall", source.path),
-            what="pip install (Kode's files)",
-        )
+    # pip keeps an installed Kode of the same version ("already installed with the same
+    # version as the provided wheel"), but a folder's files, or a wheel rebuilt without a
+    # new version, differ: Kode's own files again, its requirements being in place.
+    report(fraction=0.95, message="installing Kode's own files")
+    plan.runner.run(
+        plan.pip("install", "--no-cache-dir", "--no-deps", "--force-reinstall", source.path),
+        what="pip install (Kode's files)",
+    )
 
 
 def _kode_installed(plan: Plan) -> bool:
