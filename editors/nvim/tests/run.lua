@@ -1000,6 +1000,29 @@ test("without cmd, the plugin starts the installed server", function()
   assert(ok_, err)
 end)
 
+test("with no server anywhere, setup() says so once, names :KodeInstall and enables nothing", function()
+  -- A fresh Neovim: no cmd, nothing installed in its data folder, no kode on PATH.
+  local script, out = tmp .. "/no-server.lua", tmp .. "/no-server.json"
+  vim.fn.writefile({
+    ("vim.opt.runtimepath:prepend(%q)"):format(root),
+    "local notes = {}",
+    "vim.notify = function(msg, level) table.insert(notes, { msg = msg, level = level }) end",
+    'require("kode").setup({})',
+    "local result = { notes = notes, enabled = vim.lsp.is_enabled('kode'), cmd = require('kode.config').options.cmd }",
+    ("vim.fn.writefile({ vim.json.encode(result) }, %q)"):format(out),
+  }, script)
+  local done = vim.system({ vim.v.progpath, "--headless", "--clean", "-c", "luafile " .. script, "-c", "qa!" }, {
+    env = { PATH = "/usr/bin:/bin", XDG_DATA_HOME = tmp .. "/no-server-data" },
+  }):wait(60000)
+  eq(done.code, 0, "the fresh Neovim's exit status (" .. (done.stderr or "") .. ")")
+  local r = vim.json.decode(table.concat(vim.fn.readfile(out), "\n"))
+  eq(r.cmd, { "kode", "lsp" }, "the command without cmd or an install")
+  eq(r.enabled, false, "the LSP config is enabled without a server")
+  eq(#r.notes, 1, "notifications: " .. vim.inspect(r.notes))
+  eq(r.notes[1].msg, "Kode: the server kode was not found: :KodeInstall installs it, or set cmd (see :checkhealth kode)", "the message")
+  eq(r.notes[1].level, vim.log.levels.WARN, "its level")
+end)
+
 -- KODE_NVIM_TESTS: a Lua pattern; only the tests whose names match it run.
 local only = vim.env.KODE_NVIM_TESTS
 
