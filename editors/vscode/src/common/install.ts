@@ -179,15 +179,22 @@ export function runInstaller(options: InstallOptions): Promise<InstallRun> {
       }),
     );
     child.stderr.on("data", lines((line) => options.onOutput?.(line)));
+    let settled = false;
+    const settle = (code: number | null): void => {
+      if (!settled) {
+        settled = true;
+        options.signal?.removeEventListener("abort", onAbort);
+        run.code = code;
+        run.cancelled ||= options.signal?.aborted === true && !run.done;
+        resolve(run);
+      }
+    };
+    // A Python that cannot be started may never emit "close".
     child.once("error", (error: NodeJS.ErrnoException) => {
       run.spawnError = error;
+      settle(null);
     });
-    child.once("close", (code) => {
-      options.signal?.removeEventListener("abort", onAbort);
-      run.code = code;
-      run.cancelled ||= options.signal?.aborted === true && !run.done;
-      resolve(run);
-    });
+    child.once("close", settle);
   });
 }
 

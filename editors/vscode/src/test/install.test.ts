@@ -178,6 +178,12 @@ describe("the installer as a process (fake steps)", { timeout: 4 * STEP_MS }, ()
     fs.rmSync(path.dirname(target), { recursive: true, force: true });
   });
 
+  it("says when the Python cannot be started", async () => {
+    const run = await runInstaller({ python: path.join(target, "no-python"), script: FAKE_STEPS, target, source: ROOT });
+    assert.equal(run.spawnError?.code, "ENOENT");
+    assert.equal(installOutcome(run, "/x/python3").message, `Kode: could not run /x/python3: ${run.spawnError.message}`);
+  });
+
   it("is cancelled by the abort signal half way, then resumes and completes", async () => {
     const abort = new AbortController();
     const events: InstallEvent[] = [];
