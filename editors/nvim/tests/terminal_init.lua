@@ -38,9 +38,14 @@ require("kode").setup({
     engineIdleMinutes = 0, -- the shared engine ends with the test's Neovim
   },
   debounce_ms = tonumber(vim.env.KODE_DEBOUNCE_MS or "75"),
+  -- The next-edit test turns next edits on (settings.nextEdits) as a user would.
+  next_edits = vim.env.KODE_NEXT_EDITS == "1",
 })
 -- The test finds ghost text on screen by this colour (a grey like Comment's).
 vim.api.nvim_set_hl(0, "KodeGhostText", { fg = "#8b95a7", italic = true })
+-- And a next edit by these: what goes (struck through) and what comes.
+vim.api.nvim_set_hl(0, "KodeNextEditDelete", { fg = "#e06c75", strikethrough = true })
+vim.api.nvim_set_hl(0, "KodeNextEditInsert", { fg = "#98c379", bold = true })
 vim.o.statusline = "%f %m%=%{v:lua.require'kode'.statusline()} "
 
 -- For the test, over `nvim --server ... --remote-expr`: the buffer and the ghost text.
@@ -62,8 +67,20 @@ function KodeTerminal.state()
   for _, client in ipairs(vim.lsp.get_clients({ bufnr = 0, name = "kode" })) do
     ready = ready or client.initialized
   end
+  -- The next edit as drawn: the struck-through span and the text shown to come.
+  local next_edit = vim.NIL
+  for _, m in ipairs(vim.api.nvim_buf_get_extmarks(0, require("kode.next_edit").ns, 0, -1, { details = true })) do
+    local d = m[4]
+    next_edit = next_edit == vim.NIL and {} or next_edit
+    if d.hl_group == "KodeNextEditDelete" then
+      next_edit.struck = { m[2], m[3], d.end_row, d.end_col }
+    elseif d.virt_text then
+      next_edit.insert = { row = m[2], col = m[3], text = d.virt_text[1][1] }
+    end
+  end
   local pos = vim.api.nvim_win_get_cursor(0)
   return vim.json.encode({
+    next_edit = next_edit,
     ready = ready,
     mode = vim.api.nvim_get_mode().mode,
     lines = vim.api.nvim_buf_get_lines(0, 0, -1, false),
@@ -77,7 +94,15 @@ end
 -- The plugin's events, for the test's explanation of a failure.
 local events = {}
 vim.api.nvim_create_autocmd("User", {
-  pattern = { "KodeRequest", "KodeResponse", "KodePartial", "KodeCancel" },
+  pattern = {
+    "KodeRequest",
+    "KodeResponse",
+    "KodePartial",
+    "KodeCancel",
+    "KodeNextEditRequest",
+    "KodeNextEditResponse",
+    "KodeNextEditCancel",
+  },
   callback = function(args)
     events[#events + 1] = { event = args.match, data = args.data }
     if #events > 20 then

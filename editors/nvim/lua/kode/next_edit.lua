@@ -151,7 +151,8 @@ function M.render()
   end
   -- What comes: its first line inline where the range ends, the others as lines below.
   local lines = vim.split(e.text, "\n", { plain = true })
-  local opts = { priority = 200, hl_mode = "combine" }
+  -- hl_mode "replace": inline text at the end of the struck range would be struck too.
+  local opts = { priority = 200, hl_mode = "replace" }
   if lines[1] ~= "" then
     opts.virt_text = { { display(lines[1], e.buf), M.INSERT_HL } }
     opts.virt_text_pos = "inline"
