@@ -12,7 +12,6 @@ import * as vscode from "vscode";
 
 import { notFoundMessage } from "./common/executable";
 import {
-  type Bundle,
   findBundle,
   findPython,
   installedKode,
@@ -71,7 +70,6 @@ export class ServerInstaller {
     private readonly context: vscode.ExtensionContext,
     private readonly output: vscode.LogOutputChannel,
     private readonly installed: () => Promise<void>,
-    private readonly bundle: Bundle | undefined = findBundle(context.extensionPath),
   ) {}
 
   /** The folder the server is installed into. */
@@ -140,7 +138,8 @@ export class ServerInstaller {
   }
 
   private async run(): Promise<string | undefined> {
-    if (!this.bundle) {
+    const bundle = findBundle(this.context.extensionPath);
+    if (!bundle) {
       void vscode.window.showErrorMessage("Kode: this build of the extension carries no Kode server to install (npm run package makes one).");
       return undefined;
     }
@@ -154,7 +153,7 @@ export class ServerInstaller {
       void vscode.window.showErrorMessage(message);
       return undefined;
     }
-    const { script, source } = this.bundle;
+    const { script, source } = bundle;
     this.output.info(`installing the Kode server: ${python.executable} ${script} ${this.target} ${source}`);
     const text = new ProgressText();
     const run = await vscode.window.withProgress(

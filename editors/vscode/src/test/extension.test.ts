@@ -7,6 +7,7 @@
 
 import assert from "node:assert/strict";
 import * as fs from "node:fs";
+import * as os from "node:os";
 import * as path from "node:path";
 import { after, before, describe, it } from "node:test";
 
@@ -60,7 +61,14 @@ function textOf(result: unknown): string | undefined {
 }
 
 describe("the extension in a fake VS Code", { timeout: 5 * STEP_MS }, () => {
-  const context = { subscriptions: [] as { dispose(): unknown }[] };
+  // As VS Code's: the global storage (where a server would be installed) is empty.
+  const storage = fs.mkdtempSync(path.join(os.tmpdir(), "kode-storage-"));
+  const context = {
+    subscriptions: [] as { dispose(): unknown }[],
+    globalStorageUri: vscode.Uri.file(storage),
+    extensionPath: path.join(__dirname, "..", ".."),
+    extension: { packageJSON: JSON.parse(fs.readFileSync(path.join(__dirname, "..", "..", "package.json"), "utf8")) as unknown },
+  };
   let extension: Extension;
   const status = () => {
     const item = recorded.statusItems[0];
@@ -86,6 +94,7 @@ describe("the extension in a fake VS Code", { timeout: 5 * STEP_MS }, () => {
     for (const subscription of context.subscriptions) {
       subscription.dispose();
     }
+    fs.rmSync(storage, { recursive: true, force: true });
   });
 
   it("starts the server with the settings", async () => {
