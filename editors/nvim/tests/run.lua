@@ -1023,6 +1023,55 @@ test("with no server anywhere, setup() says so once, names :KodeInstall and enab
   eq(r.notes[1].level, vim.log.levels.WARN, "its level")
 end)
 
+test("next edit: lines to add show as virtual lines; lines to delete at the end go whole", function()
+  with_next_edits(function()
+    fake_open("lines.py", SHAPES)
+    local req = rename_first_use()
+    -- A line added after line 2 (the insertion ends its line: nothing inline).
+    ok(lua("return F.answer({ F.edit(...) })", req.params.textDocument.version, 1, 17, 1, 17, "\n    total += 1"), "not held")
+    local d = wait("the lines drawn", 5000, function()
+      local found = drawn()
+      return found.insert and found
+    end)
+    eq(d.struck, false, "struck text of an insertion")
+    eq(d.insert, { row = 1, col = 17, text = "\n    total += 1", hl = "KodeNextEditInsert" }, "the added line")
+    feed("<Tab>")
+    wait("the jump", 5000, function()
+      return buffer().row == 1
+    end)
+    feed("<Tab>")
+    wait("the line added", 5000, function()
+      return #lua("return vim.api.nvim_buf_get_lines(0, 0, -1, true)") == 4
+    end)
+    eq(line(3), "    total += 1", "the added line")
+    eq(line(4), "    return total + n", "the line after it")
+
+    -- The last line deleted through the end of the document (LSP: up to line 4, col 0).
+    lua("vim.cmd('KodeNextEdit')")
+    local n = #lua("return F.edit_requests()")
+    lua("F.answer({ F.edit(...) }, select(7, ...))", version(), 3, 0, 4, 0, "", edit_request(n).id)
+    d = wait("the deletion drawn", 5000, function()
+      local found = drawn()
+      return found.struck and found
+    end)
+    eq(d.struck, { row = 2, col = 14, end_row = 3, end_col = 20 }, "the struck span")
+    eq(d.insert, false, "text to come of a deletion")
+    feed("<Tab>")
+    wait("the jump", 5000, function()
+      return buffer().row == 2
+    end)
+    feed("<Tab>")
+    wait("the deletion", 5000, function()
+      return #lua("return vim.api.nvim_buf_get_lines(0, 0, -1, true)") == 3
+    end)
+    eq(lua("return vim.api.nvim_buf_get_lines(0, 0, -1, true)"), {
+      "def scale(count, k):",
+      "    total = n * k",
+      "    total += 1",
+    }, "the buffer after the deletion")
+  end)
+end)
+
 -- KODE_NVIM_TESTS: a Lua pattern; only the tests whose names match it run.
 local only = vim.env.KODE_NVIM_TESTS
 

@@ -261,11 +261,22 @@ local function to_next_edit(buf, edit, encoding)
   if not srow or not erow or erow < srow or (erow == srow and ecol < scol) then
     return nil
   end
+  local text = edit.text
+  if edit.range["end"].line == vim.api.nvim_buf_line_count(buf) then
+    -- Through the last line's newline, which the buffer keeps itself ('eol'): the new
+    -- text's own last newline goes; deleted whole lines take the newline before them.
+    if text:sub(-1) == "\n" then
+      text = text:sub(1, -2)
+    elseif text == "" and scol == 0 and srow > 0 then
+      srow = srow - 1
+      scol = #vim.api.nvim_buf_get_lines(buf, srow, srow + 1, true)[1]
+    end
+  end
   local old = table.concat(vim.api.nvim_buf_get_text(buf, srow, scol, erow, ecol, {}), "\n")
-  if old == edit.text then
+  if old == text then
     return nil -- changes nothing
   end
-  return { buf = buf, version = version(buf), srow = srow, scol = scol, erow = erow, ecol = ecol, text = edit.text }
+  return { buf = buf, version = version(buf), srow = srow, scol = scol, erow = erow, ecol = ecol, text = text }
 end
 
 local function tell(req, msg, level)
