@@ -528,6 +528,7 @@ local function with_next_edits(fn)
     require("kode.config").options.next_edit_debounce_ms = require("kode.config").defaults().next_edit_debounce_ms
     vim.o.eventignore = ""
     package.loaded.cmp = nil
+    require("kode").enable()
     require("kode.next_edit").dismiss()
   ]])
   assert(ok_, err)
@@ -805,6 +806,16 @@ test("next edit: any edit and <Esc> in Normal mode dismiss it; leaving Insert mo
     feed("z")
     gone("typing")
     feed("<Esc>")
+
+    -- :Kode disable hides it, and no edit asks for another while completions are off.
+    show_again()
+    lua("vim.cmd('Kode disable')")
+    gone(":Kode disable")
+    n = #lua("return F.edit_requests()")
+    feed("3G$x")
+    sleep(600) -- past the pause (250 ms) after the edit
+    eq(#lua("return F.edit_requests()"), n, "requests while off")
+    lua("vim.cmd('Kode enable')")
   end)
 end)
 

@@ -59,8 +59,13 @@ function M.accept_line() return completion().accept("line") end
 function M.accept_word() return completion().accept("word") end
 function M.dismiss() return completion().dismiss() end
 function M.enable() completion().set_enabled(true) end
-function M.disable() completion().set_enabled(false) end
-function M.toggle() completion().set_enabled(not completion().is_enabled()) end
+function M.disable()
+  completion().set_enabled(false)
+  require("kode.next_edit").dismiss() -- and asks for none while off
+end
+function M.toggle()
+  if completion().is_enabled() then M.disable() else M.enable() end
+end
 
 --- Change server settings at run time (merged into the configured ones).
 ---@param settings table<string, any>
