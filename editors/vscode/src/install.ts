@@ -35,6 +35,10 @@ interface PythonApi {
     getActiveEnvironmentPath?(resource?: vscode.Uri): { path: string } | undefined;
     resolveEnvironment?(env: { path: string } | string): Promise<{ executable?: { uri?: vscode.Uri } } | undefined>;
   };
+  /** The older API (before `environments`). */
+  settings?: {
+    getExecutionDetails?(resource?: vscode.Uri): { execCommand?: string[] } | undefined;
+  };
 }
 
 /**
@@ -48,9 +52,10 @@ async function pythonExtensionInterpreter(): Promise<string | undefined> {
       return undefined;
     }
     const api = extension.isActive ? extension.exports : await extension.activate();
-    const active = api.environments?.getActiveEnvironmentPath?.(vscode.workspace.workspaceFolders?.[0]?.uri);
+    const folder = vscode.workspace.workspaceFolders?.[0]?.uri;
+    const active = api.environments?.getActiveEnvironmentPath?.(folder);
     if (!active) {
-      return undefined;
+      return api.settings?.getExecutionDetails?.(folder)?.execCommand?.[0];
     }
     const resolved = await api.environments?.resolveEnvironment?.(active);
     return resolved?.executable?.uri?.fsPath ?? active.path;

@@ -311,4 +311,29 @@ describe("the offer in a fake VS Code", { timeout: 5 * STEP_MS }, () => {
     await until("the warning", STEP_MS, () => offered.length > 0);
     assert.deepEqual(offered[0], ["Kode: the server is Kode 0.1.0, this extension Kode 9.9.9.", "Update the Server"]);
   });
+
+  it("installs with the Python extension's interpreter when it has one", async () => {
+    // A Python the Python extension selected (3.12, off PATH) that notes its installer runs.
+    const chosen = path.join(storage, "selected", "python");
+    fs.mkdirSync(path.dirname(chosen));
+    fs.writeFileSync(
+      chosen,
+      `#!/bin/sh\nif [ "$1" = -c ]; then echo 3 12 1; exit; fi\necho "$@" > ${chosen}.ran\nexec ${python()} "$@"\n`,
+      { mode: 0o755 },
+    );
+    const api = {
+      environments: {
+        getActiveEnvironmentPath: () => ({ path: path.dirname(chosen) }),
+        resolveEnvironment: () => Promise.resolve({ executable: { uri: vscode.Uri.file(chosen) } }),
+      },
+    };
+    Object.assign(vscode, {
+      extensions: { getExtension: (id: string) => (id === "ms-python.python" ? { isActive: true, exports: api } : undefined) },
+    });
+    recorded.choose = () => undefined;
+    packageJSON.version = "0.1.0";
+    const kode = await vscode.commands.executeCommand("kode.installServer");
+    assert.equal(kode, path.join(storage, "server", "current", "bin", "kode"));
+    assert.match(fs.readFileSync(`${chosen}.ran`, "utf8"), /kode_install\.py .*server/);
+  });
 });
