@@ -816,6 +816,16 @@ test("next edit: any edit and <Esc> in Normal mode dismiss it; leaving Insert mo
     sleep(600) -- past the pause (250 ms) after the edit
     eq(#lua("return F.edit_requests()"), n, "requests while off")
     lua("vim.cmd('Kode enable')")
+
+    -- With no next edit, <Tab> in Normal mode is <C-i> again: forward in the jumplist.
+    feed("ggG<C-o>")
+    wait("<C-o> back to line 1", 5000, function()
+      return buffer().row == 0
+    end)
+    feed("<Tab>")
+    wait("<Tab> forward to the last line", 5000, function()
+      return buffer().row == 2
+    end)
   end)
 end)
 
