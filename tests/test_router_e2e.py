@@ -22,6 +22,10 @@ from kode.serve.metrics import parse_text
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 LONG = "PRIMES = [2, 3, 5, 7, 11,"  # goes on for hundreds of tokens
+# A bound on a hang, not a timing. Beside stress-ng --cpu 4 (load 7 on two cores) the
+# dead-worker test took 30 s and the two-users test 88 s; a loaded run of the whole suite
+# (stress-ng --cpu 2 and other work, load 7+) failed the dead-worker test at its old 60 s.
+HANG_S = 300
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +106,7 @@ async def wait_idle(chain: Chain, name: str, within_s: float = 10.0) -> dict[str
 
 
 async def test_a_completion_streams_through_the_chain(chain: Chain) -> None:
-    async with asyncio.timeout(60), front(chain, 0) as client:
+    async with asyncio.timeout(HANG_S), front(chain, 0) as client:
         answer = await events(client, request(LONG, "file:///primes.py", 12))
         assert len(answer) >= 2  # streamed: text, then the end
         assert answer[-1]["text"].strip()  # cumulative: the whole text
@@ -116,7 +120,7 @@ async def test_keystrokes_stay_on_one_worker_and_two_users_spread(chain: Chain) 
     """cache_aware sends a prompt that shares no prefix to the least loaded worker (the
     first one when loads tie), and every later prompt where its prefix went. So Bob's
     first keystroke comes while one of Alice's runs: it goes to the other worker."""
-    async with asyncio.timeout(120), front(chain, 1) as alice, front(chain, 2) as bob:
+    async with asyncio.timeout(HANG_S), front(chain, 1) as alice, front(chain, 2) as bob:
         alice_uri, alice_keys = keystrokes(1, 4)
         bob_uri, bob_keys = keystrokes(2, 3)
         seen: dict[str, list[str]] = {"alice": [], "bob": []}
@@ -134,7 +138,7 @@ async def test_keystrokes_stay_on_one_worker_and_two_users_spread(chain: Chain) 
 
 
 async def test_a_superseded_request_stops_on_its_worker(chain: Chain) -> None:
-    async with asyncio.timeout(60), front(chain, 0) as client:
+    async with asyncio.timeout(HANG_S), front(chain, 0) as client:
         document = "file:///superseded.py"
         first = asyncio.Event()
         long = asyncio.create_task(events(client, request(LONG, document, 400), first))
@@ -154,7 +158,7 @@ async def test_a_superseded_request_stops_on_its_worker(chain: Chain) -> None:
 
 
 async def test_a_dead_worker_is_routed_around(chain: Chain) -> None:
-    async with asyncio.timeout(60), front(chain, 2) as bob:
+    async with asyncio.timeout(HANG_S), front(chain, 2) as bob:
         uri, prompts = keystrokes(2, 3)
         before = worker_of(await events(bob, request(prompts[0], uri)))
         chain.worker_named(before).kill()
