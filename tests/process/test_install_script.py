@@ -248,3 +248,49 @@ def test_a_python_older_than_3_11_is_named_with_the_command_that_installs_one(
         assert executable in error["message"]
         assert error["fix"] == ki.fix_for("python", ki.system_kind())
     assert not target.exists()
+
+
+def test_llama_cpp_is_built_once_with_this_cpus_flags_then_installed_from_the_kept_wheel(
+    tmp_path: Path,
+) -> None:
+    # The real llama step, with the environment's python a fake that logs what it was asked
+    # (and CMAKE_ARGS), prints ninja's progress and makes the wheel pip would.
+    target = tmp_path / "server"
+    log = tmp_path / "pip.log"
+    with open(tmp_path / "install.log", "wb") as out:
+        runner = ki.Runner(out, {**os.environ}, echo=False)
+        plan = ki.Plan(str(target), ki.Source(str(ROOT)), runner)
+        python = Path(plan.bin("python"))
+        python.parent.mkdir(parents=True)
+        python.write_text(
+            "#!/bin/sh\n"
+            f'echo "$* CMAKE_ARGS=$CMAKE_ARGS" >> {log}\n'
+            'if [ "$3" = wheel ]; then\n'
+            "  echo '[1/4] Building C object ggml.c.o'; echo '[4/4] Linking libllama.so'\n"
+            '  while [ "$1" != --wheel-dir ]; do shift; done; mkdir -p "$2"\n'
+            '  touch "$2/llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl"\n'
+            "fi\n"
+        )
+        python.chmod(0o755)
+        reports: list[dict[str, Any]] = []
+
+        def report(**fields: Any) -> None:
+            reports.append(fields)
+
+        ki._install_llama(plan, report)
+        wheel = Path(plan.wheels) / "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl"
+        build, install = log.read_text().splitlines()
+        assert build.startswith("-m pip wheel --verbose --no-deps --no-cache-dir --wheel-dir ")
+        assert f"llama-cpp-python=={plan.source.llama_pin} " in build
+        assert build.endswith(f"CMAKE_ARGS={plan.cmake_args}")
+        assert install.startswith(f"-m pip install --no-cache-dir {wheel} ")
+        assert install.endswith("CMAKE_ARGS=")  # set for the build only
+        assert wheel.exists() and not Path(plan.wheels + ".partial").exists()
+        assert [r["fraction"] for r in reports if "[" in r.get("message", "")] == [0.2375, 0.95]
+
+        # Again (an update of Kode, or a new environment): installed from the kept wheel.
+        log.unlink()
+        ki._install_llama(plan, report)
+        (install,) = log.read_text().splitlines()
+        assert install.startswith(f"-m pip install --no-cache-dir {wheel} ")
+        assert ki._llama_needs(plan) == []  # and no space asked for a build
