@@ -22,6 +22,14 @@ applied, the cursor at the end of hunk ``k``'s change, the real next edit hunk `
    - ``chat``: the instruct model's chat turns (``<|im_start|>``): the edits as a unified
      diff and the region with ``CURSOR``, asking for the region with the next edit
      made; the answer opens a code block, which ends it.
+   - ``analogy``: the edit made again by analogy, where the model-free finder has no
+     pattern (a name that differs from place to place: ``pop("cls", Argument)`` ->
+     ``pop("cls", None) or Argument``, then at ``pop("cls", Option)``). The region is not
+     around the cursor: it is the lines most like the last hunk's old lines
+     (``analogy_region``: as many lines, the most similar by ``difflib``'s ratio, at least
+     ``ANALOGY_MIN``, the nearest after the cursor first); the prompt gives the recent
+     hunks that replaced lines as ``original:``/``updated:`` examples, then the region's
+     ``original:`` and an open ``updated:``. No region, no proposal.
 
 2. Greedy decoding with the region's current text as the draft (``backends/llama/
    rewrite.py``'s ``decode_rewrite``: lossless speculative decoding; here on a
@@ -48,6 +56,7 @@ bounds the run (no new case starts after it).
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import random
@@ -81,7 +90,7 @@ HELD_OUT = ("attrs", "typer", "rich")  # never read here
 FILE_SEP = "<|file_sep|>"
 FENCE = "```"  # the instruct model's habit: it closes the region as a code block
 CURSOR = "<|user_cursor|>"  # plain text to the tokenizer: not one of Qwen's tokens
-VARIANTS = ("sweep", "cursor", "chat")
+VARIANTS = ("sweep", "cursor", "chat", "analogy")
 CHAT = (
     "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
     "assistant.<|im_end|>\n<|im_start|>user\n{ask}<|im_end|>\n<|im_start|>assistant\n"
@@ -98,6 +107,8 @@ HISTORY = 4  # recent hunks in the prompt
 CONTEXT = 20  # lines above the region in the ``cursor`` variant
 SLACK = 32  # output tokens beyond the region's
 GATES = (None, -0.1, -0.25, -0.5, -1.0, -2.0)
+ANALOGY_MIN = 0.6  # difflib ratio of a region to the last hunk's old lines
+ANALOGY_AHEAD, ANALOGY_BEHIND = 80, 20  # lines searched after and before the cursor
 
 
 # -- the prompt and the output (pure) ----------------------------------------------------
@@ -137,6 +148,38 @@ def region_at(doc: str, cursor: int, above: int = ABOVE, below: int = BELOW) -> 
     first = max(0, line - above)
     last = min(len(starts) - 1, line + below + 1)
     return Region(starts[first], starts[last], cursor)
+
+
+def analogy_region(doc: str, cursor: int, last: Step) -> Region | None:
+    """The lines of ``doc`` most like the old lines of hunk ``last`` (as many of them, a
+    ratio of at least ``ANALOGY_MIN``; the nearest after the cursor's line on a tie, then
+    the nearest before), not the lines ``last`` wrote; None if none is."""
+    old = "".join(last.hunk.old)
+    if not old.strip():
+        return None  # lines inserted: no old lines to be like
+    n = len(last.hunk.old)
+    starts = line_starts(doc)
+    line = doc.count("\n", 0, cursor)
+    written = range(last.line, last.line + max(len(last.hunk.new), 1))
+    best: tuple[float, int, int] | None = None  # (-ratio, distance, first line)
+    first_lines = [
+        *range(line + 1, min(len(starts) - 1, line + ANALOGY_AHEAD)),
+        *range(line, max(-1, line - ANALOGY_BEHIND), -1),
+    ]
+    for order, first in enumerate(first_lines):
+        if first + n > len(starts) - 1 or any(first <= w < first + n for w in written):
+            continue
+        text = doc[starts[first] : starts[first + n]]
+        matcher = difflib.SequenceMatcher(None, text, old, False)
+        if matcher.real_quick_ratio() < ANALOGY_MIN or matcher.quick_ratio() < ANALOGY_MIN:
+            continue
+        ratio = matcher.ratio()
+        if ratio >= ANALOGY_MIN and text != old and (best is None or (-ratio, order) < best[:2]):
+            best = (-ratio, order, first)
+    if best is None:
+        return None
+    first = best[2]
+    return Region(starts[first], starts[first + n], cursor)
 
 
 def _lines(lines: Sequence[str]) -> str:
@@ -185,6 +228,13 @@ def build_prompt(
         blocks.append((f"{path}.diff", unified(path, recent)))
         at = region.cursor - region.start
         blocks.append((f"current/{path}", _lines([now[:at] + CURSOR + now[at:]])))
+    elif variant == "analogy":
+        for st in recent:
+            if st.hunk.old and st.hunk.new:
+                body = "original:\n" + _lines(st.hunk.old) + "updated:\n" + _lines(st.hunk.new)
+                blocks.append((f"{path}.diff", body))
+        head = "".join(f"{FILE_SEP}{name}\n{body}" for name, body in blocks)
+        return f"{head}{FILE_SEP}{path}.diff\noriginal:\n{_lines([now])}updated:\n"
     elif variant == "chat":
         at = region.cursor - region.start
         lang = "python" if path.endswith((".py", ".pyi")) else ""
@@ -439,11 +489,20 @@ def run_case(ctx: LlamaContext, curve: CostCurve, case: Case, variant: str) -> R
     doc = target.before
     load = _load()
     started = time.perf_counter()
-    region = region_at(doc, applied[-1].cursor)
-    prompt = build_prompt(variant, seq.path, doc, region, applied, seq.old_text)
+    found_region = (
+        analogy_region(doc, applied[-1].cursor, applied[-1])
+        if variant == "analogy"
+        else region_at(doc, applied[-1].cursor)
+    )
+    region = found_region or Region(0, 0, applied[-1].cursor)
     now = doc[region.start : region.end]
-    got = answer(ctx, curve, prompt, now)
-    text = normalize(now, got.text)
+    if found_region is None:
+        got = Answer("", [], [], 0, 0.0, 0.0, 0, 0)
+        text = now
+    else:
+        prompt = build_prompt(variant, seq.path, doc, region, applied, seq.old_text)
+        got = answer(ctx, curve, prompt, now)
+        text = normalize(now, got.text)
     edit = proposal(region, doc, text)
     ms = (time.perf_counter() - started) * 1000.0
     judged = score(target, applied, edit)
