@@ -7,7 +7,7 @@
 -- `$/cancelRequest` answers the held request with -32800, as the real server does; with
 -- `F.late`, it leaves it held, as if the answer had crossed the cancel on the wire.
 
-local F = { requests = {}, held = {}, cancelled = {}, ghost = nil, late = false }
+local F = { requests = {}, held = {}, cancelled = {}, ghost = nil, late = false, clients = {}, buffers = {} }
 
 local CAPABILITIES = {
   textDocumentSync = { openClose = true, change = 2 },
@@ -36,7 +36,7 @@ local function answer_now(method, params)
   return vim.NIL -- kode/stats, shutdown
 end
 
-local function cmd()
+local function cmd(dispatchers)
   local closing = false
   local next_id = 0
   return {
@@ -70,7 +70,12 @@ local function cmd()
       return closing
     end,
     terminate = function()
-      closing = true
+      if not closing then
+        closing = true
+        vim.schedule(function()
+          dispatchers.on_exit(0, 0)
+        end)
+      end
     end,
   }
 end
@@ -85,13 +90,40 @@ function F.open(path, lines)
   vim.api.nvim_buf_set_name(buf, path)
   vim.api.nvim_buf_set_lines(buf, 0, -1, false, lines)
   vim.api.nvim_set_current_buf(buf)
-  vim.lsp.start({ name = "kode", cmd = cmd }, {
+  F.clients[#F.clients + 1] = vim.lsp.start({ name = "kode", cmd = cmd }, {
     bufnr = buf,
     reuse_client = function()
       return false
     end,
   })
+  F.buffers[#F.buffers + 1] = buf
   return buf
+end
+
+--- Stop the fake clients and wipe their buffers: the other tests see only the real
+--- server's "kode" clients. Returns once none of the fakes is left.
+function F.close()
+  for _, id in ipairs(F.clients) do
+    local client = vim.lsp.get_client_by_id(id)
+    if client then
+      client:stop(true)
+    end
+  end
+  for _, buf in ipairs(F.buffers) do
+    if vim.api.nvim_buf_is_valid(buf) then
+      vim.api.nvim_buf_delete(buf, { force = true })
+    end
+  end
+  F.buffers = {}
+  vim.wait(5000, function()
+    for _, id in ipairs(F.clients) do
+      if vim.lsp.get_client_by_id(id) then
+        return false
+      end
+    end
+    return true
+  end)
+  F.clients = {}
 end
 
 function F.ready()

@@ -512,7 +512,7 @@ local SHAPES = {
 
 --- A scratch buffer of `lines` with the fake client attached, next edits on.
 local function fake_open(name, lines)
-  lua("F.open(...)", tmp .. "/" .. name, lines)
+  lua("F.open(...)", tmp .. "/next-edit-" .. name, lines) -- not the other tests' files
   wait("the fake kode client", 10000, function()
     return lua("return F.ready()")
   end)
@@ -530,7 +530,16 @@ local function with_next_edits(fn)
     package.loaded.cmp = nil
     require("kode").enable()
     require("kode.next_edit").dismiss()
+    F.close()
   ]])
+  local fakes_left = lua([[
+    local n = 0
+    for _, client in ipairs(vim.lsp.get_clients({ name = "kode" })) do
+      n = n + (type(client.config.cmd) == "function" and 1 or 0)
+    end
+    return n
+  ]])
+  eq(fakes_left, 0, "fake kode clients left for the other tests")
   assert(ok_, err)
 end
 
