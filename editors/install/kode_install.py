@@ -602,12 +602,16 @@ def _install_llama(plan: Plan, report: Report) -> None:
     if wheel is None:
         partial = plan.wheels + ".partial"
         shutil.rmtree(partial, ignore_errors=True)
-        report(fraction=0.0, message=f"building with {plan.cmake_args or 'its default flags'}")
+        sets = [
+            a[len("-DGGML_") : -len("=ON")] for a in plan.cmake_args.split() if a.endswith("=ON")
+        ]
+        report(fraction=0.0, message=f"for {', '.join(sets) or 'this CPU (llama.cpp decides)'}")
 
         def on_line(line: str) -> None:
-            m = re.search(r"\[(\d+)/(\d+)\]", line)  # ninja's "[12/140] Building C object"
+            m = re.search(r"\[(\d+)/(\d+)\]", line)  # ninja's "[12/140] /usr/bin/cc ..."
             if m and int(m.group(2)) > 0:
-                report(fraction=0.95 * int(m.group(1)) / int(m.group(2)), message=line[:100])
+                done, total = int(m.group(1)), int(m.group(2))
+                report(fraction=0.95 * done / total, message=f"{done} of {total} compiled")
 
         # Never pip's wheel cache: a wheel cached by a build with other CMAKE_ARGS would be
         # used silently (.ci/run). This one is kept under a name made of the flags.
