@@ -102,19 +102,17 @@ local function took(seconds)
 end
 
 --- The vim.notify text and level for an event; nil for the lines only the log shows.
+--- Progress lines stay short: a message wider than the screen makes Neovim wait for
+--- Enter (the hit-enter prompt), and the next steps' lines with it.
 ---@param event kode.InstallEvent
 ---@return string?, integer?
 function M.message(event)
   local levels = vim.log.levels
-  if event.event == "start" then
-    return ("Kode: installing the server (Kode %s) into %s; the log: %s"):format(event.version, event.target, event.log),
-      levels.INFO
-  elseif event.event == "step" or event.event == "skip" then
+  if event.event == "step" or event.event == "skip" then
     local done = event.event == "skip" and " (done already)" or ""
     return ("Kode install %d/%d: %s%s"):format(event.index, event.total, event.title, done), levels.INFO
   elseif event.event == "done" then
-    return ("Kode: the server is installed (Kode %s, in %s): %s"):format(event.version, took(event.seconds), event.kode),
-      levels.INFO
+    return ("Kode: the server is installed (Kode %s, in %s)"):format(event.version, took(event.seconds)), levels.INFO
   elseif event.event == "cancelled" then
     return "Kode: the install was cancelled; :KodeInstall goes on where it stopped.", levels.WARN
   elseif event.event == "error" then

@@ -30,11 +30,9 @@ function M.setup(o)
     vim.lsp.enable(M.NAME)
   else
     -- Starting it would fail in every buffer; :KodeInstall enables it once installed.
-    local how = require("kode.config").cmd_configured and "" or ":KodeInstall installs it, or "
-    vim.notify(
-      ("Kode: the server %s was not found: %sset cmd (see :checkhealth kode)"):format(o.cmd[1], how),
-      vim.log.levels.WARN
-    )
+    -- One short line: a message wider than the screen waits for Enter at startup.
+    local how = require("kode.config").cmd_configured and "set cmd" or "run :KodeInstall, or set cmd"
+    vim.notify(("Kode: no server (%s not found): %s"):format(o.cmd[1], how), vim.log.levels.WARN)
   end
   if o.builtin then
     vim.api.nvim_create_autocmd("LspAttach", {
