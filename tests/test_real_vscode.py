@@ -12,7 +12,7 @@ Prerequisites (the tests fail and say what to install; they do not skip):
 - the extension's npm dependencies (`npm ci` in editors/vscode; run here if missing).
 
 Pictures for the README: `KODE_EDITOR_PICTURES=docs .venv/bin/python -m pytest -m editor`
-writes docs/vscode-ghost-text.png.
+writes docs/vscode-ghost-text.png and docs/vscode-next-edit.png.
 """
 
 from __future__ import annotations
@@ -57,6 +57,10 @@ FILES = {
     ),
     "typing.py": 'def greet(name):\n    """Say hello to `name`."""\n',
     "fib2.py": 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
+    "area.py": (
+        'def area(w, h):\n    """The area of a w by h rectangle."""\n    if w < 0 or h < 0:\n'
+        '        raise ValueError("negative size")\n    return w * h\n'
+    ),
 }
 
 
@@ -319,14 +323,54 @@ class VSCodeEditor:
         self.wait("the ghost text to go after Tab", lambda: not self.ghost(), 10)
 
     def cursor_notifications(self) -> int:
-        """`kode/didMoveCursor` notifications in the Kode output log: the language client
+        """`kode/didMoveCursor` notifications in the Kode output log."""
+        return self.notifications("kode/didMoveCursor")
+
+    def notifications(self, method: str) -> int:
+        """Notifications `method` sent, from the Kode output log: the language client
         traces every message (`kode.trace.server`) at the trace level (`--log trace`)."""
         time.sleep(0.5)  # a poll reads every log file
         base = self.server.workspace.parent  # code-server's data and logs are in here
         return sum(
-            path.read_text(errors="replace").count("notification 'kode/didMoveCursor'")
+            path.read_text(errors="replace").count(f"notification '{method}'")
             for path in base.rglob("*.log")
         )
+
+    def next_edit(self) -> dict[str, str] | None:
+        """The next edit Kode draws (src/nextEdits.ts): on the line holding text struck
+        through, that text (`old`), the new text drawn after it (`new`: an `after`
+        decoration, which VS Code renders as CSS `content` of an `::after`), and the line
+        as shown (`line`, without the new text). None when no text is struck through."""
+        found = self.page.evaluate(
+            """() => {
+                const editor = document.querySelector('.editor-instance .monaco-editor');
+                if (!editor) return null;
+                for (const line of editor.querySelectorAll('.view-lines .view-line')) {
+                    const spans = [...line.querySelectorAll('span')];
+                    const struck = spans.filter((span) => span.children.length === 0
+                        && getComputedStyle(span).textDecorationLine.includes('line-through'));
+                    if (struck.length === 0) continue;
+                    const after = spans
+                        .map((span) => getComputedStyle(span, '::after').content)
+                        .filter((content) => content.startsWith('"'))
+                        .map((content) => JSON.parse(content));
+                    return {
+                        line: line.textContent,
+                        old: struck.map((span) => span.textContent).join(''),
+                        new: after.join(''),
+                    };
+                }
+                return null;
+            }"""
+        )
+        if not found:
+            return None
+        return {key: str(value).replace("\xa0", " ") for key, value in found.items()}
+
+    def cursor_at(self, line: int, column: int) -> bool:
+        """Whether the status bar shows the cursor at `line`, `column` (1-based)."""
+        where = self.page.locator("#status\\.editor\\.selection")
+        return bool(where.count()) and where.inner_text().startswith(f"Ln {line}, Col {column}")
 
     def settled_ghost(self) -> str | None:
         """The ghost text once it has not changed for a second: it grows while the
@@ -554,3 +598,96 @@ def test_typing_on_drops_the_suggestion(editor: VSCodeEditor) -> None:
     editor.type(other)
     shown = editor.ghost()
     assert not shown.startswith(ghost), f"the old suggestion {ghost!r} still shows: {shown!r}"
+
+
+def _drawn_next_edit(editor: VSCodeEditor, what: str) -> dict[str, str]:
+    """Waits for the next edit to be drawn. A completion at the cursor wins over it
+    (editors/README.md, "Next edits"): where VS Code shows one, or its suggest widget,
+    the test moves on as a user would (the widget closed with Escape, the cursor one
+    step right, which hides the ghost text), and the next edit shows then."""
+    stepped: list[str] = []
+
+    def probe() -> dict[str, str] | None:
+        if (drawn := editor.next_edit()) is not None:
+            return drawn
+        if editor.suggest_widget_open():
+            editor.page.keyboard.press("Escape")
+            stepped.append("widget closed")
+        elif editor.ghost() and len(stepped) < 3:
+            stepped.append(f"completion {editor.ghost()!r}")
+            editor.page.keyboard.press("ArrowRight")
+            editor.page.wait_for_timeout(300)
+        return None
+
+    drawn = editor.wait(what, probe)
+    print(f"{what}: {drawn!r}; moved on from: {stepped!r}")
+    return drawn
+
+
+def test_next_edit_tab_jumps_then_applies_and_undo_takes_it_back(editor: VSCodeEditor) -> None:
+    """Next edits (`kode.nextEdits`, turned on in the workspace settings): `w` renamed
+    `width` at the parameter, the rename at the next use (not the docstring's `w`) is
+    drawn, Tab jumps there, Tab applies it, Ctrl+Z takes it back in one step; then `h`
+    renamed, Escape dismisses its edit, and typing on makes the edit drawn vanish."""
+    settings = editor.server.workspace / ".vscode" / "settings.json"
+    sent = editor.notifications("workspace/didChangeConfiguration")
+    settings.parent.mkdir(exist_ok=True)
+    settings.write_text(json.dumps({"kode.nextEdits": True}))
+    try:
+        editor.wait(
+            "kode.nextEdits sent to the server",
+            lambda: editor.notifications("workspace/didChangeConfiguration") > sent,
+            60,
+        )
+        _next_edits(editor)
+    finally:
+        settings.unlink()
+
+
+def _next_edits(editor: VSCodeEditor) -> None:
+    editor.open("area.py")
+    editor.go_to(1, 10)  # `def area(|w, h):`
+    editor.page.keyboard.press("Shift+ArrowRight")
+    editor.type("width")
+    drawn = _drawn_next_edit(editor, "the rename drawn at the next use")
+    assert drawn["old"] == "w" and drawn["new"] == "width", drawn
+    assert drawn["line"].startswith("    if w"), drawn  # line 3, not the docstring
+    assert "next edit: line 3" in editor.status(), editor.status()
+    if (folder := pictures_dir()) is not None:
+        editor.screenshot(folder / "vscode-next-edit.png")
+    editor.page.keyboard.press("Tab")
+    editor.wait("Tab to jump to the edit (line 3, col 8)", lambda: editor.cursor_at(3, 8), 30)
+    assert editor.next_edit() == drawn, "the first Tab changed the text"
+    editor.page.keyboard.press("Tab")
+    editor.wait("Tab to apply the edit", lambda: editor.next_edit() != drawn, 30)
+    renamed = FILES["area.py"].replace("def area(w,", "def area(width,")
+    applied = renamed.replace("    if w <", "    if width <")
+    assert editor.save_and_read("area.py") == applied
+    # One Ctrl+Z: the edit goes whole, the rename typed before it stays.
+    editor.page.keyboard.press("Control+Z")
+    editor.page.wait_for_timeout(500)
+    assert editor.save_and_read("area.py") == renamed
+
+    # `h` -> `height`: its next use drawn, Escape dismisses it.
+    editor.go_to(1, 17)  # `def area(width, |h):`
+    editor.page.keyboard.press("Shift+ArrowRight")
+    editor.type("height")
+    drawn = _drawn_next_edit(editor, "the second rename drawn")
+    assert (drawn["old"], drawn["new"]) == ("h", "height"), drawn
+    editor.page.keyboard.press("Escape")
+    editor.wait("Escape to dismiss the edit", lambda: editor.next_edit() is None, 10)
+    assert "next edit" not in editor.status(), editor.status()
+
+    # Typing on: the edit drawn for the text as it was vanishes at once.
+    editor.go_to(1, 23)  # `def area(width, height|):`
+    editor.type("s")
+    drawn = _drawn_next_edit(editor, "the edit for `heights` drawn")
+    assert drawn["new"] == "heights", drawn
+    editor.go_to(1, 24)  # `def area(width, heights|):`, wherever the cursor stepped
+    editor.type("_")
+    editor.wait(
+        "the edit for `heights` to vanish when typing on",
+        lambda: (now := editor.next_edit()) is None or now["new"] != "heights",
+        10,
+    )
+    assert editor.save_and_read("area.py").startswith("def area(width, heights_):\n    "), "typed"

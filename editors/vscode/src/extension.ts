@@ -6,9 +6,11 @@
 
 import * as vscode from "vscode";
 
+import type { AskOutcome } from "./common/nextEdit";
 import { BACKENDS, type Backend } from "./common/settings";
 import { runDoctorCommand } from "./doctor";
 import { ServerInstaller } from "./install";
+import { NextEditUI } from "./nextEdits";
 import { KodeServer, type ServerSource } from "./server";
 import * as settings from "./settings";
 import { StatusBar } from "./statusBar";
@@ -21,10 +23,18 @@ const BACKEND_DESCRIPTIONS: Record<Backend, string> = {
   auto: "remote while it answers within its latency budget, else local",
 };
 
+const ASK_MESSAGES: Record<Exclude<AskOutcome, "shown">, string> = {
+  none: "no next edit here",
+  stale: "the document changed before the next edit came",
+  off: "next edits are off, or no editor is active",
+  cancelled: "the next edit was not asked for to the end",
+  failed: "asking for the next edit failed (see the Kode output)",
+};
+
 export async function activate(context: vscode.ExtensionContext): Promise<void> {
   const output = vscode.window.createOutputChannel("Kode", { log: true });
   const status = new StatusBar();
-  status.update({ enabled: settings.isEnabled() });
+  status.update({ enabled: settings.isEnabled(), nextEdits: settings.nextEdits() });
 
   let refresh: ReturnType<typeof setTimeout> | undefined;
   const refreshStats = (): void => {
@@ -43,6 +53,17 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
     notFound: (command: string) => void installer.notFound(command),
     started: (executable: string, version: string | undefined) => void installer.started(executable, version),
   };
+  // `kode` is created below; the next edits call it only once both exist.
+  const next = new NextEditUI(
+    (params, token) => kode.inlineEdit(params, token),
+    output,
+    {
+      changed: (view) => {
+        status.update({ nextEdit: view && { line: view.edit.range.start.line, atCursor: view.atCursor } });
+      },
+    },
+    (uri) => kode.protocolUri(uri),
+  );
   const kode: KodeServer = new KodeServer(
     output,
     {
@@ -50,13 +71,26 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
         status.update({ state });
         if (state === "running") {
           refreshStats();
+        } else {
+          next.dismiss();
         }
       },
       completed: refreshStats,
+      inlineAsked: (document, position) => {
+        next.inlineAsked(document, position);
+      },
+      inlineAnswered: (document, position, selected, items) => {
+        next.inlineAnswered(document, position, selected, items);
+      },
     },
     source,
   );
   server = kode;
+
+  const setNextEdits = async (on: boolean): Promise<void> => {
+    await settings.setNextEdits(on);
+    void vscode.window.setStatusBarMessage(`Kode: next edits ${on ? "on" : "off"}`, 2000);
+  };
 
   const setEnabled = async (enabled: boolean): Promise<void> => {
     await settings.setEnabled(enabled);
@@ -66,6 +100,7 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
   context.subscriptions.push(
     output,
     status,
+    next,
     kode,
     { dispose: () => { clearTimeout(refresh); } },
     vscode.commands.registerCommand("kode.enable", () => setEnabled(true)),
@@ -92,14 +127,39 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
     }),
     vscode.commands.registerCommand("kode.doctor", () => runDoctorCommand(output, source)),
     vscode.commands.registerCommand("kode.installServer", () => installer.install()),
-    vscode.commands.registerCommand("kode.dismiss", () => kode.dismiss()),
+    vscode.commands.registerCommand("kode.dismiss", () => {
+      next.dismiss(); // Escape dismisses a next edit held behind the suggestion too
+      return kode.dismiss();
+    }),
     vscode.commands.registerCommand("kode.closeSuggestWidget", () => kode.closeSuggestWidget()),
     vscode.commands.registerCommand("kode.acceptNextWord", () => kode.acceptNextWord()),
+    vscode.commands.registerCommand("kode.suggestNextEdit", async () => {
+      if (!settings.nextEdits()) {
+        const choice = await vscode.window.showInformationMessage(
+          "Kode: next edits are off (setting kode.nextEdits).",
+          "Turn On",
+        );
+        if (choice) {
+          await setNextEdits(true);
+        }
+        return;
+      }
+      const outcome = await next.ask();
+      if (outcome !== "shown") {
+        void vscode.window.setStatusBarMessage(`Kode: ${ASK_MESSAGES[outcome]}`, 3000);
+      }
+    }),
+    vscode.commands.registerCommand("kode.toggleNextEdits", () => setNextEdits(!settings.nextEdits())),
+    vscode.commands.registerCommand("kode.acceptNextEdit", () => next.tab()),
+    vscode.commands.registerCommand("kode.dismissNextEdit", () => {
+      next.dismiss();
+    }),
     vscode.workspace.onDidChangeConfiguration(async (event) => {
       if (!event.affectsConfiguration(settings.SECTION)) {
         return;
       }
-      status.update({ enabled: settings.isEnabled() });
+      status.update({ enabled: settings.isEnabled(), nextEdits: settings.nextEdits() });
+      next.settingsChanged();
       if (settings.needsRestart(event)) {
         await kode.restart();
       } else if (settings.affectsServer(event)) {

@@ -21,6 +21,8 @@ import {
 import { resolveExecutable } from "./common/executable";
 import {
   CURSOR_METHOD,
+  INLINE_EDIT_METHOD,
+  type InlineEditParams,
   isPartialParams,
   type KodeStats,
   PARTIAL_METHOD,
@@ -45,6 +47,15 @@ export interface ServerEvents {
   stateChanged(state: ServerState): void;
   /** A completion finished: time to refresh the status bar's numbers. */
   completed(): void;
+  /** VS Code asked for an inline completion here (the next edits wait for it). */
+  inlineAsked?(document: vscode.TextDocument, position: vscode.Position): void;
+  /** ... and this was the answer (undefined: none, cancelled or failed). */
+  inlineAnswered?(
+    document: vscode.TextDocument,
+    position: vscode.Position,
+    selected: vscode.Range | undefined,
+    items: readonly vscode.InlineCompletionItem[] | undefined,
+  ): void;
 }
 
 /** Which server to start, and what to do when it is missing or has started. */
@@ -234,6 +245,17 @@ export class KodeServer implements vscode.Disposable {
   }
 
   /**
+   * `kode/inlineEdit` (docs/protocol.md): the token's cancellation sends `$/cancelRequest`.
+   * Rejects while the server is not running.
+   */
+  async inlineEdit(params: InlineEditParams, token: vscode.CancellationToken): Promise<unknown> {
+    if (!this.running || !this.client) {
+      throw new Error("the server is not running");
+    }
+    return this.client.sendRequest(INLINE_EDIT_METHOD, params, token);
+  }
+
+  /**
    * Escape while VS Code's suggest widget shows: close it, then ask for Kode's suggestion
    * for the text as typed. With `editor.quickSuggestions` at its default
    * (`offWhenInlineCompletions`, VS Code 1.139), typing waits 750 ms for an inline
@@ -296,6 +318,29 @@ export class KodeServer implements vscode.Disposable {
     if (!settings.isEnabled()) {
       return null;
     }
+    this.events.inlineAsked?.(document, position);
+    let items: readonly vscode.InlineCompletionItem[] | undefined;
+    try {
+      const result = await this.ask(document, position, context, token, next);
+      items = !result ? undefined : Array.isArray(result) ? result : result.items;
+      return result;
+    } finally {
+      this.events.inlineAnswered?.(document, position, context.selectedCompletionInfo?.range, items);
+    }
+  }
+
+  private async ask(
+    document: vscode.TextDocument,
+    position: vscode.Position,
+    context: vscode.InlineCompletionContext,
+    token: vscode.CancellationToken,
+    next: (
+      document: vscode.TextDocument,
+      position: vscode.Position,
+      context: vscode.InlineCompletionContext,
+      token: vscode.CancellationToken,
+    ) => vscode.ProviderResult<InlineResult>,
+  ): Promise<InlineResult | null> {
     // With an item selected in the suggest widget, VS Code shows only suggestions that
     // extend it over its range; the server answers (partials too) with the item's text
     // and what follows it, made as if the item were accepted.
@@ -366,7 +411,8 @@ export class KodeServer implements vscode.Disposable {
     }
   }
 
-  private protocolUri(uri: vscode.Uri): string {
+  /** A document's URI as the server knows it (the language client's converter). */
+  protocolUri(uri: vscode.Uri): string {
     return this.client ? this.client.code2ProtocolConverter.asUri(uri) : uri.toString();
   }
 }

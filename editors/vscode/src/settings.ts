@@ -51,6 +51,11 @@ export function isEnabled(): boolean {
   return section().get<boolean>("enabled", true);
 }
 
+/** `kode.nextEdits`: the extension asks `kode/inlineEdit` only while it is on. */
+export function nextEdits(): boolean {
+  return section().get<boolean>("nextEdits", false);
+}
+
 export function backend(): string {
   return section().get<string>("backend", "local");
 }
@@ -81,4 +86,8 @@ export function setEnabled(enabled: boolean): Promise<void> {
 
 export function setBackend(value: Backend): Promise<void> {
   return update("backend", value);
+}
+
+export function setNextEdits(on: boolean): Promise<void> {
+  return update("nextEdits", on);
 }

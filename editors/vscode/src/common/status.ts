@@ -9,6 +9,20 @@ export interface StatusView {
   tooltip: string;
 }
 
+/** A next edit drawn in the editor (`kode/inlineEdit`). */
+export interface NextEditStatus {
+  /** Its first line, 0-based. */
+  line: number;
+  /** The cursor is on its lines: Tab applies it (else Tab jumps there). */
+  atCursor: boolean;
+}
+
+export interface NextEditsView {
+  /** Whether `kode.nextEdits` is on. */
+  on: boolean;
+  waiting?: NextEditStatus | undefined;
+}
+
 export interface Latency {
   /** How long the last answer took. */
   totalMs: number;
@@ -43,6 +57,7 @@ export function formatStatus(
   state: ServerState,
   enabled: boolean,
   stats: KodeStats | undefined,
+  next: NextEditsView = { on: false },
 ): StatusView {
   if (state === "failed") {
     return { text: "$(error) Kode", tooltip: "Kode: the language server is not running (see the Kode output)" };
@@ -78,6 +93,15 @@ export function formatStatus(
   if (latency) {
     const tps = latency.tokensPerSecond === undefined ? "" : `, ${latency.tokensPerSecond.toFixed(1)} tokens/s`;
     lines.push(`last completion: ${latency.totalMs.toFixed(0)} ms${tps}`);
+  }
+  const waiting = next.on ? next.waiting : undefined;
+  if (waiting) {
+    // First, so a narrow status bar still shows it.
+    parts.unshift(`$(arrow-right) next edit: line ${String(waiting.line + 1)}`);
+    const tab = waiting.atCursor ? "Tab applies it" : "Tab jumps to it, Tab again applies it";
+    lines.push(`next edit waiting at line ${String(waiting.line + 1)}: ${tab}, Escape dismisses it`);
+  } else {
+    lines.push(`next edits: ${next.on ? "on" : "off"} (Kode: Toggle Next Edits)`);
   }
   const text = parts.length > 0 ? `$(sparkle) Kode: ${parts.join(" · ")}` : "$(sparkle) Kode";
   return { text, tooltip: lines.join("\n") };

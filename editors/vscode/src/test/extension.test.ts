@@ -12,8 +12,11 @@ import * as path from "node:path";
 import { after, before, describe, it } from "node:test";
 
 import { resolveExecutable } from "../common/executable";
+import { boundCommand } from "./helpers";
 import {
+  activate as activateEditor,
   CancellationTokenSource,
+  FakeEditor,
   install,
   InlineCompletionItem,
   InlineCompletionList,
@@ -29,20 +32,8 @@ type Extension = typeof import("../extension");
 
 const STEP_MS = 60_000;
 const SOURCE = ["def fibonacci(n: int) -> int:", '    """Return the n-th Fibonacci number."""', "    ", ""].join("\n");
+const SHAPES = "def scale(n, k):\n    total = n * k\n    return total + n\n";
 const CIRCLE = ["import math", "", "", "def area(radius):", "    return math.pi * rad", ""].join("\n");
-
-/** The command package.json binds to `key` when `context` holds (a plain `&&` of keys). */
-function boundCommand(key: string, context: Set<string>): string | undefined {
-  const file = path.join(__dirname, "..", "..", "package.json");
-  const manifest = JSON.parse(fs.readFileSync(file, "utf8")) as {
-    contributes: { keybindings: { command: string; key: string; when: string }[] };
-  };
-  const holds = (term: string): boolean =>
-    term.startsWith("!") ? !context.has(term.slice(1)) : context.has(term);
-  return manifest.contributes.keybindings.find(
-    (binding) => binding.key === key && binding.when.split("&&").every((term) => holds(term.trim())),
-  )?.command;
-}
 
 async function until(what: string, ms: number, probe: () => boolean): Promise<void> {
   const deadline = Date.now() + ms;
@@ -106,7 +97,7 @@ describe("the extension in a fake VS Code", { timeout: 5 * STEP_MS }, () => {
   it("answers inline completions, re-asked while partials arrive", async (t) => {
     const doc = textDocument("/tmp/kode-vscode-fake/fib.py", SOURCE);
     openDocument(doc);
-    vscode.window.activeTextEditor = { document: doc };
+    vscode.window.activeTextEditor = new FakeEditor(doc);
     const provider = recorded.inlineProviders.at(0);
     assert.ok(provider, "no inline-completion provider registered");
     const answers: (string | undefined)[] = [];
@@ -168,7 +159,7 @@ describe("the extension in a fake VS Code", { timeout: 5 * STEP_MS }, () => {
     // Kode's slower suggestion for `rad` never showed (found in the real VS Code).
     const doc = textDocument("/tmp/kode-vscode-fake/circle.py", CIRCLE);
     openDocument(doc);
-    vscode.window.activeTextEditor = { document: doc };
+    vscode.window.activeTextEditor = new FakeEditor(doc);
     const provider = recorded.inlineProviders.at(0);
     assert.ok(provider);
     const position = new Position(4, 24); // `    return math.pi * rad|`
@@ -234,6 +225,32 @@ describe("the extension in a fake VS Code", { timeout: 5 * STEP_MS }, () => {
     ]);
     // Completions turned off: VS Code's own word-accept.
     assert.equal(boundCommand("ctrl+right", new Set(["inlineSuggestionVisible", "editorTextFocus"])), undefined);
+  });
+
+  it("draws the next edit after a rename; Tab jumps, Tab applies it, one undo takes it back", async () => {
+    // kode/inlineEdit from the real server (model-free: the rename repeated at the next
+    // use), through the language client (didChange, the request and its version).
+    await vscode.commands.executeCommand("kode.toggleNextEdits");
+    assert.equal(recorded.userSettings["kode.nextEdits"], true);
+    const doc = textDocument("/tmp/kode-vscode-fake/shapes.py", SHAPES);
+    openDocument(doc);
+    const editor = new FakeEditor(doc);
+    activateEditor(editor);
+    editor.type(new Range(0, 10, 0, 11), "count"); // `n` -> `count` at the parameter
+    const renamed = doc.getText();
+    await until("the next edit drawn", STEP_MS, () => recorded.context.get("kode.nextEditShown") === true);
+    assert.match(status().text, /next edit: line 2/);
+    const tab = boundCommand("tab", new Set(["kode.nextEditShown", "editorTextFocus"]));
+    assert.equal(tab, "kode.acceptNextEdit");
+    await vscode.commands.executeCommand(tab);
+    assert.deepEqual(editor.selection.active, new Position(1, 12));
+    await vscode.commands.executeCommand(tab);
+    assert.equal(doc.getText(), "def scale(count, k):\n    total = count * k\n    return total + n\n");
+    assert.equal(editor.edits.length, 1);
+    editor.undo();
+    assert.equal(doc.getText(), renamed);
+    await vscode.commands.executeCommand("kode.toggleNextEdits");
+    assert.equal(recorded.context.get("kode.nextEditShown"), false);
   });
 
   it("toggles completions from the status-bar command", async () => {

@@ -115,6 +115,14 @@ export class Position {
     readonly line: number,
     readonly character: number,
   ) {}
+
+  isEqual(other: Position): boolean {
+    return this.line === other.line && this.character === other.character;
+  }
+
+  isBefore(other: Position): boolean {
+    return this.line < other.line || (this.line === other.line && this.character < other.character);
+  }
 }
 
 export class Range {
@@ -130,6 +138,63 @@ export class Range {
       this.end = end as Position;
     }
   }
+
+  get isEmpty(): boolean {
+    return this.start.isEqual(this.end);
+  }
+}
+
+export class Selection extends Range {
+  constructor(
+    readonly anchor: Position,
+    readonly active: Position,
+  ) {
+    super(anchor.isBefore(active) ? anchor : active, anchor.isBefore(active) ? active : anchor);
+  }
+}
+
+export class ThemeColor {
+  constructor(readonly id: string) {}
+}
+
+export class MarkdownString {
+  constructor(public value = "") {}
+
+  appendMarkdown(value: string): this {
+    this.value += value;
+    return this;
+  }
+
+  appendCodeblock(code: string, language = ""): this {
+    this.value += `\n\`\`\`${language}\n${code}\n\`\`\`\n`;
+    return this;
+  }
+}
+
+export enum OverviewRulerLane {
+  Left = 1,
+  Center = 2,
+  Right = 4,
+  Full = 7,
+}
+
+export enum DecorationRangeBehavior {
+  OpenOpen = 0,
+  ClosedClosed = 1,
+  OpenClosed = 2,
+  ClosedOpen = 3,
+}
+
+export enum TextEditorRevealType {
+  Default = 0,
+  InCenter = 1,
+  InCenterIfOutsideViewport = 2,
+  AtTop = 3,
+}
+
+export enum TextDocumentChangeReason {
+  Undo = 1,
+  Redo = 2,
 }
 
 export class InlineCompletionItem {
@@ -205,38 +270,77 @@ export interface FakeDocument {
   isUntitled: boolean;
   lineCount: number;
   eol: number;
-  getText(): string;
-  lineAt(line: number): { text: string };
+  getText(range?: Range): string;
+  lineAt(line: number): { text: string; range: Range };
   offsetAt(position: Position): number;
   positionAt(offset: number): Position;
 }
 
-export function textDocument(file: string, text: string, languageId = "python", version = 1): FakeDocument {
-  const lines = text.split("\n");
-  return {
-    uri: Uri.file(file),
-    fileName: file,
-    languageId,
-    version,
-    isClosed: false,
-    isDirty: false,
-    isUntitled: false,
-    lineCount: lines.length,
-    eol: 1,
-    getText: () => text,
-    lineAt: (line) => ({ text: lines[line] ?? "" }),
-    offsetAt: (position) =>
-      lines.slice(0, position.line).reduce((sum, line) => sum + line.length + 1, 0) + position.character,
-    positionAt: (offset) => {
-      let line = 0;
-      let rest = offset;
-      while (line < lines.length - 1 && rest > (lines[line] ?? "").length) {
-        rest -= (lines[line] ?? "").length + 1;
-        line += 1;
-      }
-      return new Position(line, rest);
-    },
-  };
+/** A document whose text `editDocument` changes, as typing or an edit would. */
+export class TextDocumentFake implements FakeDocument {
+  readonly uri: Uri;
+  isClosed = false;
+  isDirty = false;
+  isUntitled = false;
+  eol = 1;
+  private text: string;
+
+  constructor(
+    readonly fileName: string,
+    text: string,
+    readonly languageId: string,
+    public version: number,
+  ) {
+    this.uri = Uri.file(fileName);
+    this.text = text;
+  }
+
+  private get lines(): string[] {
+    return this.text.split("\n");
+  }
+
+  get lineCount(): number {
+    return this.lines.length;
+  }
+
+  getText(range?: Range): string {
+    return range ? this.text.slice(this.offsetAt(range.start), this.offsetAt(range.end)) : this.text;
+  }
+
+  lineAt(line: number): { text: string; range: Range } {
+    const text = this.lines[line] ?? "";
+    return { text, range: new Range(line, 0, line, text.length) };
+  }
+
+  offsetAt(position: Position): number {
+    const lines = this.lines;
+    const before = lines.slice(0, position.line).reduce((sum, line) => sum + line.length + 1, 0);
+    return before + Math.min(position.character, (lines[position.line] ?? "").length);
+  }
+
+  positionAt(offset: number): Position {
+    const lines = this.lines;
+    let line = 0;
+    let rest = offset;
+    while (line < lines.length - 1 && rest > (lines[line] ?? "").length) {
+      rest -= (lines[line] ?? "").length + 1;
+      line += 1;
+    }
+    return new Position(line, rest);
+  }
+
+  /** Replaces `range` with `text` (the caller moves the version on); the change as VS Code describes it. */
+  replace(range: Range, text: string): { range: Range; rangeOffset: number; rangeLength: number; text: string } {
+    const start = this.offsetAt(range.start);
+    const end = this.offsetAt(range.end);
+    this.text = this.text.slice(0, start) + text + this.text.slice(end);
+    this.isDirty = true;
+    return { range, rangeOffset: start, rangeLength: end - start, text };
+  }
+}
+
+export function textDocument(file: string, text: string, languageId = "python", version = 1): TextDocumentFake {
+  return new TextDocumentFake(file, text, languageId, version);
 }
 
 function disposable(): Disposable {
@@ -291,16 +395,124 @@ export const recorded = {
   onHideSuggestWidget: undefined as (() => void) | undefined,
   /** The button a message's reader presses (undefined: the message is closed). */
   choose: undefined as ((message: string, buttons: string[]) => string | undefined) | undefined,
+  /** Context keys set with the `setContext` command. */
+  context: new Map<string, unknown>(),
+  /** Decoration types created (`createTextEditorDecorationType`), in order. */
+  decorationTypes: [] as FakeDecorationType[],
+  /** Messages shown in the status bar (`setStatusBarMessage`). */
+  statusMessages: [] as string[],
 };
+
+export interface FakeDecorationType {
+  key: string;
+  options: Record<string, unknown>;
+  dispose(): void;
+}
 
 const emitters = {
   open: new EventEmitter<FakeDocument>(),
   close: new EventEmitter<FakeDocument>(),
-  change: new EventEmitter<{ document: FakeDocument; contentChanges: unknown[]; reason: undefined }>(),
+  change: new EventEmitter<{ document: FakeDocument; contentChanges: unknown[]; reason: TextDocumentChangeReason | undefined }>(),
   configuration: new EventEmitter<{ affectsConfiguration(section: string): boolean }>(),
   selection: new EventEmitter<unknown>(),
   activeEditor: new EventEmitter<unknown>(),
+  visibleRanges: new EventEmitter<unknown>(),
 };
+
+export interface DecorationOptionsLike {
+  range: Range;
+  hoverMessage?: unknown;
+  renderOptions?: { after?: { contentText?: string }; before?: { contentText?: string } };
+}
+
+/**
+ * A text editor: its selection, visible lines and decorations, and `edit`, which applies
+ * its replacements as one change (one undo step, `undo` takes it back).
+ */
+export class FakeEditor {
+  selection: Selection;
+  visibleRanges: Range[];
+  readonly decorations = new Map<FakeDecorationType, DecorationOptionsLike[]>();
+  /** Each `edit` call: its replacements and the options it was given. */
+  readonly edits: { replacements: { range: Range; text: string }[]; options: unknown }[] = [];
+  readonly revealed: Range[] = [];
+  private readonly undoStack: { range: Range; text: string }[][] = [];
+
+  constructor(readonly document: TextDocumentFake) {
+    this.selection = new Selection(new Position(0, 0), new Position(0, 0));
+    this.visibleRanges = [new Range(0, 0, Math.max(0, document.lineCount - 1), 0)];
+  }
+
+  get selections(): Selection[] {
+    return [this.selection];
+  }
+
+  setDecorations(type: FakeDecorationType, ranges: DecorationOptionsLike[]): void {
+    this.decorations.set(type, ranges);
+  }
+
+  revealRange(range: Range): void {
+    this.revealed.push(range);
+  }
+
+  /** Moves the cursor as a click or a key would (the selection event fires). */
+  moveCursor(line: number, character: number): void {
+    const at = new Position(line, character);
+    this.selection = new Selection(at, at);
+    emitters.selection.fire({ textEditor: this, selections: [this.selection], kind: undefined });
+  }
+
+  edit(
+    callback: (builder: { replace(range: Range, text: string): void; insert(at: Position, text: string): void }) => void,
+    options?: unknown,
+  ): Promise<boolean> {
+    const replacements: { range: Range; text: string }[] = [];
+    callback({
+      replace: (range, text) => replacements.push({ range, text }),
+      insert: (at, text) => replacements.push({ range: new Range(at, at), text }),
+    });
+    this.edits.push({ replacements, options });
+    this.undoStack.push(this.change(replacements, undefined));
+    return Promise.resolve(true);
+  }
+
+  /** Types `text` over `range` (an edit of the user's, not through `edit`). */
+  type(range: Range, text: string): void {
+    this.undoStack.push(this.change([{ range, text }], undefined));
+    const end = this.document.positionAt(this.document.offsetAt(range.start) + text.length);
+    this.moveCursor(end.line, end.character);
+  }
+
+  /** Ctrl+Z: takes back the last edit whole. */
+  undo(): void {
+    const inverse = this.undoStack.pop();
+    if (inverse) {
+      this.change(inverse, TextDocumentChangeReason.Undo);
+    }
+  }
+
+  /** Applies replacements (last first, so earlier ranges hold) and fires one change event. */
+  private change(replacements: { range: Range; text: string }[], reason: TextDocumentChangeReason | undefined) {
+    const document = this.document;
+    const ascending = [...replacements].sort((a, b) => document.offsetAt(a.range.start) - document.offsetAt(b.range.start));
+    // Where each new text will lie once all are applied, and what it replaced: the undo.
+    let shift = 0;
+    const taken = ascending.map(({ range, text }) => {
+      const start = document.offsetAt(range.start) + shift;
+      const old = document.getText(range);
+      shift += text.length - old.length;
+      return { start, end: start + text.length, text: old };
+    });
+    const contentChanges = [...ascending].reverse().map(({ range, text }) => document.replace(range, text));
+    document.version += 1;
+    const inverse = taken.map(({ start, end, text }) => ({
+      range: new Range(document.positionAt(start), document.positionAt(end)),
+      text,
+    }));
+    emitters.change.fire({ document, contentChanges, reason });
+    return inverse;
+  }
+}
 
 function configuration(section?: string) {
   const prefix = section ? `${section}.` : "";
@@ -402,6 +614,13 @@ const api = {
   InlineCompletionItem,
   InlineCompletionList,
   InlineCompletionTriggerKind,
+  Selection,
+  ThemeColor,
+  MarkdownString,
+  OverviewRulerLane,
+  DecorationRangeBehavior,
+  TextEditorRevealType,
+  TextDocumentChangeReason,
   SnippetString,
   CallHierarchyItem,
   CodeAction,
@@ -444,19 +663,32 @@ const api = {
     applyEdit: () => Promise.resolve(false),
   },
   window: {
-    activeTextEditor: undefined as { document: FakeDocument } | undefined,
+    activeTextEditor: undefined as FakeEditor | undefined,
     visibleTextEditors: [],
     tabGroups: { all: [], onDidChangeTabs: new EventEmitter<unknown>().event },
     onDidChangeActiveTextEditor: emitters.activeEditor.event,
     onDidChangeVisibleTextEditors: new EventEmitter<unknown>().event,
     onDidChangeTextEditorSelection: emitters.selection.event,
+    onDidChangeTextEditorVisibleRanges: emitters.visibleRanges.event,
+    createTextEditorDecorationType: (options: Record<string, unknown>) => {
+      const type: FakeDecorationType = {
+        key: `decoration-${String(recorded.decorationTypes.length)}`,
+        options,
+        dispose: () => undefined,
+      };
+      recorded.decorationTypes.push(type);
+      return type;
+    },
     createOutputChannel: logChannel,
     createStatusBarItem: () => {
       const item = { text: "", tooltip: "", command: "", name: "", show: () => undefined, dispose: () => undefined };
       recorded.statusItems.push(item);
       return item;
     },
-    setStatusBarMessage: () => disposable(),
+    setStatusBarMessage: (message: string) => {
+      recorded.statusMessages.push(message);
+      return disposable();
+    },
     showErrorMessage: (message: string, ...buttons: string[]) => {
       recorded.errors.push(message);
       return Promise.resolve(recorded.choose?.(message, buttons));
@@ -490,7 +722,9 @@ const api = {
     },
     executeCommand: (name: string, ...args: unknown[]) => {
       recorded.executed.push(name);
-      if (name === "editor.action.inlineSuggest.trigger") {
+      if (name === "setContext") {
+        recorded.context.set(String(args[0]), args[1]);
+      } else if (name === "editor.action.inlineSuggest.trigger") {
         recorded.onTrigger?.();
       } else if (name === "editor.action.inlineSuggest.hide") {
         recorded.onHide?.();
@@ -511,6 +745,12 @@ export const vscode = new Proxy(api, {
 export function openDocument(document: FakeDocument): void {
   documents.push(document);
   emitters.open.fire(document);
+}
+
+/** Make `editor` the active one, as clicking into it would. */
+export function activate(editor: FakeEditor | undefined): void {
+  api.window.activeTextEditor = editor;
+  emitters.activeEditor.fire(editor);
 }
 
 /** Make `require("vscode")` return the fake. */

@@ -75,3 +75,28 @@ export function contributedDefaults(): Map<string, unknown> {
   }
   return out;
 }
+
+interface Keybinding {
+  command: string;
+  key: string;
+  when: string;
+}
+
+/** package.json's keybindings. */
+export function keybindings(): Keybinding[] {
+  const file = path.join(__dirname, "..", "..", "package.json");
+  const manifest = JSON.parse(fs.readFileSync(file, "utf8")) as { contributes: { keybindings: Keybinding[] } };
+  return manifest.contributes.keybindings;
+}
+
+/**
+ * The command package.json binds to `key` when the context keys in `context` are true
+ * and all others false (its `when` clauses are plain `&&`s of keys and `!key`s).
+ */
+export function boundCommand(key: string, context: Set<string>): string | undefined {
+  const holds = (term: string): boolean =>
+    term.startsWith("!") ? !context.has(term.slice(1)) : context.has(term);
+  return keybindings().find(
+    (binding) => binding.key === key && binding.when.split("&&").every((term) => holds(term.trim())),
+  )?.command;
+}

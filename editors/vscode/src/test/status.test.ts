@@ -81,6 +81,24 @@ describe("status bar text", () => {
     assert.equal(formatStatus("starting", true, undefined).text, "$(loading~spin) Kode");
   });
 
+  it("says when a next edit is waiting, and what Tab does", () => {
+    const waiting = formatStatus("running", true, stats({}), { on: true, waiting: { line: 41, atCursor: false } });
+    assert.equal(
+      waiting.text,
+      "$(sparkle) Kode: $(arrow-right) next edit: line 42 · llama.cpp qwen2.5-coder-0.5b-instruct · 700 ms · 50 tok/s",
+    );
+    assert.match(waiting.tooltip, /next edit waiting at line 42: Tab jumps to it, Tab again applies it, Escape dismisses it/);
+    const here = formatStatus("running", true, stats({}), { on: true, waiting: { line: 41, atCursor: true } });
+    assert.match(here.tooltip, /line 42: Tab applies it,/);
+    const none = formatStatus("running", true, stats({}), { on: true });
+    assert.doesNotMatch(none.text, /next edit/);
+    assert.match(none.tooltip, /next edits: on/);
+    assert.match(formatStatus("running", true, stats({})).tooltip, /next edits: off/);
+    // Completions off: nothing about edits, whatever is drawn.
+    const off = formatStatus("running", false, stats({}), { on: true, waiting: { line: 1, atCursor: false } });
+    assert.equal(off.text, "$(circle-slash) Kode");
+  });
+
   it("shortens model paths", () => {
     assert.equal(shortModel("/models/My-Model.Q4.GGUF"), "My-Model.Q4");
     assert.equal(shortModel(null), undefined);
