@@ -57,6 +57,7 @@ FILES = {
     ),
     "typing.py": 'def greet(name):\n    """Say hello to `name`."""\n',
     "fib2.py": 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
+    "scale.py": "def scale(n, k):\n    total = n * k\n    return total + n\n",
     "area.py": (
         'def area(w, h):\n    """The area of a w by h rectangle."""\n    if w < 0 or h < 0:\n'
         '        raise ValueError("negative size")\n    return w * h\n'
@@ -327,13 +328,14 @@ class VSCodeEditor:
         return self.notifications("kode/didMoveCursor")
 
     def notifications(self, method: str) -> int:
-        """Notifications `method` sent, from the Kode output log: the language client
-        traces every message (`kode.trace.server`) at the trace level (`--log trace`)."""
+        """Notifications `method` Kode sent, from its output log (`Kode.log`; VS Code's
+        own language servers log theirs elsewhere): the language client traces every
+        message (`kode.trace.server`) at the trace level (`--log trace`)."""
         time.sleep(0.5)  # a poll reads every log file
         base = self.server.workspace.parent  # code-server's data and logs are in here
         return sum(
             path.read_text(errors="replace").count(f"notification '{method}'")
-            for path in base.rglob("*.log")
+            for path in base.rglob("Kode.log")
         )
 
     def next_edit(self) -> dict[str, str] | None:
@@ -366,6 +368,26 @@ class VSCodeEditor:
         if not found:
             return None
         return {key: str(value).replace("\xa0", " ") for key, value in found.items()}
+
+    def command(self, title: str) -> None:
+        """Runs a command from the command palette (F1), as a person would."""
+        self.page.keyboard.press("F1")
+        self.page.wait_for_selector(".quick-input-widget input", state="visible")
+        self.page.keyboard.type(title)
+        row = f".quick-input-list .monaco-list-row.focused[aria-label*='{title}']"
+        self.page.wait_for_selector(row, timeout=30_000)
+        self.page.keyboard.press("Enter")
+        self.wait(f"{title}: the palette closed", lambda: not self._box_open(), 30)
+
+    def _box_open(self) -> bool:
+        return bool(
+            self.page.evaluate(
+                """() => {
+                    const box = document.querySelector('.quick-input-widget');
+                    return !!box && box.offsetParent !== null;
+                }"""
+            )
+        )
 
     def cursor_at(self, line: int, column: int) -> bool:
         """Whether the status bar shows the cursor at `line`, `column` (1-based)."""
@@ -627,8 +649,10 @@ def _drawn_next_edit(editor: VSCodeEditor, what: str) -> dict[str, str]:
 def test_next_edit_tab_jumps_then_applies_and_undo_takes_it_back(editor: VSCodeEditor) -> None:
     """Next edits (`kode.nextEdits`, turned on in the workspace settings): `w` renamed
     `width` at the parameter, the rename at the next use (not the docstring's `w`) is
-    drawn, Tab jumps there, Tab applies it, Ctrl+Z takes it back in one step; then `h`
-    renamed, Escape dismisses its edit, and typing on makes the edit drawn vanish."""
+    drawn, Tab jumps there, Tab applies it, Ctrl+Z takes it back in one step; then in
+    another file Escape dismisses one, *Kode: Suggest the Next Edit* asks again, and
+    typing the edit by hand makes the one drawn vanish."""
+    editor.open("area.py")  # Kode's server runs: the setting comes as a change
     settings = editor.server.workspace / ".vscode" / "settings.json"
     sent = editor.notifications("workspace/didChangeConfiguration")
     settings.parent.mkdir(exist_ok=True)
@@ -645,7 +669,6 @@ def test_next_edit_tab_jumps_then_applies_and_undo_takes_it_back(editor: VSCodeE
 
 
 def _next_edits(editor: VSCodeEditor) -> None:
-    editor.open("area.py")
     editor.go_to(1, 10)  # `def area(|w, h):`
     editor.page.keyboard.press("Shift+ArrowRight")
     editor.type("width")
@@ -663,31 +686,39 @@ def _next_edits(editor: VSCodeEditor) -> None:
     renamed = FILES["area.py"].replace("def area(w,", "def area(width,")
     applied = renamed.replace("    if w <", "    if width <")
     assert editor.save_and_read("area.py") == applied
-    # One Ctrl+Z: the edit goes whole, the rename typed before it stays.
+    # One Ctrl+Z: the edit goes whole, the rename typed before it stays; no next edit is
+    # asked for after an undo (src/common/nextEdit.ts, rule 1).
     editor.page.keyboard.press("Control+Z")
     editor.page.wait_for_timeout(500)
     assert editor.save_and_read("area.py") == renamed
+    assert editor.next_edit() is None
 
-    # `h` -> `height`: its next use drawn, Escape dismisses it.
-    editor.go_to(1, 17)  # `def area(width, |h):`
+    # Escape, in another file: in this one the server would propose the rename just
+    # undone at line 3 again (the history forgets an edit undone within its second).
+    editor.open("scale.py")
+    editor.go_to(1, 11)  # `def scale(|n, k):`
     editor.page.keyboard.press("Shift+ArrowRight")
-    editor.type("height")
-    drawn = _drawn_next_edit(editor, "the second rename drawn")
-    assert (drawn["old"], drawn["new"]) == ("h", "height"), drawn
+    editor.type("count")
+    drawn = _drawn_next_edit(editor, "the rename in scale.py drawn")
+    assert (drawn["old"], drawn["new"]) == ("n", "count"), drawn
+    assert drawn["line"].startswith("    total = n"), drawn
     editor.page.keyboard.press("Escape")
     editor.wait("Escape to dismiss the edit", lambda: editor.next_edit() is None, 10)
     assert "next edit" not in editor.status(), editor.status()
 
-    # Typing on: the edit drawn for the text as it was vanishes at once.
-    editor.go_to(1, 23)  # `def area(width, height|):`
-    editor.type("s")
-    drawn = _drawn_next_edit(editor, "the edit for `heights` drawn")
-    assert drawn["new"] == "heights", drawn
-    editor.go_to(1, 24)  # `def area(width, heights|):`, wherever the cursor stepped
-    editor.type("_")
+    # Asked again by hand; then the user types the edit over the `n` themselves: the
+    # edit drawn there vanishes (one for the next use, line 3, may follow).
+    editor.command("Kode: Suggest the Next Edit")
+    drawn = _drawn_next_edit(editor, "the rename drawn again, asked by hand")
+    assert drawn["line"].startswith("    total = n"), drawn
+    editor.go_to(2, 13)  # `    total = |n * k`
+    editor.page.keyboard.press("Shift+ArrowRight")
+    editor.type("count")
     editor.wait(
-        "the edit for `heights` to vanish when typing on",
-        lambda: (now := editor.next_edit()) is None or now["new"] != "heights",
+        "the edit drawn at line 2 to vanish when typing over it",
+        lambda: (now := editor.next_edit()) is None or now["line"].startswith("    return"),
         10,
     )
-    assert editor.save_and_read("area.py").startswith("def area(width, heights_):\n    "), "typed"
+    assert editor.save_and_read("scale.py").startswith(
+        "def scale(count, k):\n    total = count * k\n"
+    )

@@ -121,7 +121,8 @@ export class NextEditUI implements vscode.Disposable {
       this.hint,
       vscode.workspace.onDidChangeTextDocument((event) => {
         if (event.contentChanges.length > 0) {
-          this.model.documentChanged(this.protocolUri(event.document.uri));
+          // `reason`: Undo or Redo; undefined for typing and edits.
+          this.model.documentChanged(this.protocolUri(event.document.uri), event.reason === undefined);
         }
       }),
       vscode.window.onDidChangeTextEditorSelection((event) => {

@@ -74,6 +74,8 @@ export class KodeServer implements vscode.Disposable {
   private readonly streaming: StreamingCompletions<InlineResult, vscode.CancellationToken>;
   private readonly subscriptions: vscode.Disposable[] = [];
   private cursorTimer: ReturnType<typeof setTimeout> | undefined;
+  /** Settings changed after `initializationOptions` were sent, before the server ran. */
+  private settingsWhileStarting = false;
 
   constructor(
     private readonly output: vscode.LogOutputChannel,
@@ -174,6 +176,10 @@ export class KodeServer implements vscode.Disposable {
     this.client = client;
     client.onDidChangeState((event) => {
       if (event.newState === State.Running) {
+        if (this.settingsWhileStarting) {
+          this.settingsWhileStarting = false;
+          void this.sendSettings();
+        }
         this.events.stateChanged("running");
       } else if (event.newState === State.Stopped) {
         this.events.stateChanged("stopped");
@@ -198,6 +204,7 @@ export class KodeServer implements vscode.Disposable {
 
   async stop(): Promise<void> {
     this.streaming.cancel("server stopped");
+    this.settingsWhileStarting = false; // a new start reads them afresh
     const client = this.client;
     const child = this.child;
     this.client = undefined;
@@ -224,6 +231,8 @@ export class KodeServer implements vscode.Disposable {
   async sendSettings(): Promise<void> {
     this.streaming.cancel("settings changed");
     if (!this.running || !this.client) {
+      // Starting: `initializationOptions` were read already; send these once it runs.
+      this.settingsWhileStarting = this.client !== undefined;
       return;
     }
     await this.client.sendNotification(DidChangeConfigurationNotification.type, {

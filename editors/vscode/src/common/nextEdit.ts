@@ -7,7 +7,10 @@
  * The rules, in order:
  * 1. Ask after an edit of the active document and a pause with no further edit
  *    (`PAUSE_MS`: the server builds its edit history from the `didChange`s), for the
- *    document's version and the cursor, only while completions and next edits are on.
+ *    document's version and the cursor, only while completions and next edits are on;
+ *    not after an undo or a redo (the user is taking edits back: an edit then is a guess
+ *    against them, and the server, whose history groups edits by the second, proposed
+ *    the very edit just undone when the undo followed it within one).
  * 2. An edit of that document, another active editor, Escape or next edits turned off
  *    cancel the request in flight (its token: `$/cancelRequest`) and hide the edit drawn.
  * 3. An answer is drawn only while its `textDocument.version` is the document's version
@@ -232,15 +235,18 @@ export class NextEdits<T> {
     return this.shown;
   }
 
-  /** The active document changed (rule 2), then ask after the pause (rule 1). */
-  documentChanged(uri: string): void {
+  /**
+   * The active document changed (rule 2), then ask after the pause (rule 1); `ask`
+   * false for an undo or a redo.
+   */
+  documentChanged(uri: string, ask = true): void {
     const active = this.host.active();
     const shownHere = this.edit?.textDocument.uri === uri || this.flight?.uri === uri;
     if (active?.uri !== uri && !shownHere) {
       return; // another document (an output channel, a file edited in the background)
     }
     this.stop("edited");
-    if (active?.uri === uri && this.host.enabled()) {
+    if (ask && active?.uri === uri && this.host.enabled()) {
       this.timer = this.host.schedule(() => {
         this.timer = undefined;
         void this.ask();

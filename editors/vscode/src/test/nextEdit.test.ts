@@ -155,6 +155,15 @@ describe("next edits: when to ask", () => {
     );
   });
 
+  it("does not ask after an undo or a redo, and still dismisses", async () => {
+    const host = new Host();
+    const model = new NextEdits(host);
+    await answer(await askedAfterAnEdit(host, model), edit(2));
+    model.documentChanged(URI, false);
+    assert.equal(model.view, undefined);
+    assert.deepEqual(host.timers.filter((timer) => !timer.disposed), [], "asked after the undo");
+  });
+
   it("does not ask while next edits are off, nor for another document", () => {
     const host = new Host();
     const model = new NextEdits(host);

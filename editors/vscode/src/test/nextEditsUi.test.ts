@@ -175,8 +175,11 @@ describe("next edits in a fake VS Code", () => {
     assert.deepEqual(editor.selection.active, new Position(1, 17), "the cursor is not after the new text");
     assert.deepEqual(drawn(), { removed: [], inserted: [], hint: [] });
     assert.equal(recorded.context.get(module.SHOWN_KEY), false);
+    const asked = sent.length;
     editor.undo();
     assert.equal(editor.document.getText(), before, "one undo did not take the edit back");
+    await new Promise((resolve) => setTimeout(resolve, 10 * PAUSE_MS));
+    assert.equal(sent.length, asked, "a next edit was asked for after the undo");
   });
 
   it("Tab with no edit drawn types a Tab (the context key lagged behind)", async () => {
