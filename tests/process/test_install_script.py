@@ -111,11 +111,21 @@ def blocked(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
             pytest.fail(f"the block step never started (exit status {proc.wait()})")
         yield proc, target
     finally:
+        # SIGTERM: the installer stops its command (a process group of its own, which a
+        # SIGKILL of the installer would leave running) and exits
         if proc.poll() is None:
-            proc.kill()
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
         proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
+        blocker = target / "block.pid"
+        if blocker.exists() and _alive(pid := int(blocker.read_text())):
+            os.kill(pid, signal.SIGKILL)
+            pytest.fail(f"the blocked command {pid} outlived its installer")
 
 
 def _alive(pid: int) -> bool:
