@@ -74,6 +74,7 @@ describe("the extension in a fake VS Code", { timeout: 5 * STEP_MS }, () => {
     recorded.userSettings["kode.model"] = "small";
     recorded.userSettings["kode.maxTokens"] = 48;
     recorded.userSettings["kode.snippetTokens"] = 0;
+    recorded.userSettings["kode.engineIdleMinutes"] = 0; // the shared engine ends with the test
     install();
     // eslint-disable-next-line @typescript-eslint/no-require-imports -- after install(): extension.js requires "vscode"
     extension = require("../extension") as Extension;

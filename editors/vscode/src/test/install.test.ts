@@ -265,6 +265,7 @@ describe("the offer in a fake VS Code", { timeout: 5 * STEP_MS }, () => {
     process.env.PATH = bin;
     process.env.KODE_TEST_SERVER = kode;
     recorded.userSettings["kode.model"] = "small";
+    recorded.userSettings["kode.engineIdleMinutes"] = 0; // the shared engine ends with the test
     install();
     // eslint-disable-next-line @typescript-eslint/no-require-imports -- after install(): extension.js requires "vscode"
     extension = require("../extension") as typeof import("../extension");
