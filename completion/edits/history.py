@@ -14,7 +14,9 @@ few lines of context around, and where those lines are in the document now. The 
    ``LAST_CHANGE_GROUPING_TIME``, ``CHANGE_GROUPING_LINE_SPAN``), so a word typed key by
    key is one hunk, and so is an edit touched up on the next line.
 3. A hunk whose lines end as they began (text typed and deleted again, an undo within the
-   pause) is dropped: nothing happened there.
+   pause) is dropped: nothing happened there. What it had changed is kept apart, as an
+   edit undone (``undone``: the last ``undone`` of them, newest last), so that the edit a
+   person took and took back at once is not proposed to them again.
 4. Bounded: at most ``per_document`` hunks of one document, ``hunks`` and ``chars``
    (texts and context together) in all; the oldest go first. A hunk larger than
    ``hunk_chars`` is not kept (a paste or a formatter's rewrite is no edit to repeat,
@@ -74,6 +76,7 @@ class HistoryLimits:
     chars: int = 32_000  # in all: ~8k tokens, a few times what any prompt will take
     hunk_chars: int = 6_000  # one hunk's texts: Zed's size limit for one history diff
     context_lines: int = 3
+    undone: int = 8  # rule 3's edits undone within the pause, kept
     pause_s: float = PAUSE_S
     near_lines: int = NEAR_LINES
 
@@ -167,6 +170,7 @@ class EditHistory:
     def __init__(self, limits: HistoryLimits | None = None) -> None:
         self.limits = limits if limits is not None else HistoryLimits()
         self._hunks: list[Hunk] = []  # oldest first
+        self._undone: list[Hunk] = []  # rule 3, oldest first
 
     def record(
         self,
@@ -244,8 +248,11 @@ class EditHistory:
             _moved(h, before, line_start, line_end, delta, line_delta) if h.uri == uri else h
             for h in others
         ]
-        if hunk.before == hunk.after:
-            return  # rule 3
+        if hunk.before == hunk.after:  # rule 3
+            if kept is not None and kept.before != kept.after:
+                self._undone.append(dataclasses.replace(kept, last_at=now))
+                del self._undone[: max(0, len(self._undone) - self.limits.undone)]
+            return
         above, below = _context(before, *region, self.limits.context_lines)
         hunk = dataclasses.replace(hunk, above=above, below=below, version=version, last_at=now)
         if len(hunk.before) + len(hunk.after) > self.limits.hunk_chars:
@@ -256,9 +263,16 @@ class EditHistory:
     def forget(self, uri: str) -> None:
         """Drop the hunks of ``uri`` (the document was closed)."""
         self._hunks = [h for h in self._hunks if h.uri != uri]
+        self._undone = [h for h in self._undone if h.uri != uri]
 
     def clear(self) -> None:
         self._hunks.clear()
+        self._undone.clear()
+
+    def undone(self, uri: str | None = None) -> tuple[Hunk, ...]:
+        """Rule 3's edits undone within the pause (of ``uri`` only, if given), newest
+        last: each hunk's ``before`` -> ``after`` is the edit that was taken back."""
+        return tuple(h for h in self._undone if uri is None or h.uri == uri)
 
     def hunks(self, uri: str | None = None) -> tuple[Hunk, ...]:
         """The recent hunks (of ``uri`` only, if given), newest last."""

@@ -72,7 +72,9 @@ class NextEdits:
         Raises ``DocumentError`` for a document that is not open or a position outside it."""
         doc = self.documents.get(uri)
         cursor = doc.offset_at(position)
-        found = propose_repeat(self.history.hunks(), uri, doc.text, cursor)
+        found = propose_repeat(
+            self.history.hunks(), uri, doc.text, cursor, self.history.undone(uri)
+        )
         if found is None:
             return None
         self.proposed += 1

@@ -43,7 +43,8 @@ before it. The places of one statement are one edit (``a(n, n)`` -> ``a(m, m)``)
 those on adjacent lines too where the hunk was made so. Never a span a recent hunk
 changed; never an edit that undoes a recent hunk (its changed tokens that hunk's,
 reversed); nothing after an undo (the last hunk reverses the one before it; a redo also
-reads as one). Nothing, rather than something wrong, when no template repeats, when a
+reads as one); never an edit the person took back at once (``undone``). Nothing, rather
+than something wrong, when no template repeats, when a
 pattern is too generic (under two fixed tokens, or no name, number or string among
 them), or when the history does not match the text. Offsets are code points into the
 text given.
@@ -138,9 +139,13 @@ _IMPORTS = frozenset({"import", "from"})
 _OWN = frozenset({"self", "this", "cls"})
 
 
-def propose_repeat(hunks: Sequence[Hunk], uri: str, text: str, cursor: int) -> RepeatEdit | None:
+def propose_repeat(
+    hunks: Sequence[Hunk], uri: str, text: str, cursor: int, undone: Sequence[Hunk] = ()
+) -> RepeatEdit | None:
     """The edit that repeats one of the recent ``hunks`` (newest last) in ``text`` (the
-    current text of document ``uri``, the cursor at code-point offset ``cursor``), or None."""
+    current text of document ``uri``, the cursor at code-point offset ``cursor``), or None.
+    ``undone``: edits taken back at once (``EditHistory.undone``); none is proposed again
+    unless a hunk made since has made it anew."""
     if not hunks:
         return None
     last, recent = hunks[-1], hunks[-RECENT:-1]
@@ -161,6 +166,12 @@ def propose_repeat(hunks: Sequence[Hunk], uri: str, text: str, cursor: int) -> R
         (h_core[1], h_core[0])
         for h_core in (_core(h.before, h.after, h.uri) for h in hunks[-RECENT:])
     }
+    for u in undone[-RECENT:]:  # taken back, unless made again since
+        u_core = _core(u.before, u.after, u.uri)
+        if not any(
+            h.last_at > u.last_at and _core(h.before, h.after, h.uri) == u_core for h in hunks
+        ):
+            reversals.add(u_core)
     ahead: list[tuple[int, int, RepeatEdit]] = []
     behind: list[RepeatEdit] = []
     memo: _Memo = {}  # a pattern's matches: recent hunks often make the same edit

@@ -529,3 +529,31 @@ def test_thousands_of_places_the_nearest_after_the_cursor_and_before_it() -> Non
     assert edit is not None and session.line_of(edit) == 2501
     edit = session.propose(cursor=len(session.text))  # nothing after: the last use
     assert edit is not None and session.line_of(edit) == 3000
+
+
+def test_an_edit_taken_back_at_once_is_not_proposed_again_until_made_anew() -> None:
+    """A proposal taken (Tab) and undone within the grouping pause leaves no hunk (rule 3
+    of the history), but is remembered as undone: the next request proposes the other
+    use, not the one just taken back; the same rename made by hand later counts again."""
+    history = EditHistory()
+    text = "def f(w, h):\n    a = w * 2\n    b = w + h\n    return a + b\n"
+
+    def replace(start: int, end: int, new: str, now: float) -> None:
+        nonlocal text
+        history.record_offsets(URI, text, start, end, new, version=1, now=now)
+        text = text[:start] + new + text[end:]
+
+    replace(6, 7, "width", 0.0)  # the rename at the parameter
+    first = propose_repeat(history.hunks(), URI, text, 11, history.undone(URI))
+    assert first is not None and text[first.start : first.end] == "w"
+    assert text.count("\n", 0, first.start) == 1
+    replace(first.start, first.end, first.text, 5.0)  # taken with Tab...
+    replace(first.start, first.start + len(first.text), "w", 5.4)  # ...and undone at once
+    assert [h.before for h in history.hunks()] == ["def f(w, h):"]  # no hunk of the pair
+    again = propose_repeat(history.hunks(), URI, text, first.start, history.undone(URI))
+    assert again is None or text.count("\n", 0, again.start) != 1, "proposed again"
+
+    # the same edit made by hand after all: the rename goes on from there
+    replace(first.start, first.end, "width", 9.0)
+    after = propose_repeat(history.hunks(), URI, text, first.start + 5, history.undone(URI))
+    assert after is not None and text.count("\n", 0, after.start) == 2
