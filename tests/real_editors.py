@@ -32,6 +32,17 @@ def pictures_dir() -> Path | None:
     return (ROOT / value).resolve() if value else None
 
 
+def with_defaults() -> bool:
+    """Whether the editors run Kode with its defaults: when the README's pictures are
+    taken, which show what a user gets (the default model, every setting as shipped).
+    Otherwise the tests set the small model, short greedy answers and one thread."""
+    return pictures_dir() is not None
+
+
+# What the status bar or line names: the model the editors' settings chose.
+MODEL_SHOWN = "qwen2.5-coder-1.5b" if with_defaults() else "qwen2.5-coder-0.5b"
+
+
 def wait_for(
     what: str, probe: Callable[[], T | None], timeout: float, explain: Callable[[], str]
 ) -> T:

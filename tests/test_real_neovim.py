@@ -27,7 +27,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from real_editors import KODE_BIN, ROOT, STEP_S, pictures_dir, require_kode, wait_for
+from real_editors import (
+    KODE_BIN,
+    MODEL_SHOWN,
+    ROOT,
+    STEP_S,
+    pictures_dir,
+    require_kode,
+    wait_for,
+    with_defaults,
+)
 from terminal_screen import Screen, parse, render_png
 
 pytestmark = [pytest.mark.editor, pytest.mark.slow, pytest.mark.model]
@@ -78,6 +87,7 @@ class TerminalNeovim:
             "XDG_STATE_HOME": str(workdir / "state"),
             "COLORTERM": "truecolor",
             "KODE_LOG_FILE": str(workdir / "kode.log"),
+            "KODE_TEST_DEFAULTS": "1" if with_defaults() else "",
             **(env or {}),
         }
         command = [self.nvim, "--listen", self.server, "-i", "NONE", "-u", str(NVIM_INIT), file]
@@ -246,9 +256,7 @@ def test_neovim_in_a_terminal_shows_accepts_and_drops_ghost_text(neovim: Termina
     assert screen.rows[row].startswith("  3     if n" + first.rstrip()), screen.text
     assert screen.in_colour(row, GHOST_RGB) == "", "accepted text still drawn as ghost text"
     # The status line (require("kode").statusline()) names the engine and the small model.
-    neovim.wait(
-        "the model in the status line", lambda: "qwen2.5-coder-0.5b" in neovim.screen().text
-    )
+    neovim.wait("the model in the status line", lambda: MODEL_SHOWN in neovim.screen().text)
 
     # Typing on after an accept brings a new suggestion (it once sent no request at all).
     neovim.keys("Enter")

@@ -30,7 +30,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 import pytest
-from real_editors import KODE_BIN, ROOT, STEP_S, pictures_dir, require_kode, wait_for
+from real_editors import (
+    KODE_BIN,
+    MODEL_SHOWN,
+    ROOT,
+    STEP_S,
+    pictures_dir,
+    require_kode,
+    wait_for,
+    with_defaults,
+)
 
 if TYPE_CHECKING:
     from playwright.sync_api import Page
@@ -138,6 +147,9 @@ def code_server(vsix: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         # `kode/didMoveCursor`.
         "kode.trace.server": "messages",
     }
+    if with_defaults():  # the README's pictures: what a user gets
+        for key in ("model", "maxTokens", "temperature", "snippetTokens", "threads", "speculation"):
+            del kode[f"kode.{key}"]
     workbench = {
         "workbench.startupEditor": "none",
         "workbench.colorTheme": "Default Dark Modern",
@@ -497,7 +509,7 @@ def test_new_indented_line_ghost_text_and_tab(editor: VSCodeEditor) -> None:
     # The status bar names the backend and the model the `kode.model` setting chose.
     editor.wait(
         "the backend and model in the status bar",
-        lambda: "qwen2.5-coder-0.5b" in editor.status() and "ms" in editor.status(),
+        lambda: MODEL_SHOWN in editor.status() and "ms" in editor.status(),
         30,
     )
     # The cursor rested: the server was told where (docs/protocol.md).

@@ -28,7 +28,8 @@ require("kode").setup({
   -- Greedy and short: the same text every run, and quick on two cores shared with the
   -- test and other work (one llama.cpp thread: threads that wait on each other on busy
   -- cores slow decoding down sharply).
-  settings = {
+  -- KODE_TEST_DEFAULTS=1 (the README's pictures): Kode as a user gets it.
+  settings = vim.env.KODE_TEST_DEFAULTS == "1" and { engineIdleMinutes = 0 } or {
     model = "small",
     maxTokens = 24,
     temperature = 0,
