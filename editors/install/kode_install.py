@@ -529,7 +529,9 @@ class Plan:
         self.env = os.path.join(target, "envs", f"kode-{source.version}")
         self.tmp = os.path.join(target, "tmp")
         self.cmake_args = source.cmake_args()
-        flavour = f"{self.cmake_args}|{platform.python_version()}|{platform.machine()}"
+        # The wheel's ABI (cpython-311), not the patch release: a build for 3.11.2 serves
+        # 3.11.7, and an editor may find either Python on PATH
+        flavour = f"{self.cmake_args}|{sys.implementation.cache_tag}|{platform.machine()}"
         digest = hashlib.sha256(flavour.encode()).hexdigest()[:12]
         self.llama_key = f"llama-cpp-python-{source.llama_pin}-{digest}"
         self.wheels = os.path.join(target, "wheels", self.llama_key)

@@ -137,3 +137,17 @@ def test_progress_reports_each_steps_share_of_the_whole() -> None:
 def test_the_real_steps_weights_add_up_to_the_whole() -> None:
     assert [s.name for s in ki.STEPS] == ["venv", "pip", "llama", "kode", "models"]
     assert sum(s.weight for s in ki.STEPS) == pytest.approx(1.0)
+
+
+def test_the_kept_llama_wheel_is_keyed_by_the_python_abi_not_its_patch_release(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wheel built by one 3.11 serves another (the real editor install tests seed the
+    fresh install with the wheel a 3.11.7 built, and the editor finds a 3.11.2)."""
+    source = ki.Source(str(ROOT))
+    keys = set()
+    for release in ("3.11.2", "3.11.7"):
+        monkeypatch.setattr(ki.platform, "python_version", lambda release=release: release)
+        runner = ki.Runner(io.BytesIO(), {}, echo=False)
+        keys.add(ki.Plan(str(tmp_path), source, runner).llama_key)
+    assert len(keys) == 1, keys
