@@ -16,8 +16,8 @@
  * 3. An answer is drawn only while its `textDocument.version` is the document's version
  *    and it answers the latest request: a version that has moved on never shows an edit.
  * 4. The completion wins at the cursor: while VS Code asks for an inline completion at
- *    this version, or shows one (its answer was a completion and the cursor has not left
- *    its place), no next edit is drawn. Where that answer was the server's own next edit
+ *    this version and place, or shows one (its answer was a completion and the cursor has
+ *    not left its place), no next edit is drawn. Where that answer was the server's own next edit
  *    (an item with a `range` on the cursor's line) and VS Code draws it as ghost text
  *    (`ghostTextShows`), it is left to VS Code, never drawn twice.
  * 5. Tab with the cursor on the edit's lines applies it, as one edit; elsewhere it moves
@@ -429,8 +429,8 @@ export class NextEdits<T> {
     }
     const { answer } = inline;
     switch (answer.kind) {
-      case "asked":
-        return true;
+      case "asked": // an ask VS Code left unanswered (cancelled when the cursor moved)
+        return samePosition(inline.position, active.cursor); // wins only where it was made
       case "none":
         return false;
       case "completion":

@@ -270,6 +270,15 @@ describe("next edits: what is drawn", () => {
     assert.equal(model.view, undefined);
     model.inlineAnswered(URI, 2, host.cursor, { kind: "none" });
     assert.ok(model.view);
+    // An ask VS Code never answers (it cancels it when the cursor moves on) wins only at
+    // its place: once the cursor left it, the edit shows.
+    model.dismiss();
+    model.inlineAsked(URI, 2, host.cursor);
+    await answer(await askedAfterAnEdit(host, model), edit(2));
+    assert.equal(model.view, undefined);
+    host.cursor = { line: 0, character: 4 };
+    model.cursorMoved();
+    assert.ok(model.view, "held for ever by an ask the cursor left");
   });
 
   it("leaves an edit on the cursor's line to VS Code's ghost text, once", async () => {
