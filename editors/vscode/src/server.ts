@@ -35,6 +35,14 @@ import * as settings from "./settings";
 
 type InlineResult = vscode.InlineCompletionItem[] | vscode.InlineCompletionList;
 
+/** The language client's own inline-completion provider, which the middleware wraps. */
+type NextInlineProvider = (
+  document: vscode.TextDocument,
+  position: vscode.Position,
+  context: vscode.InlineCompletionContext,
+  token: vscode.CancellationToken,
+) => vscode.ProviderResult<InlineResult>;
+
 function rangeText(range: vscode.Range): string {
   return `${range.start.line}:${range.start.character}-${range.end.line}:${range.end.character}`;
 }
@@ -317,12 +325,7 @@ export class KodeServer implements vscode.Disposable {
     position: vscode.Position,
     context: vscode.InlineCompletionContext,
     token: vscode.CancellationToken,
-    next: (
-      document: vscode.TextDocument,
-      position: vscode.Position,
-      context: vscode.InlineCompletionContext,
-      token: vscode.CancellationToken,
-    ) => vscode.ProviderResult<InlineResult>,
+    next: NextInlineProvider,
   ): Promise<InlineResult | null> {
     if (!settings.isEnabled()) {
       return null;
@@ -343,12 +346,7 @@ export class KodeServer implements vscode.Disposable {
     position: vscode.Position,
     context: vscode.InlineCompletionContext,
     token: vscode.CancellationToken,
-    next: (
-      document: vscode.TextDocument,
-      position: vscode.Position,
-      context: vscode.InlineCompletionContext,
-      token: vscode.CancellationToken,
-    ) => vscode.ProviderResult<InlineResult>,
+    next: NextInlineProvider,
   ): Promise<InlineResult | null> {
     // With an item selected in the suggest widget, VS Code shows only suggestions that
     // extend it over its range; the server answers (partials too) with the item's text
