@@ -236,9 +236,7 @@ def test_neovim_in_a_terminal_shows_accepts_and_drops_ghost_text(neovim: Termina
     for i, line in enumerate(more, start=1):  # further lines: virtual lines below
         assert shown.in_colour(row + i, GHOST_RGB).rstrip() == line.rstrip(), shown.text
     if (folder := pictures_dir()) is not None:
-        render_png(
-            shown, folder / "neovim-ghost-text.png", "nvim fib.py  (kode, Qwen2.5-Coder 0.5B)"
-        )
+        render_png(shown, folder / "neovim-ghost-text.png", f"nvim fib.py  (kode, {MODEL_SHOWN})")
 
     # Tab accepts: the text is in the document, drawn as text (no longer in the ghost colour).
     neovim.keys("Tab")
