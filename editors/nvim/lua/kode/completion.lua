@@ -9,6 +9,7 @@
 --- `User KodeResponse` (data: id, status = shown|empty|stale|error), `User KodePartial`
 --- (data: id, text), `User KodeCancel` (data: id), `User KodeGhost` (data: buf, shown:
 --- the ghost text was drawn or went away; kode.next_edit hides behind it).
+local inflight = require("kode.inflight")
 local config = require("kode.config")
 local ghost = require("kode.ghost")
 
@@ -46,9 +47,7 @@ local state = {
   hold = nil, -- ask nothing while the cursor stays here in unchanged text (M.hold)
 }
 
-local function emit(pattern, data)
-  vim.api.nvim_exec_autocmds("User", { pattern = pattern, modeline = false, data = data })
-end
+local emit = inflight.emit
 
 ---@param buf integer
 ---@return vim.lsp.Client?
@@ -75,24 +74,9 @@ local function still_current(it)
   return row == it.row and col == it.col
 end
 
-local function stop_timer()
-  if state.timer then
-    state.timer:stop()
-  end
-end
-
 --- Cancel the in-flight request, if any ($/cancelRequest; its reply is then dropped).
 function M.cancel()
-  stop_timer()
-  local req = state.request
-  state.request = nil
-  if req and req.id then
-    local client = vim.lsp.get_client_by_id(req.client_id)
-    if client then
-      client:cancel_request(req.id)
-    end
-    emit("KodeCancel", { id = req.id })
-  end
+  inflight.cancel(state, "KodeCancel")
 end
 
 --- Hide the suggestion (the request keeps running; see `dismiss`).
@@ -301,16 +285,11 @@ function M.on_change()
   if not state.enabled or not M.client(vim.api.nvim_get_current_buf()) then
     return
   end
-  state.timer = state.timer or assert(vim.uv.new_timer())
-  state.timer:start(
-    config.options.debounce_ms,
-    0,
-    vim.schedule_wrap(function()
-      if vim.api.nvim_get_mode().mode:sub(1, 1) == "i" then
-        M.request()
-      end
-    end)
-  )
+  inflight.debounce(state, config.options.debounce_ms, function()
+    if vim.api.nvim_get_mode().mode:sub(1, 1) == "i" then
+      M.request()
+    end
+  end)
 end
 
 --- Insert the next `unit` of the suggestion; keep showing the rest.

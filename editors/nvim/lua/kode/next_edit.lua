@@ -13,6 +13,7 @@
 --- Events for statuslines and tests: `User KodeNextEditRequest` (data: id, buf, version),
 --- `User KodeNextEditResponse` (data: id, status = shown|empty|stale|error),
 --- `User KodeNextEditCancel` (data: id).
+local inflight = require("kode.inflight")
 local config = require("kode.config")
 local completion = require("kode.completion")
 
@@ -52,9 +53,7 @@ local state = {
   timer = nil, ---@type uv.uv_timer_t?
 }
 
-local function emit(pattern, data)
-  vim.api.nvim_exec_autocmds("User", { pattern = pattern, modeline = false, data = data })
-end
+local emit = inflight.emit
 
 local function cursor()
   local pos = vim.api.nvim_win_get_cursor(0)
@@ -77,24 +76,9 @@ local function current(e)
   return vim.api.nvim_buf_is_valid(e.buf) and version(e.buf) == e.version
 end
 
-local function stop_timer()
-  if state.timer then
-    state.timer:stop()
-  end
-end
-
 --- Cancel the request in flight, if any ($/cancelRequest; its answer is then dropped).
 function M.cancel()
-  stop_timer()
-  local req = state.request
-  state.request = nil
-  if req and req.id then
-    local client = vim.lsp.get_client_by_id(req.client_id)
-    if client then
-      client:cancel_request(req.id)
-    end
-    emit("KodeNextEditCancel", { id = req.id })
-  end
+  inflight.cancel(state, "KodeNextEditCancel")
 end
 
 --- Statuslines show M.hint(): redraw them when it changes.
@@ -386,16 +370,11 @@ function M.on_change(buf)
   if not M.enabled() or not completion.client(buf) then
     return
   end
-  state.timer = state.timer or assert(vim.uv.new_timer())
-  state.timer:start(
-    config.options.next_edit_debounce_ms,
-    0,
-    vim.schedule_wrap(function()
-      if vim.api.nvim_get_current_buf() == buf and M.enabled() then
-        M.request(false)
-      end
-    end)
-  )
+  inflight.debounce(state, config.options.next_edit_debounce_ms, function()
+    if vim.api.nvim_get_current_buf() == buf and M.enabled() then
+      M.request(false)
+    end
+  end)
 end
 
 --- Move the cursor to the edit's start.
