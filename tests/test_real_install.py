@@ -19,7 +19,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,10 +36,8 @@ from test_real_vscode import (  # the same code-server, browser and .vsix
     START_S,
     CodeServer,
     VSCodeEditor,
-    _free_port,
-    _healthy,
-    _run,
     _tail,
+    running_code_server,
     vsix,
 )
 
@@ -103,31 +100,10 @@ def fresh(
     assert shutil.which("kode", path=env["PATH"]) is None
     storage = data / "User" / "globalStorage" / "kode.kode" / "server"
     shutil.copytree(seed_wheels(installed_server), storage / "wheels")
-    common = ["--user-data-dir", str(data), "--extensions-dir", str(extensions)]
-    common += ["--config", str(tmp_path / "config.yaml")]
-    _run([str(CODE_SERVER), *common, "--install-extension", str(vsix)], tmp_path, 180, env)
-    port = _free_port()
-    log = tmp_path / "code-server.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [
-                str(CODE_SERVER), *common, "--auth", "none", "--bind-addr", f"127.0.0.1:{port}",
-                "--disable-telemetry", "--disable-update-check", "--disable-workspace-trust",
-                "--disable-getting-started-override", str(workspace),
-            ],
-            cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    server = CodeServer(f"http://127.0.0.1:{port}", workspace, process, log)
     try:
-        wait_for("code-server to answer", lambda: _healthy(server), START_S, lambda: _tail(log))
-        yield server, storage
+        with running_code_server(tmp_path, workspace, data, extensions, vsix, env) as server:
+            yield server, storage
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=20)
         for big in (storage, home / ".cache"):  # the environment and the models: 3.4 GB
             shutil.rmtree(big, ignore_errors=True)
 

@@ -17,6 +17,7 @@ writes docs/vscode-ghost-text.png and docs/vscode-next-edit.png.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -174,6 +175,23 @@ def code_server(vsix: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         (data / folder).mkdir(parents=True)
         (data / folder / "settings.json").write_text(json.dumps(settings, indent=2))
     env = {**os.environ, "PATH": f"{NODE24}{os.pathsep}{os.environ.get('PATH', '')}"}
+    with running_code_server(base, workspace, data, extensions, vsix, env, trace=True) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def running_code_server(
+    base: Path,
+    workspace: Path,
+    data: Path,
+    extensions: Path,
+    vsix: Path,
+    env: dict[str, str],
+    *,
+    trace: bool = False,
+) -> Iterator[CodeServer]:
+    """The .vsix installed into a code-server over ``data`` and ``extensions`` (its
+    config and log in ``base``), serving ``workspace`` on a free port; ended after."""
     common = [
         "--config", str(base / "config.yaml"),
         "--user-data-dir", str(data),
@@ -187,7 +205,8 @@ def code_server(vsix: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             [
                 str(CODE_SERVER), *common, "--auth", "none", "--bind-addr", f"127.0.0.1:{port}",
                 "--disable-telemetry", "--disable-update-check", "--disable-workspace-trust",
-                "--disable-getting-started-override", "--log", "trace", str(workspace),
+                "--disable-getting-started-override", *(["--log", "trace"] if trace else []),
+                str(workspace),
             ],
             cwd=base, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
